@@ -1,0 +1,66 @@
+// Package image pulls, imports, stores and removes container images: references,
+// registry resolution, the content store, safe layer unpacking into snapshots,
+// image metadata and garbage collection of unused layers.
+package image
+
+import (
+	"errors"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// Image is one stored image, identified by its config digest.
+type Image struct {
+	// ID is the digest of the image config ("sha256:…").
+	ID string `json:"id"`
+	// RepoTags are fully qualified names ("docker.io/library/busybox:1.36").
+	RepoTags []string `json:"repoTags,omitempty"`
+	// RepoDigests are fully qualified digest references of the manifest (or
+	// index) as the registry served it ("docker.io/library/busybox@sha256:…").
+	RepoDigests []string `json:"repoDigests,omitempty"`
+	// Size is the unpacked size of all layers in bytes.
+	Size uint64 `json:"size"`
+	// Config is the image configuration (Entrypoint, Cmd, Env, User, …).
+	Config ocispec.Image `json:"config"`
+	// ChainIDs name the image's snapshots, bottom layer first.
+	ChainIDs []string `json:"chainIDs"`
+	// Manifests are the digests of the manifests and indexes kept for the
+	// image in the content store.
+	Manifests []string `json:"manifests,omitempty"`
+	// Pinned images are never removed by garbage collection.
+	Pinned bool `json:"pinned,omitempty"`
+	// Created is when berth first stored the image.
+	Created time.Time `json:"created"`
+}
+
+// Auth carries registry credentials from a CRI AuthConfig.
+type Auth struct {
+	Username      string
+	Password      string
+	Auth          string // base64("user:password")
+	IdentityToken string
+	RegistryToken string
+}
+
+// FsUsage is the space the image filesystem uses.
+type FsUsage struct {
+	Mountpoint string
+	UsedBytes  uint64
+	Inodes     uint64
+	Timestamp  time.Time
+}
+
+// ErrNotFound is returned (wrapped) when no stored image matches a reference,
+// or a registry has no such image.
+var ErrNotFound = errors.New("image not found")
+
+// ErrInvalidReference is returned (wrapped) for a malformed image reference.
+var ErrInvalidReference = errors.New("invalid image reference")
+
+// ErrUnauthorized is returned (wrapped) when a registry refuses the credentials.
+var ErrUnauthorized = errors.New("unauthorized")
+
+// ErrNoProgress is returned (wrapped) when a pull moved no byte for longer
+// than its progress timeout.
+var ErrNoProgress = errors.New("no progress")

@@ -1,0 +1,137 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/berth-runtime/berth/image/reference"
+	"github.com/berth-runtime/berth/image/registry"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/opencontainers/go-digest"
+)
+
+// Pull fetches ref from its registry (mirrors first) and stores it. auth may
+// be nil. Concurrent pulls of one reference with the same credentials share
+// one transfer.
+func (s *Service) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
+	r, err := reference.Parse(ref)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidReference, err)
+	}
+	key := r.String() + "\x00" + auth.fingerprint()
+	v, err, _ := s.pulls.Do(key, func() (any, error) { return s.pull(ctx, r, auth) })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Image), nil
+}
+
+func (a *Auth) fingerprint() string {
+	if a == nil {
+		return ""
+	}
+	h := sha256.Sum256([]byte(a.Username + "\x00" + a.Password + "\x00" + a.Auth + "\x00" + a.IdentityToken + "\x00" + a.RegistryToken))
+	return hex.EncodeToString(h[:])
+}
+
+func (a *Auth) config() *authn.AuthConfig {
+	if a == nil {
+		return nil
+	}
+	return &authn.AuthConfig{Username: a.Username, Password: a.Password, Auth: a.Auth,
+		IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken}
+}
+
+func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (*Image, error) {
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watch := watchProgress(ctx, cancel, s.opts.ProgressTimeout, r.String())
+	defer watch.Close()
+
+	endpoints, err := s.resolver.Endpoints(r.Domain, auth.config())
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, ep := range endpoints {
+		desc, img, err := s.fetchManifest(ctx, ep, r, watch)
+		if err != nil {
+			if cause := context.Cause(ctx); cause != nil {
+				return nil, cause
+			}
+			s.log.Debug("pull: endpoint failed", "ref", r.String(), "endpoint", ep.Host, "err", err)
+			errs = append(errs, fmt.Errorf("%s: %w", ep.Host, err))
+			continue
+		}
+		// Names are the reference the user asked for, never the mirror's.
+		n := names{digests: []string{r.DigestString(digest.Digest(desc.Digest.String()))}}
+		if r.Digest == "" {
+			n.tags = []string{r.TagString()}
+		}
+		manifest, err := img.RawManifest()
+		if err != nil {
+			return nil, err
+		}
+		stored, err := s.store(ctx, img, n, [][]byte{desc.Manifest, manifest}, openRemoteLayer, watch)
+		if err != nil {
+			if cause := context.Cause(ctx); cause != nil {
+				return nil, cause
+			}
+			return nil, fmt.Errorf("pull %s from %s: %w", r, ep.Host, err)
+		}
+		s.log.Info("pulled image", "ref", r.String(), "id", stored.ID, "endpoint", ep.Host, "duration", time.Since(start))
+		return stored, nil
+	}
+	return nil, pullError(r, errs)
+}
+
+// fetchManifest resolves r at one endpoint to the image for this node's
+// platform, and the descriptor of what the reference names (maybe an index).
+func (s *Service) fetchManifest(ctx context.Context, ep registry.Endpoint, r reference.Ref, watch *progressWatch) (*remote.Descriptor, v1.Image, error) {
+	repo, err := ep.Repository(r.Path)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ref name.Reference = repo.Tag(r.Tag)
+	if r.Digest != "" {
+		ref = repo.Digest(r.Digest.String())
+	}
+	desc, err := remote.Get(ref,
+		remote.WithContext(ctx),
+		remote.WithTransport(watch.transport(ep.Transport)),
+		remote.WithAuth(ep.Auth),
+		remote.WithPlatform(s.platform))
+	if err != nil {
+		return nil, nil, err
+	}
+	img, err := desc.Image()
+	if err != nil {
+		return nil, nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	return desc, img, nil
+}
+
+// pullError sums up why no endpoint served the image: unauthorized wins over
+// not found, which wins over anything else.
+func pullError(r reference.Ref, errs []error) error {
+	all := errors.Join(errs...)
+	for _, err := range errs {
+		if registry.IsUnauthorized(err) {
+			return fmt.Errorf("%w: pull %s: %v", ErrUnauthorized, r, all)
+		}
+	}
+	for _, err := range errs {
+		if registry.IsNotFound(err) {
+			return fmt.Errorf("%w: %s: %v", ErrNotFound, r, all)
+		}
+	}
+	return fmt.Errorf("pull %s: %w", r, all)
+}

@@ -1,0 +1,192 @@
+package registry
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+)
+
+// Endpoint is one place to fetch a repository from: a mirror or the
+// registry host itself.
+type Endpoint struct {
+	Host      string // host[:port] contacted
+	PlainHTTP bool
+	Mirror    bool
+	Transport http.RoundTripper
+	Auth      authn.Authenticator
+}
+
+// Repository names path inside this endpoint, in go-containerregistry terms.
+func (e Endpoint) Repository(path string) (name.Repository, error) {
+	opts := []name.Option{name.StrictValidation}
+	if e.PlainHTTP {
+		opts = append(opts, name.Insecure)
+	}
+	return name.NewRepository(e.Host+"/"+path, opts...)
+}
+
+// Resolver maps a registry domain to its endpoints. Transports are kept per
+// host so that connections are reused across pulls.
+type Resolver struct {
+	hosts map[string]Host
+
+	mu         sync.Mutex
+	transports map[string]http.RoundTripper
+}
+
+// NewResolver validates the host configuration (mirror URLs, CA files).
+func NewResolver(hosts map[string]Host) (*Resolver, error) {
+	r := &Resolver{hosts: hosts, transports: map[string]http.RoundTripper{}}
+	for host, h := range hosts {
+		for _, m := range h.Mirrors {
+			if _, _, err := parseMirror(m); err != nil {
+				return nil, fmt.Errorf("registry %q: mirror %q: %w", host, m, err)
+			}
+		}
+		if _, err := r.transport(host); err != nil {
+			return nil, fmt.Errorf("registry %q: %w", host, err)
+		}
+	}
+	return r, nil
+}
+
+// Endpoints lists where to fetch images of domain from: its mirrors in the
+// configured order, then the host itself. creds (from the CRI request) win
+// over credentials in the config file.
+func (r *Resolver) Endpoints(domain string, creds *authn.AuthConfig) ([]Endpoint, error) {
+	var eps []Endpoint
+	for _, m := range r.hosts[domain].Mirrors {
+		host, plain, _ := parseMirror(m)
+		ep, err := r.endpoint(host, plain || r.hosts[host].PlainHTTP, creds, domain)
+		if err != nil {
+			return nil, err
+		}
+		ep.Mirror = true
+		eps = append(eps, ep)
+	}
+	ep, err := r.endpoint(domain, r.hosts[domain].PlainHTTP, creds, domain)
+	if err != nil {
+		return nil, err
+	}
+	return append(eps, ep), nil
+}
+
+func (r *Resolver) endpoint(host string, plain bool, creds *authn.AuthConfig, domain string) (Endpoint, error) {
+	t, err := r.transport(host)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	return Endpoint{Host: host, PlainHTTP: plain, Transport: t, Auth: r.auth(host, creds, domain)}, nil
+}
+
+func (r *Resolver) auth(host string, creds *authn.AuthConfig, domain string) authn.Authenticator {
+	if creds != nil && *creds != (authn.AuthConfig{}) {
+		return authn.FromConfig(*creds)
+	}
+	for _, h := range []string{host, domain} {
+		if c := r.hosts[h]; c.Username != "" {
+			return authn.FromConfig(authn.AuthConfig{Username: c.Username, Password: c.Password})
+		}
+	}
+	return authn.Anonymous
+}
+
+// transport returns the shared transport for host, honouring ca_file and
+// skip_verify.
+func (r *Resolver) transport(host string) (http.RoundTripper, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.transports[host]; ok {
+		return t, nil
+	}
+	h := r.hosts[host]
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 16
+	if h.CAFile != "" || h.SkipVerify {
+		cfg := &tls.Config{InsecureSkipVerify: h.SkipVerify} //nolint:gosec // operator's explicit choice
+		if h.CAFile != "" {
+			pool, err := x509.SystemCertPool()
+			if err != nil {
+				pool = x509.NewCertPool()
+			}
+			pem, err := os.ReadFile(h.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("ca_file: %w", err)
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("ca_file %s: no PEM certificate found", h.CAFile)
+			}
+			cfg.RootCAs = pool
+		}
+		t.TLSClientConfig = cfg
+	}
+	r.transports[host] = t
+	return t, nil
+}
+
+// parseMirror accepts "http://host:port", "https://host" or a bare
+// "host[:port]" and reports the host and whether it is plain HTTP.
+func parseMirror(m string) (host string, plainHTTP bool, err error) {
+	if !strings.Contains(m, "://") {
+		if m == "" || strings.ContainsAny(m, "/ ") {
+			return "", false, errors.New("want a URL or host[:port]")
+		}
+		return m, false, nil
+	}
+	u, err := url.Parse(m)
+	if err != nil {
+		return "", false, err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", false, fmt.Errorf("scheme %q: want http or https", u.Scheme)
+	}
+	if u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return "", false, errors.New("want scheme://host[:port] without a path")
+	}
+	return u.Host, u.Scheme == "http", nil
+}
+
+// IsNotFound reports whether a registry answered that the repository or
+// manifest does not exist.
+func IsNotFound(err error) bool {
+	var te *transport.Error
+	if !errors.As(err, &te) {
+		return false
+	}
+	if te.StatusCode == http.StatusNotFound {
+		return true
+	}
+	for _, d := range te.Errors {
+		if d.Code == transport.ManifestUnknownErrorCode || d.Code == transport.NameUnknownErrorCode {
+			return true
+		}
+	}
+	return false
+}
+
+// IsUnauthorized reports whether a registry refused the credentials.
+func IsUnauthorized(err error) bool {
+	var te *transport.Error
+	if !errors.As(err, &te) {
+		return false
+	}
+	if te.StatusCode == http.StatusUnauthorized || te.StatusCode == http.StatusForbidden {
+		return true
+	}
+	for _, d := range te.Errors {
+		if d.Code == transport.UnauthorizedErrorCode || d.Code == transport.DeniedErrorCode {
+			return true
+		}
+	}
+	return false
+}

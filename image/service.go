@@ -1,0 +1,215 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/berth-runtime/berth/image/content"
+	"github.com/berth-runtime/berth/image/reference"
+	"github.com/berth-runtime/berth/image/registry"
+	"github.com/berth-runtime/berth/image/snapshot"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/singleflight"
+)
+
+// Options configure the image service.
+type Options struct {
+	Root            string                   // persistent root: Root/content, Root/snapshots
+	DB              *bolt.DB                 // meta.db, shared with the rest of berthd
+	Registries      map[string]registry.Host // from [registry."HOST"]
+	ProgressTimeout time.Duration            // cancel a pull that moves no byte for this long
+	Logger          *slog.Logger
+}
+
+// Service stores images and answers for them.
+type Service struct {
+	opts     Options
+	log      *slog.Logger
+	content  *content.Store
+	snaps    *snapshot.Store
+	resolver *registry.Resolver
+	platform v1.Platform
+
+	pulls  singleflight.Group // one pull per reference and credentials at a time
+	layers singleflight.Group // one unpack per chain ID at a time
+
+	// gc is held shared by pulls and imports from their first snapshot to
+	// their image record, and exclusively by garbage collection, so that a
+	// collection never removes a layer a pull is about to reference.
+	gc sync.RWMutex
+}
+
+// New opens the stores under opts.Root, dropping what a crash left unfinished
+// and images whose layers are gone.
+func New(opts Options) (*Service, error) {
+	if opts.ProgressTimeout <= 0 {
+		opts.ProgressTimeout = time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	resolver, err := registry.NewResolver(opts.Registries)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := content.Open(filepath.Join(opts.Root, "content"))
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := snapshot.Open(filepath.Join(opts.Root, "snapshots"), opts.DB)
+	if err != nil {
+		return nil, err
+	}
+	if err := opts.DB.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(imagesBucket)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	s := &Service{
+		opts: opts, log: opts.Logger, content: cs, snaps: snaps, resolver: resolver,
+		platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
+	}
+	if err := s.dropBrokenImages(); err != nil {
+		return nil, err
+	}
+	return s, s.collectGarbage()
+}
+
+// dropBrokenImages forgets images whose snapshots did not survive (a crash
+// mid-removal, or a hand-cleaned folder), so that the kubelet pulls them again.
+func (s *Service) dropBrokenImages() error {
+	return s.opts.DB.Update(func(tx *bolt.Tx) error {
+		all, err := listImages(tx)
+		if err != nil {
+			return err
+		}
+		for _, img := range all {
+			for _, c := range img.ChainIDs {
+				if _, ok, err := s.snaps.Get(c); err != nil || !ok {
+					s.log.Warn("forgetting image with a missing layer", "image", img.ID, "layer", c)
+					if err := tx.Bucket(imagesBucket).Delete([]byte(img.ID)); err != nil {
+						return err
+					}
+					break
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// Get returns the image ref names (ID, tag or digest), or an error wrapping
+// ErrNotFound.
+func (s *Service) Get(ref string) (*Image, error) {
+	var img *Image
+	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
+		img, err = findImage(tx, ref)
+		return err
+	})
+	if err == nil && img == nil {
+		err = fmt.Errorf("%w: %s", ErrNotFound, ref)
+	}
+	return img, err
+}
+
+// List returns every stored image.
+func (s *Service) List() ([]*Image, error) {
+	var all []*Image
+	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
+		all, err = listImages(tx)
+		return err
+	})
+	return all, err
+}
+
+// Remove deletes what ref names: a tag of an image that has other names
+// only loses that tag; otherwise the whole image goes, and then every layer
+// and blob no image needs any more. A missing image is not an error.
+func (s *Service) Remove(ref string) error {
+	r, parseErr := reference.Parse(ref)
+	err := s.opts.DB.Update(func(tx *bolt.Tx) error {
+		img, err := findImage(tx, ref)
+		if err != nil || img == nil {
+			return err
+		}
+		if parseErr == nil && r.Digest == "" && len(img.RepoTags) > 1 {
+			img.RepoTags = slices.DeleteFunc(img.RepoTags, func(t string) bool { return t == r.TagString() })
+			return putImage(tx, img)
+		}
+		return tx.Bucket(imagesBucket).Delete([]byte(img.ID))
+	})
+	if err != nil {
+		return err
+	}
+	return s.collectGarbage()
+}
+
+// collectGarbage removes snapshots and blobs that no image references.
+func (s *Service) collectGarbage() error {
+	s.gc.Lock()
+	defer s.gc.Unlock()
+	all, err := s.List()
+	if err != nil {
+		return err
+	}
+	usedSnaps, usedBlobs := map[string]bool{}, map[digest.Digest]bool{}
+	for _, img := range all {
+		for _, c := range img.ChainIDs {
+			usedSnaps[c] = true
+		}
+		usedBlobs[digest.Digest(img.ID)] = true
+		for _, m := range img.Manifests {
+			usedBlobs[digest.Digest(m)] = true
+		}
+	}
+	snaps, err := s.snaps.List()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, snap := range snaps {
+		if !usedSnaps[snap.ChainID] {
+			errs = append(errs, s.snaps.Remove(snap.ChainID))
+		}
+	}
+	blobs, err := s.content.List()
+	if err != nil {
+		return err
+	}
+	for _, d := range blobs {
+		if !usedBlobs[d] {
+			errs = append(errs, s.content.Delete(d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FsInfo reports the space the image filesystem uses.
+func (s *Service) FsInfo() (FsUsage, error) {
+	u := FsUsage{Mountpoint: filepath.Join(s.opts.Root, "snapshots"), Timestamp: time.Now()}
+	snaps, err := s.snaps.List()
+	if err != nil {
+		return u, err
+	}
+	for _, snap := range snaps {
+		u.UsedBytes += uint64(snap.Size)
+		u.Inodes += uint64(snap.Inodes)
+	}
+	b, n, err := s.content.Usage()
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return u, err
+	}
+	u.UsedBytes += b
+	u.Inodes += n
+	return u, nil
+}

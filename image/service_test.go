@@ -1,0 +1,113 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	bolt "go.etcd.io/bbolt"
+)
+
+func newTestService(t *testing.T) (*Service, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("unpacking layers with their owners needs root")
+	}
+	root := t.TempDir()
+	db, err := bolt.Open(filepath.Join(root, "meta.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	s, err := New(Options{Root: root, DB: db, ProgressTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, root
+}
+
+func pushRandom(t *testing.T, host, repo string, layers int64) string {
+	t.Helper()
+	img, err := random.Image(1024, layers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(host + "/" + repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := img.ConfigName()
+	return cfg.String()
+}
+
+func TestPullStoreRemove(t *testing.T) {
+	s, root := newTestService(t)
+	reg := httptest.NewServer(ggcrregistry.New())
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	id := pushRandom(t, host, "app:v1", 3)
+
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			img, err := s.Pull(context.Background(), host+"/app:v1", nil)
+			if err != nil || img.ID != id {
+				t.Errorf("Pull = %v, %v; want ID %s", img, err, id)
+			}
+		}()
+	}
+	wg.Wait()
+	img, err := s.Get(host + "/app:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(img.RepoTags) != 1 || len(img.RepoDigests) != 1 || len(img.ChainIDs) != 3 || img.Size == 0 {
+		t.Errorf("stored image %+v", img)
+	}
+	if got, err := s.Get(img.RepoDigests[0]); err != nil || got.ID != id {
+		t.Errorf("Get by digest: %v %v", got, err)
+	}
+	if u, err := s.FsInfo(); err != nil || u.UsedBytes < 3*1024 {
+		t.Errorf("FsInfo = %+v, %v", u, err)
+	}
+	if err := s.Remove(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(id); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get after Remove: %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(root, "snapshots")); len(entries) != 0 {
+		t.Errorf("snapshots left after Remove: %v", entries)
+	}
+	if blobs, _ := s.content.List(); len(blobs) != 0 {
+		t.Errorf("blobs left after Remove: %v", blobs)
+	}
+}
+
+func TestPullErrors(t *testing.T) {
+	s, _ := newTestService(t)
+	reg := httptest.NewServer(ggcrregistry.New())
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	if _, err := s.Pull(context.Background(), host+"/missing:v1", nil); !errors.Is(err, ErrNotFound) {
+		t.Errorf("missing image: %v", err)
+	}
+	if _, err := s.Pull(context.Background(), "Bad Ref", nil); !errors.Is(err, ErrInvalidReference) {
+		t.Errorf("bad reference: %v", err)
+	}
+}

@@ -1,0 +1,209 @@
+// Package snapshot keeps one read-only folder per unpacked image layer, keyed
+// by the layer's chain ID. Folders get short numeric names so that an overlay
+// mount of many layers fits in one page of mount options.
+package snapshot
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+)
+
+var bucket = []byte("snapshots")
+
+const tmpPrefix = "tmp-"
+
+// Snapshot is one committed layer.
+type Snapshot struct {
+	ChainID string `json:"chainID"`
+	Name    string `json:"name"` // folder name under the store root
+	Size    int64  `json:"size"`
+	Inodes  int64  `json:"inodes"`
+}
+
+// Store manages the snapshot folders under root; their records live in db.
+type Store struct {
+	root string
+	db   *bolt.DB
+}
+
+// Open prepares root and reconciles it with the records in db: unfinished
+// unpacks, folders without a record and records without a folder (a crash
+// between the two steps of Commit or Remove) are dropped.
+func Open(root string, db *bolt.DB) (*Store, error) {
+	s := &Store{root: root, db: db}
+	if err := os.MkdirAll(root, 0o711); err != nil {
+		return nil, err
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(bucket)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	return s, s.reconcile()
+}
+
+func (s *Store) reconcile() error {
+	known := map[string]bool{}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucket)
+		return b.ForEach(func(k, v []byte) error {
+			var snap Snapshot
+			if err := json.Unmarshal(v, &snap); err != nil {
+				return fmt.Errorf("snapshot record %s: %w", k, err)
+			}
+			if _, err := os.Stat(s.Dir(snap)); err != nil {
+				return b.Delete(k) // safe: ForEach tolerates deleting the current key
+			}
+			known[snap.Name] = true
+			return nil
+		})
+	})
+	if err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(s.root)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !known[e.Name()] {
+			if err := os.RemoveAll(filepath.Join(s.root, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Dir is the folder holding the layer's files (an overlay lowerdir).
+func (s *Store) Dir(snap Snapshot) string { return filepath.Join(s.root, snap.Name, "fs") }
+
+// Get returns the committed snapshot for chainID.
+func (s *Store) Get(chainID string) (Snapshot, bool, error) {
+	var snap Snapshot
+	var found bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucket).Get([]byte(chainID))
+		if v == nil {
+			return nil
+		}
+		found = true
+		return json.Unmarshal(v, &snap)
+	})
+	return snap, found, err
+}
+
+// List returns every committed snapshot.
+func (s *Store) List() ([]Snapshot, error) {
+	var out []Snapshot
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(_, v []byte) error {
+			var snap Snapshot
+			if err := json.Unmarshal(v, &snap); err != nil {
+				return err
+			}
+			out = append(out, snap)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Prepare creates an empty folder to unpack a layer into. The caller passes
+// the returned path to Commit or Abort.
+func (s *Store) Prepare() (string, error) {
+	tmp, err := os.MkdirTemp(s.root, tmpPrefix)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	return filepath.Join(tmp, "fs"), nil
+}
+
+// Abort discards a prepared folder.
+func (s *Store) Abort(fsDir string) error { return os.RemoveAll(filepath.Dir(fsDir)) }
+
+// Commit makes a prepared folder the snapshot for chainID: its data is
+// synced, the folder renamed to its short name, then recorded.
+func (s *Store) Commit(chainID, fsDir string, size, inodes int64) (Snapshot, error) {
+	tmp := filepath.Dir(fsDir)
+	if !strings.HasPrefix(filepath.Base(tmp), tmpPrefix) || filepath.Dir(tmp) != s.root {
+		return Snapshot{}, fmt.Errorf("snapshot: %s was not prepared by this store", fsDir)
+	}
+	if err := syncFS(fsDir); err != nil {
+		return Snapshot{}, err
+	}
+	snap := Snapshot{ChainID: chainID, Size: size, Inodes: inodes}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucket)
+		if b.Get([]byte(chainID)) != nil {
+			return fmt.Errorf("snapshot %s already exists", chainID)
+		}
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		snap.Name = strconv.FormatUint(seq, 10)
+		// Rename inside the transaction: if it fails, nothing is recorded;
+		// if the commit then fails, Open's reconcile removes the folder.
+		if err := os.Rename(tmp, filepath.Join(s.root, snap.Name)); err != nil {
+			return err
+		}
+		v, err := json.Marshal(snap)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(chainID), v)
+	})
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %s: commit: %w", chainID, err)
+	}
+	return snap, nil
+}
+
+// Remove deletes the record, then the folder. A missing snapshot is not an
+// error.
+func (s *Store) Remove(chainID string) error {
+	var snap Snapshot
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucket)
+		v := b.Get([]byte(chainID))
+		if v == nil {
+			return nil
+		}
+		if err := json.Unmarshal(v, &snap); err != nil {
+			return err
+		}
+		return b.Delete([]byte(chainID))
+	})
+	if err != nil || snap.Name == "" {
+		return err
+	}
+	return os.RemoveAll(filepath.Join(s.root, snap.Name))
+}
+
+// syncFS flushes the filesystem holding dir once, instead of one fsync per
+// unpacked file.
+func syncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return errors.Join(errors.New("syncfs "+dir), err)
+	}
+	return nil
+}

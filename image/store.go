@@ -1,0 +1,244 @@
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/berth-runtime/berth/image/unpack"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/errgroup"
+)
+
+// parallelLayers bounds the layers one pull fetches and unpacks at once.
+const parallelLayers = 4
+
+// layerOpener returns a layer's uncompressed tar stream and a check to run
+// once the stream has been read to its end.
+type layerOpener func(v1.Layer) (io.ReadCloser, func() error, error)
+
+// store unpacks img's layers into snapshots and records the image under n.
+// The config is kept in the content store, and so are the manifests and
+// indexes in keep. (A docker-save tarball has no manifest worth keeping:
+// go-containerregistry would compress every layer to compute one.)
+func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
+	s.gc.RLock()
+	defer s.gc.RUnlock()
+
+	cfgRaw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	cfgName, err := img.ConfigName()
+	if err != nil {
+		return nil, err
+	}
+	id := digest.FromBytes(cfgRaw)
+	if id.String() != cfgName.String() {
+		return nil, fmt.Errorf("config: digest mismatch: manifest names %s, content is %s", cfgName, id)
+	}
+	var cfg ocispec.Image
+	if err := json.Unmarshal(cfgRaw, &cfg); err != nil {
+		return nil, fmt.Errorf("config %s: %w", id, err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, err
+	}
+	if len(layers) != len(cfg.RootFS.DiffIDs) {
+		return nil, fmt.Errorf("image %s: %d layers but %d diff IDs in its config", id, len(layers), len(cfg.RootFS.DiffIDs))
+	}
+	chainIDs := chainIDs(cfg.RootFS.DiffIDs)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallelLayers)
+	for i, l := range layers {
+		g.Go(func() error { return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], open, watch) })
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+
+	rec := &Image{ID: id.String(), Config: cfg, ChainIDs: chainIDs, Created: time.Now().UTC()}
+	if err := s.content.Put(id, cfgRaw); err != nil {
+		return nil, err
+	}
+	for _, b := range keep {
+		d := digest.FromBytes(b)
+		if err := s.content.Put(d, b); err != nil {
+			return nil, err
+		}
+		rec.Manifests = union(rec.Manifests, []string{d.String()})
+	}
+	for _, c := range chainIDs {
+		snap, _, err := s.snaps.Get(c)
+		if err != nil {
+			return nil, err
+		}
+		rec.Size += uint64(snap.Size)
+	}
+	err = s.opts.DB.Update(func(tx *bolt.Tx) (err error) {
+		rec, err = recordImage(tx, rec, n)
+		return err
+	})
+	return rec, err
+}
+
+// ensureLayer makes sure the snapshot chainID exists, unpacking l if not.
+// Concurrent callers for one chain ID share one unpack.
+func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, watch *progressWatch) error {
+	if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
+		return err
+	}
+	ch := s.layers.DoChan(chainID, func() (any, error) {
+		return nil, s.unpackLayer(ctx, l, chainID, diffID, open)
+	})
+	if watch != nil {
+		watch.waiting.Add(1)
+		defer watch.waiting.Add(-1)
+	}
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener) (err error) {
+	if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
+		return err // another pull finished it while we were queued
+	}
+	start := time.Now()
+	rc, check, err := open(l)
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", diffID, err)
+	}
+	defer rc.Close()
+	dir, err := s.snaps.Prepare()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			s.snaps.Abort(dir)
+		}
+	}()
+	h := sha256.New()
+	tee := io.TeeReader(rc, h)
+	stats, err := unpack.Unpack(ctx, tee, dir, unpack.Options{})
+	if err == nil {
+		_, err = io.Copy(io.Discard, tee) // the tar's padding still counts for the diff ID
+	}
+	if err == nil {
+		err = check()
+	}
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", diffID, err)
+	}
+	if got := digest.NewDigest(digest.SHA256, h); got != diffID {
+		return fmt.Errorf("layer %s: uncompressed content has digest %s (diff ID mismatch)", diffID, got)
+	}
+	if _, err := s.snaps.Commit(chainID, dir, stats.Bytes, stats.Inodes); err != nil {
+		return err
+	}
+	s.log.Debug("unpacked layer", "diffID", diffID, "bytes", stats.Bytes, "duration", time.Since(start))
+	return nil
+}
+
+// openRemoteLayer streams a registry layer through a check of its compressed
+// digest and the decompressor its first bytes call for (gzip, zstd or none).
+func openRemoteLayer(l v1.Layer) (io.ReadCloser, func() error, error) {
+	want, err := l.Digest()
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return nil, nil, err
+	}
+	h := sha256.New()
+	br := bufio.NewReaderSize(io.TeeReader(rc, h), 1<<20)
+	un, err := decompress(br)
+	if err != nil {
+		rc.Close()
+		return nil, nil, err
+	}
+	check := func() error {
+		if _, err := io.Copy(io.Discard, br); err != nil { // trailing bytes after the stream
+			return err
+		}
+		if got := digest.NewDigest(digest.SHA256, h); got.String() != want.String() {
+			return fmt.Errorf("blob %s: content has digest %s (digest mismatch)", want, got)
+		}
+		return nil
+	}
+	return closers{un, rc}, check, nil
+}
+
+// openLocalLayer reads layers of an imported image, whose files the caller
+// named: the diff ID check is what verifies them.
+func openLocalLayer(l v1.Layer) (io.ReadCloser, func() error, error) {
+	rc, err := l.Uncompressed()
+	return rc, func() error { return nil }, err
+}
+
+var (
+	gzipMagic = []byte{0x1f, 0x8b}
+	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+)
+
+func decompress(br *bufio.Reader) (io.ReadCloser, error) {
+	head, err := br.Peek(4)
+	if err != nil && len(head) == 0 {
+		return nil, fmt.Errorf("empty layer: %w", err)
+	}
+	switch {
+	case bytes.HasPrefix(head, gzipMagic):
+		return gzip.NewReader(br)
+	case bytes.HasPrefix(head, zstdMagic):
+		d, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1))
+		if err != nil {
+			return nil, err
+		}
+		return d.IOReadCloser(), nil
+	default:
+		return io.NopCloser(br), nil
+	}
+}
+
+// closers reads from the first and closes all.
+type closers []io.ReadCloser
+
+func (c closers) Read(p []byte) (int, error) { return c[0].Read(p) }
+func (c closers) Close() error {
+	for _, rc := range c {
+		rc.Close()
+	}
+	return nil
+}
+
+// chainIDs computes the OCI chain IDs of a stack of diff IDs.
+func chainIDs(diffIDs []digest.Digest) []string {
+	out := make([]string, len(diffIDs))
+	var prev digest.Digest
+	for i, d := range diffIDs {
+		if i == 0 {
+			prev = d
+		} else {
+			prev = digest.FromString(prev.String() + " " + d.String())
+		}
+		out[i] = prev.String()
+	}
+	return out
+}
