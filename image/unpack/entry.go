@@ -122,6 +122,8 @@ func (u *unpacker) fill(fd int, hdr *tar.Header) error {
 		u.w.fd = fd
 		u.lr.R, u.lr.N = u.tr, hdr.Size
 		n, err := io.CopyBuffer(&u.w, &u.lr, u.buf)
+		// tar.Reader reports a cut stream as ErrUnexpectedEOF; n is checked
+		// too in case a reader ends quietly.
 		if errors.Is(err, io.ErrUnexpectedEOF) || (err == nil && n < hdr.Size) {
 			return errTruncated
 		}
@@ -176,15 +178,12 @@ func (u *unpacker) hardlink(p string, hdr *tar.Header) error {
 	if err != nil {
 		return fmt.Errorf("hardlink escape: target %q: %w", hdr.Linkname, err)
 	}
-	if trel == "" {
-		return fmt.Errorf("hardlink escape: target %q is the layer root", hdr.Linkname)
-	}
 	tparent, tbase := splitName(trel)
 	tdir, err := u.resolveDir(tparent, false)
 	if err != nil {
 		return fmt.Errorf("hardlink escape: target %q: %w", hdr.Linkname, err)
 	}
-	target := tdir + "/" + tbase
+	target := tdir + "/" + tbase // the root itself ("") is refused as a directory below
 	if err := unix.Lstat(target, &u.st); err != nil {
 		return fmt.Errorf("hardlink escape: target %q: %w", hdr.Linkname, os.NewSyscallError("lstat", err))
 	}
