@@ -70,8 +70,12 @@ func New(opts Options) (*Service, error) {
 		return nil, err
 	}
 	if err := opts.DB.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(imagesBucket)
-		return err
+		for _, b := range [][]byte{imagesBucket, leasesBucket} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
 		return nil, err
 	}
@@ -158,11 +162,19 @@ func (s *Service) Remove(ref string) error {
 func (s *Service) collectGarbage() error {
 	s.gc.Lock()
 	defer s.gc.Unlock()
-	all, err := s.List()
+	var all []*Image
+	var usedSnaps map[string]bool
+	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
+		if all, err = listImages(tx); err != nil {
+			return err
+		}
+		usedSnaps, err = leasedChainIDs(tx)
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	usedSnaps, usedBlobs := map[string]bool{}, map[digest.Digest]bool{}
+	usedBlobs := map[digest.Digest]bool{}
 	for _, img := range all {
 		for _, c := range img.ChainIDs {
 			usedSnaps[c] = true

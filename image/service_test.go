@@ -85,7 +85,19 @@ func TestPullStoreRemove(t *testing.T) {
 	if u, err := s.FsInfo(); err != nil || u.UsedBytes < 3*1024 {
 		t.Errorf("FsInfo = %+v, %v", u, err)
 	}
+	dirs, err := s.Lease("ctr1", img)
+	if err != nil || len(dirs) != 3 {
+		t.Fatalf("Lease = %v, %v", dirs, err)
+	}
 	if err := s.Remove(id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("a leased layer was collected with its image: %v", err)
+		}
+	}
+	if err := s.Release("ctr1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(id); !errors.Is(err, ErrNotFound) {

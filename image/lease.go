@@ -1,0 +1,64 @@
+package image
+
+import (
+	"encoding/json"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+var leasesBucket = []byte("leases")
+
+// Lease records that owner (a container) uses img's layers and returns their
+// folders, bottom layer first. Garbage collection keeps leased layers even
+// after the image itself is removed, until Release.
+func (s *Service) Lease(owner string, img *Image) ([]string, error) {
+	s.gc.RLock()
+	defer s.gc.RUnlock()
+	dirs := make([]string, 0, len(img.ChainIDs))
+	for _, c := range img.ChainIDs {
+		snap, ok, err := s.snaps.Get(c)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("image %s: layer %s is missing", img.ID, c)
+		}
+		dirs = append(dirs, s.snaps.Dir(snap))
+	}
+	v, err := json.Marshal(img.ChainIDs)
+	if err != nil {
+		return nil, err
+	}
+	err = s.opts.DB.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(leasesBucket).Put([]byte(owner), v)
+	})
+	return dirs, err
+}
+
+// Release drops owner's lease and collects what nothing uses any more.
+// Releasing an unknown owner is not an error.
+func (s *Service) Release(owner string) error {
+	if err := s.opts.DB.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(leasesBucket).Delete([]byte(owner))
+	}); err != nil {
+		return err
+	}
+	return s.collectGarbage()
+}
+
+// leasedChainIDs lists every chain ID some owner holds.
+func leasedChainIDs(tx *bolt.Tx) (map[string]bool, error) {
+	used := map[string]bool{}
+	err := tx.Bucket(leasesBucket).ForEach(func(k, v []byte) error {
+		var ids []string
+		if err := json.Unmarshal(v, &ids); err != nil {
+			return fmt.Errorf("lease %s: %w", k, err)
+		}
+		for _, id := range ids {
+			used[id] = true
+		}
+		return nil
+	})
+	return used, err
+}

@@ -1,0 +1,71 @@
+package rootfs
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestMountOverlay(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting overlayfs needs root")
+	}
+	dir := t.TempDir()
+	low1, low2 := filepath.Join(dir, "l1"), filepath.Join(dir, "l2")
+	for _, d := range []string{low1, low2} {
+		os.Mkdir(d, 0o755)
+	}
+	os.WriteFile(filepath.Join(low1, "a"), []byte("bottom"), 0o644)
+	os.WriteFile(filepath.Join(low2, "a"), []byte("top"), 0o644)
+	os.WriteFile(filepath.Join(low1, "b"), []byte("only-bottom"), 0o644)
+	l := Layout{Lowers: []string{low1, low2}, Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Target: filepath.Join(dir, "rootfs")}
+	if err := Mount(l); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(l.Target, "a"))
+	if string(got) != "top" {
+		t.Errorf("upper snapshot must win: got %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(l.Target, "new"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(l.Upper, "new")); err != nil {
+		t.Errorf("write did not land in the upper layer: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(low2, "new")); err == nil {
+		t.Error("write reached a snapshot")
+	}
+	if err := Unmount(l); err != nil {
+		t.Fatal(err)
+	}
+	if err := Unmount(l); err != nil {
+		t.Errorf("second Unmount: %v", err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), l.Target) {
+		t.Error("overlay still mounted")
+	}
+	for _, d := range []string{l.Target, l.Upper, l.Work} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s left behind", d)
+		}
+	}
+}
+
+func TestMountFailureLeavesNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting overlayfs needs root")
+	}
+	dir := t.TempDir()
+	l := Layout{Lowers: []string{filepath.Join(dir, "missing")}, Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Target: filepath.Join(dir, "rootfs")}
+	if err := Mount(l); err == nil {
+		t.Fatal("mount over a missing lower dir succeeded")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("left behind: %v", entries)
+	}
+	if err := Mount(Layout{}); err == nil {
+		t.Error("mount without layers succeeded")
+	}
+}
