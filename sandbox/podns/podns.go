@@ -1,0 +1,156 @@
+// Package podns creates a pod's network, IPC and UTS namespaces and pins them
+// as files (bind mounts of nsfs), so no process has to hold them: containers
+// join the pins, and removing the pins frees the namespaces.
+package podns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// Kind names a namespace the way /proc/<pid>/ns does.
+type Kind string
+
+// The namespaces a pod owns; its PID namespace (when not the host's) is held
+// by the built-in pause process instead, and mount namespaces by containers.
+const (
+	Net Kind = "net"
+	IPC Kind = "ipc"
+	UTS Kind = "uts"
+)
+
+var cloneFlags = map[Kind]int{
+	Net: unix.CLONE_NEWNET,
+	IPC: unix.CLONE_NEWIPC,
+	UTS: unix.CLONE_NEWUTS,
+}
+
+// Options says which namespaces to create for a pod and how to set them up.
+type Options struct {
+	// Dir holds the pins, as Dir/<kind>. Put it under a root prepared with
+	// PrepareRoot.
+	Dir string
+	// Kinds are the namespaces to create; a host-namespace pod omits some.
+	Kinds []Kind
+	// Hostname is set in the new UTS namespace; ignored without one.
+	Hostname string
+	// Sysctls are written inside the new namespaces. A key may use dots
+	// (with "/" for a literal dot, as the kubelet sends them) or slashes.
+	// A key that is not namespaced, or whose namespace is not created, is
+	// an error naming the key.
+	Sysctls map[string]string
+}
+
+// Create makes the namespaces in opts.Kinds, pins them, brings lo up in the
+// network namespace and applies the hostname and sysctls. It returns the pin
+// path of each kind. On failure it leaves no pin file and no mount behind.
+func Create(opts Options) (map[Kind]string, error) {
+	if err := validate(opts); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, err
+	}
+	pins := make(map[Kind]string, len(opts.Kinds))
+	for _, k := range opts.Kinds {
+		pins[k] = filepath.Join(dir, string(k))
+	}
+	if len(pins) == 0 {
+		return pins, nil
+	}
+	// Only files made here are ever cleaned up: an existing one may be
+	// another pod's live pin.
+	made := map[Kind]string{}
+	for k, p := range pins {
+		f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("podns: create pin: %w", err), removePins(made))
+		}
+		f.Close()
+		made[k] = p
+	}
+	if err := setupOnThread(opts, pins); err != nil {
+		return nil, errors.Join(err, removePins(pins))
+	}
+	return pins, nil
+}
+
+func validate(opts Options) error {
+	if opts.Dir == "" {
+		return errors.New("podns: Dir is empty")
+	}
+	have := map[Kind]bool{}
+	for _, k := range opts.Kinds {
+		if _, ok := cloneFlags[k]; !ok {
+			return fmt.Errorf("podns: unknown namespace kind %q", k)
+		}
+		if have[k] {
+			return fmt.Errorf("podns: namespace kind %q given twice", k)
+		}
+		have[k] = true
+	}
+	// HOST_NAME_MAX; sethostname would fail later with a vaguer EINVAL.
+	if len(opts.Hostname) > 64 {
+		return fmt.Errorf("podns: hostname %q is longer than 64 bytes", opts.Hostname)
+	}
+	for key := range opts.Sysctls {
+		kind, err := sysctlKind(key)
+		if err != nil {
+			return err
+		}
+		if !have[kind] {
+			return fmt.Errorf("podns: sysctl %q needs the pod's own %s namespace, which is not created (host namespace?)", key, kind)
+		}
+	}
+	return nil
+}
+
+// Remove unmounts and deletes every pin in dir. A missing pin is not an
+// error, so Remove is safe to repeat and to run on a half-made pod.
+func Remove(dir string) error {
+	pins := map[Kind]string{}
+	for k := range cloneFlags {
+		pins[k] = filepath.Join(dir, string(k))
+	}
+	return removePins(pins)
+}
+
+func removePins(pins map[Kind]string) error {
+	var errs []error
+	for _, p := range pins {
+		if err := unmountAll(p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// Unlinking also detaches copies of the pin that other mount
+		// namespaces made, so none of them keeps the namespace alive.
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmountAll peels every mount stacked on p (a retried Create could stack
+// several); MNT_DETACH because a process may still have the pin open.
+func unmountAll(p string) error {
+	for range 16 {
+		err := unix.Unmount(p, unix.MNT_DETACH)
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not (or no longer) a mount point, or no file
+		default:
+			return fmt.Errorf("podns: unmount %s: %w", p, err)
+		}
+	}
+	return fmt.Errorf("podns: unmount %s: still mounted after 16 unmounts", p)
+}

@@ -1,0 +1,88 @@
+package podns
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// dotted returns key in the kubelet's dotted form, where "/" stands for a
+// dot inside one name ("net.ipv4.conf.eth0/100.rp_filter"). A key whose
+// first separator is "/" is in slash form and is converted.
+func dotted(key string) string {
+	if i := strings.IndexAny(key, "./"); i >= 0 && key[i] == '/' {
+		return swapDots(key)
+	}
+	return key
+}
+
+func swapDots(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.':
+			return '/'
+		case '/':
+			return '.'
+		}
+		return r
+	}, s)
+}
+
+// sysctlPath maps a key to its file under /proc/sys, refusing anything that
+// could step outside it.
+func sysctlPath(key string) (string, error) {
+	rel := swapDots(dotted(key))
+	for part := range strings.SplitSeq(rel, "/") {
+		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, "\x00\n") {
+			return "", fmt.Errorf("podns: sysctl %q: malformed key", key)
+		}
+	}
+	return "/proc/sys/" + rel, nil
+}
+
+// sysctlKind says which namespace holds the sysctl key: only these are
+// safe to set per pod, the rest would change the whole node.
+func sysctlKind(key string) (Kind, error) {
+	if _, err := sysctlPath(key); err != nil {
+		return "", err
+	}
+	d := dotted(key)
+	switch {
+	case strings.HasPrefix(d, "net."):
+		return Net, nil
+	case d == "kernel.sem", strings.HasPrefix(d, "kernel.shm"),
+		strings.HasPrefix(d, "kernel.msg"), strings.HasPrefix(d, "fs.mqueue."):
+		return IPC, nil
+	case d == "kernel.domainname":
+		return UTS, nil
+	case d == "kernel.hostname":
+		return "", fmt.Errorf("podns: sysctl %q: set Options.Hostname instead", key)
+	}
+	return "", fmt.Errorf("podns: sysctl %q is not namespaced", key)
+}
+
+// writeSysctl must run on the thread inside the pod's namespaces: files
+// under /proc/sys resolve net and ipc entries against the calling thread
+// (unlike /proc/net, which follows the thread group leader).
+func writeSysctl(key, value string) error {
+	p, err := sysctlPath(key)
+	if err != nil {
+		return err
+	}
+	// Raw syscalls keep the open and write on this locked thread.
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("podns: sysctl %q: %w", key, err)
+	}
+	defer unix.Close(fd)
+	n, err := unix.Write(fd, []byte(value))
+	if err == nil && n != len(value) {
+		err = errors.New("short write")
+	}
+	if err != nil {
+		return fmt.Errorf("podns: sysctl %q=%q: %w", key, value, err)
+	}
+	return nil
+}
