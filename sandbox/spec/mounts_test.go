@@ -1,0 +1,199 @@
+package spec
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func podFiles(t *testing.T, in *Input) {
+	dir := t.TempDir()
+	in.HostsPath = filepath.Join(dir, "hosts")
+	in.ResolvPath = filepath.Join(dir, "resolv.conf")
+	in.HostnamePath = filepath.Join(dir, "hostname")
+	in.ShmPath = filepath.Join(dir, "shm")
+}
+
+func wantMount(t *testing.T, ms []specs.Mount, dst, typ, src string, opts ...string) {
+	t.Helper()
+	m := findMount(ms, dst)
+	if m == nil {
+		t.Fatalf("no mount at %s in %+v", dst, ms)
+	}
+	if m.Type != typ || (src != "" && m.Source != src) || !slices.Equal(m.Options, opts) {
+		t.Fatalf("mount %s = %+v, want type %s source %s options %q", dst, *m, typ, src, opts)
+	}
+}
+
+func TestDefaultMounts(t *testing.T) {
+	in := baseInput(t)
+	podFiles(t, &in)
+	s, err := Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := s.Mounts
+	wantMount(t, ms, "/proc", "proc", "proc", "nosuid", "noexec", "nodev")
+	wantMount(t, ms, "/dev", "tmpfs", "tmpfs", "nosuid", "strictatime", "mode=755", "size=65536k")
+	wantMount(t, ms, "/dev/pts", "devpts", "devpts", "nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5")
+	wantMount(t, ms, "/dev/mqueue", "mqueue", "mqueue", "nosuid", "noexec", "nodev")
+	wantMount(t, ms, "/sys", "sysfs", "sysfs", "nosuid", "noexec", "nodev", "ro")
+	wantMount(t, ms, "/sys/fs/cgroup", "cgroup", "cgroup", "nosuid", "noexec", "nodev", "relatime", "ro")
+	wantMount(t, ms, "/dev/shm", "bind", in.ShmPath, "rbind", "rprivate", "rw")
+	wantMount(t, ms, "/etc/hosts", "bind", in.HostsPath, "rbind", "rprivate", "rw")
+	wantMount(t, ms, "/etc/resolv.conf", "bind", in.ResolvPath, "rbind", "rprivate", "rw")
+	wantMount(t, ms, "/etc/hostname", "bind", in.HostnamePath, "rbind", "rprivate", "rw")
+	if len(ms) != 10 {
+		t.Fatalf("%d mounts: %+v", len(ms), ms)
+	}
+	if s.Linux.RootfsPropagation != "" {
+		t.Fatalf("rootfs propagation %q", s.Linux.RootfsPropagation)
+	}
+
+	// Read-only rootfs: the pod's /etc files follow, /dev/shm stays writable.
+	secCtx(&in).ReadonlyRootfs = true
+	s, err = Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMount(t, s.Mounts, "/etc/hosts", "bind", in.HostsPath, "rbind", "rprivate", "ro")
+	wantMount(t, s.Mounts, "/etc/resolv.conf", "bind", in.ResolvPath, "rbind", "rprivate", "ro")
+	wantMount(t, s.Mounts, "/etc/hostname", "bind", in.HostnamePath, "rbind", "rprivate", "ro")
+	wantMount(t, s.Mounts, "/dev/shm", "bind", in.ShmPath, "rbind", "rprivate", "rw")
+
+	// Privileged: /sys and the cgroup fs are writable.
+	secCtx(&in).Privileged = true
+	s, err = Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMount(t, s.Mounts, "/sys", "sysfs", "sysfs", "nosuid", "noexec", "nodev")
+	wantMount(t, s.Mounts, "/sys/fs/cgroup", "cgroup", "cgroup", "nosuid", "noexec", "nodev", "relatime")
+}
+
+func TestShmWithoutPodShm(t *testing.T) {
+	in := baseInput(t)
+	s, err := Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMount(t, s.Mounts, "/dev/shm", "tmpfs", "shm", "nosuid", "noexec", "nodev", "mode=1777", "size=65536k")
+	for _, p := range []string{"/etc/hosts", "/etc/resolv.conf", "/etc/hostname"} {
+		if findMount(s.Mounts, p) != nil {
+			t.Fatalf("%s mounted without a pod file", p)
+		}
+	}
+	in.IPCNS, in.HostIPC = "", true
+	s, err = Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMount(t, s.Mounts, "/dev/shm", "bind", "/dev/shm", "rbind", "rprivate", "rw")
+}
+
+func TestCRIMounts(t *testing.T) {
+	host := t.TempDir()
+	mustMkdir(t, filepath.Join(host, "data/sub"))
+	mustMkdir(t, filepath.Join(host, "real"))
+	symlink(t, filepath.Join(host, "real"), filepath.Join(host, "link"))
+	writeFile(t, filepath.Join(host, "myhosts"), "127.0.0.1 x\n")
+
+	in := baseInput(t)
+	podFiles(t, &in)
+	in.Config.Mounts = []*runtimeapi.Mount{
+		{ContainerPath: "/data/sub", HostPath: filepath.Join(host, "data/sub"), Readonly: true},
+		{ContainerPath: "/data", HostPath: filepath.Join(host, "data"), Propagation: runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER},
+		{ContainerPath: "/shared/", HostPath: filepath.Join(host, "real"), Propagation: runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL, SelinuxRelabel: true},
+		{ContainerPath: "/linked", HostPath: filepath.Join(host, "link")},
+		{ContainerPath: "/etc/hosts", HostPath: filepath.Join(host, "myhosts"), Readonly: true},
+		{ContainerPath: "/rro", HostPath: filepath.Join(host, "real"), Readonly: true, RecursiveReadOnly: true, MountOptions: []string{"noexec"}},
+	}
+	s, err := Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := s.Mounts
+	wantMount(t, ms, "/data/sub", "bind", filepath.Join(host, "data/sub"), "rbind", "rprivate", "ro")
+	wantMount(t, ms, "/data", "bind", filepath.Join(host, "data"), "rbind", "rslave", "rw")
+	wantMount(t, ms, "/shared", "bind", filepath.Join(host, "real"), "rbind", "rshared", "rw")
+	wantMount(t, ms, "/linked", "bind", filepath.Join(host, "real"), "rbind", "rprivate", "rw")
+	wantMount(t, ms, "/etc/hosts", "bind", filepath.Join(host, "myhosts"), "rbind", "rprivate", "ro")
+	wantMount(t, ms, "/rro", "bind", filepath.Join(host, "real"), "rbind", "rprivate", "ro", "rro", "noexec")
+	n := 0
+	for _, m := range ms {
+		if m.Destination == "/etc/hosts" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d mounts at /etc/hosts", n)
+	}
+	if s.Linux.RootfsPropagation != "rshared" {
+		t.Fatalf("rootfs propagation %q, want rshared", s.Linux.RootfsPropagation)
+	}
+
+	// Parents before children, everywhere.
+	index := map[string]int{}
+	for i, m := range ms {
+		index[m.Destination] = i
+	}
+	for child, parent := range map[string]string{"/data/sub": "/data", "/dev/pts": "/dev", "/dev/shm": "/dev", "/sys/fs/cgroup": "/sys"} {
+		if index[parent] > index[child] {
+			t.Errorf("%s mounted after %s", parent, child)
+		}
+	}
+
+	// Host-to-container alone asks for a slave rootfs.
+	in.Config.Mounts = in.Config.Mounts[:2]
+	s, err = Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Linux.RootfsPropagation != "rslave" {
+		t.Fatalf("rootfs propagation %q, want rslave", s.Linux.RootfsPropagation)
+	}
+}
+
+func TestCRIMountOverridesDev(t *testing.T) {
+	in := baseInput(t)
+	host := t.TempDir()
+	in.Config.Mounts = []*runtimeapi.Mount{{ContainerPath: "/dev", HostPath: host}}
+	s, err := Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == "/dev/pts" || m.Destination == "/dev/shm" || (m.Destination == "/dev" && m.Type != "bind") {
+			t.Fatalf("default %s kept under a CRI /dev", m.Destination)
+		}
+	}
+}
+
+func TestCRIMountErrors(t *testing.T) {
+	host := t.TempDir()
+	missing := filepath.Join(host, "nope")
+	for _, tc := range []struct {
+		m   *runtimeapi.Mount
+		err []string
+	}{
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: missing}, []string{missing, "does not exist"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: filepath.Join(missing, "deeper")}, []string{"deeper", "does not exist"}},
+		{&runtimeapi.Mount{ContainerPath: "rel", HostPath: host}, []string{`"rel"`}},
+		{&runtimeapi.Mount{ContainerPath: "/", HostPath: host}, []string{`"/"`}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: "relative"}, []string{`"relative"`}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, RecursiveReadOnly: true}, []string{"recursive_read_only"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, Readonly: true, RecursiveReadOnly: true,
+			Propagation: runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER}, []string{"recursive_read_only"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, Propagation: 9}, []string{"propagation"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: "busybox"}}, []string{"image volumes"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, UidMappings: []*runtimeapi.IDMapping{{HostId: 1, Length: 1}}}, []string{"id-mapped"}},
+	} {
+		in := baseInput(t)
+		in.Config.Mounts = []*runtimeapi.Mount{tc.m}
+		_, err := Generate(in)
+		wantErr(t, err, tc.err...)
+	}
+}
