@@ -1,0 +1,55 @@
+# berth — build, test, lint, run. See README.md.
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/berth-runtime/berth/cri.RuntimeVersion=$(VERSION)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+PREFIX    ?= /usr/local
+
+.PHONY: build deps test test-unit test-integration lint run bench install start clean
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+# deps installs what the tests need (Debian packages), only when missing.
+deps:
+	test/deps.sh
+
+# test is the README's test command and what CI runs.
+test: deps lint test-unit test-integration
+
+test-unit:
+	$(GO) test -count=1 ./...
+
+# Privileged: a real berthd (built with -race) on a temp root and socket,
+# driven through the CRI client against a loopback registry.
+test-integration:
+	BERTH_INTEGRATION=1 BERTH_RACE=1 $(GO) test -race -count=1 -timeout 25m ./test/integration/...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+run: build
+	$(BIN)/berthd
+
+# bench prints the numbers issues ask for; it asserts nothing.
+bench: deps
+	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run 'Bench' ./test/bench/ | grep -E '^(pull|pod|teardown|rss|network|---|ok|FAIL)'
+
+install: build
+	install -d $(PREFIX)/bin /etc/berth
+	install -m 0755 $(BIN)/berthd $(BIN)/berthctl $(PREFIX)/bin/
+	if [ -d /run/systemd/system ]; then install -m 0644 cmd/berthd/berthd.service /etc/systemd/system/ && systemctl daemon-reload; fi
+
+# start runs the installed berthd on its defaults: under systemd when the
+# machine runs it, else in the background with its log in /var/log/berthd.log.
+start:
+	if [ -d /run/systemd/system ]; then systemctl enable --now berthd; \
+	else nohup $(PREFIX)/bin/berthd >>/var/log/berthd.log 2>&1 & \
+	  for i in $$(seq 50); do [ -S /run/berth/berth.sock ] && break; sleep 0.1; done; \
+	  [ -S /run/berth/berth.sock ] && echo "berthd is serving on /run/berth/berth.sock (log: /var/log/berthd.log)"; fi
+
+clean:
+	rm -rf $(BIN)

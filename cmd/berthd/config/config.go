@@ -1,0 +1,107 @@
+// Package config loads berthd's settings: defaults, then the TOML file, then the
+// command-line flags that were actually given. Every bad value is reported with
+// the key (or flag) and the value, so a typo never silently falls back to a default.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/berth-runtime/berth/image/registry"
+)
+
+// DefaultPath is where berthd looks for its config file when --config is not given.
+const DefaultPath = "/etc/berth/config.toml"
+
+// Config is berthd's complete configuration.
+type Config struct {
+	Root         string `toml:"root"`
+	State        string `toml:"state"`
+	Socket       string `toml:"socket"`
+	LogLevel     string `toml:"log_level"`
+	LogFormat    string `toml:"log_format"`
+	CgroupDriver string `toml:"cgroup_driver"`
+	Image        Image  `toml:"image"`
+	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000").
+	Registries map[string]registry.Host `toml:"registry"`
+}
+
+// Image holds the [image] table.
+type Image struct {
+	// PullProgressTimeout cancels a pull that receives no bytes for this long.
+	PullProgressTimeout Duration `toml:"pull_progress_timeout"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("90s", "2m") in
+// TOML. A bare integer is refused: it would silently mean nanoseconds.
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a duration string; validation of the range is done later,
+// where the key name is known.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (want e.g. \"90s\", \"2m\")", b)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText keeps the config printable as TOML.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Default returns the configuration used when neither file nor flags say otherwise.
+func Default() *Config {
+	return &Config{
+		Root:         "/var/lib/berth",
+		State:        "/run/berth",
+		Socket:       "/run/berth/berth.sock",
+		LogLevel:     "info",
+		LogFormat:    "text",
+		CgroupDriver: "cgroupfs",
+		Image:        Image{PullProgressTimeout: Duration{time.Minute}},
+	}
+}
+
+// Load reads the TOML file at path over the defaults. When mustExist is false a
+// missing file is not an error (berthd runs without one at the default path).
+func Load(path string, mustExist bool) (*Config, error) {
+	c := Default()
+	md, err := toml.DecodeFile(path, c)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) && !mustExist {
+			return c, nil
+		}
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is already named once
+		}
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if un := md.Undecoded(); len(un) > 0 {
+		// Not %q: a registry key already carries its own quotes (registry."h".mirror).
+		return nil, fmt.Errorf("config %s: unknown key \"%s\"", path, un[0].String())
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// SlogLevel maps the validated log_level to a slog level.
+func (c *Config) SlogLevel() slog.Level {
+	switch c.LogLevel {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}

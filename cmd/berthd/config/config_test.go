@@ -1,0 +1,259 @@
+package config
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-runtime/berth/image/registry"
+)
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func writeCA(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "berth test CA"},
+		NotBefore:    time.Now(),
+		NotAfter:     time.Now().Add(time.Hour),
+		IsCA:         true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Load(filepath.Join(t.TempDir(), "absent.toml"), false)
+	if err != nil {
+		t.Fatalf("missing file at the default path: %v", err)
+	}
+	want := &Config{
+		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
+		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs",
+		Image: Image{PullProgressTimeout: Duration{time.Minute}},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("defaults = %+v, want %+v", c, want)
+	}
+	if err := Default().validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestMissingExplicitFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "absent.toml")
+	_, err := Load(p, true)
+	if err == nil || !strings.Contains(err.Error(), p) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Load(%s, mustExist) = %v, want a not-exist error naming the file", p, err)
+	}
+	if _, err := FromArgs([]string{"--config", p}, io.Discard); err == nil {
+		t.Fatal("--config with a missing file: no error")
+	}
+}
+
+func TestFullFile(t *testing.T) {
+	ca := writeCA(t)
+	p := writeConfig(t, `
+root = "/srv/berth"
+state = "/run/b"
+socket = "/run/b/b.sock"
+log_level = "debug"
+log_format = "json"
+cgroup_driver = "systemd"
+
+[image]
+pull_progress_timeout = "90s"
+
+[registry."docker.io"]
+mirrors = ["https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"]
+username = "u"
+password = "p"
+
+[registry."127.0.0.1:5000"]
+plain_http = true
+
+[registry."reg.internal"]
+ca_file = "`+ca+`"
+skip_verify = false
+`)
+	c, err := Load(p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
+		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
+		Image: Image{PullProgressTimeout: Duration{90 * time.Second}},
+		Registries: map[string]registry.Host{
+			"docker.io": {
+				Mirrors:  []string{"https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"},
+				Username: "u", Password: "p",
+			},
+			"127.0.0.1:5000": {PlainHTTP: true},
+			"reg.internal":   {CAFile: ca},
+		},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("got  %+v\nwant %+v", c, want)
+	}
+}
+
+// Every rejected file must produce an error that names the file, the key and
+// (where there is one) the value.
+func TestBadFiles(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, body string
+		want       []string
+	}{
+		{"unknown top key", `rooot = "/x"`, []string{`unknown key "rooot"`}},
+		{"unknown nested key", "[image]\npul_timeout = \"1m\"", []string{`unknown key "image.pul_timeout"`}},
+		{"unknown registry key", "[registry.\"r.example\"]\nmirror = [\"x\"]", []string{`unknown key "registry."r.example".mirror"`}},
+		{"unknown table", "[network]\nbridge = \"b\"", []string{`unknown key "network`}},
+		{"log level", `log_level = "verbose"`, []string{`log_level = "verbose"`, "debug, info, warn, error"}},
+		{"log format", `log_format = "xml"`, []string{`log_format = "xml"`, "text, json"}},
+		{"cgroup driver", `cgroup_driver = "cgroupv2"`, []string{`cgroup_driver = "cgroupv2"`, "cgroupfs, systemd"}},
+		{"relative root", `root = "var/lib/berth"`, []string{`root = "var/lib/berth"`, "absolute"}},
+		{"relative state", `state = "run"`, []string{`state = "run"`, "absolute"}},
+		{"long socket", `socket = "/` + strings.Repeat("s", 120) + `"`, []string{"socket = ", "107 bytes"}},
+		{"wrong type", `root = 5`, []string{"root"}},
+		{"bad duration", "[image]\npull_progress_timeout = \"soon\"", []string{"pull_progress_timeout", `"soon"`}},
+		{"integer duration", "[image]\npull_progress_timeout = 60", []string{"pull_progress_timeout"}},
+		{"zero duration", "[image]\npull_progress_timeout = \"0s\"", []string{`image.pull_progress_timeout = "0s"`, "greater than 0"}},
+		{"negative duration", "[image]\npull_progress_timeout = \"-1m\"", []string{`image.pull_progress_timeout = "-1m0s"`}},
+		{"mirror scheme", "[registry.\"docker.io\"]\nmirrors = [\"ftp://m.example\"]",
+			[]string{`registry."docker.io".mirrors[0] = "ftp://m.example"`, "http or https"}},
+		{"mirror no host", "[registry.\"docker.io\"]\nmirrors = [\"https://\"]", []string{`mirrors[0] = "https://"`, "no host"}},
+		{"mirror bad port", "[registry.\"docker.io\"]\nmirrors = [\"ok.example\", \"m.example:99999\"]",
+			[]string{`mirrors[1] = "m.example:99999"`, "port"}},
+		{"mirror path without scheme", "[registry.\"docker.io\"]\nmirrors = [\"m.example/v2\"]", []string{`mirrors[0] = "m.example/v2"`}},
+		{"mirror credentials", "[registry.\"docker.io\"]\nmirrors = [\"https://u:p@m.example\"]", []string{"mirrors[0]", "credentials"}},
+		{"ca file missing", "[registry.\"r.example\"]\nca_file = \"" + filepath.Join(dir, "nope.pem") + "\"",
+			[]string{`registry."r.example".ca_file`, "nope.pem", "no such file"}},
+		{"ca file not pem", "[registry.\"r.example\"]\nca_file = \"" + notPEM + "\"", []string{"ca_file", "not.pem", "no PEM"}},
+		{"empty host", "[registry.\"\"]\nplain_http = true", []string{`registry.""`}},
+		{"syntax", `root = "/x`, []string{"toml"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := writeConfig(t, tt.body)
+			_, err := Load(p, true)
+			if err == nil {
+				t.Fatalf("no error for %q", tt.body)
+			}
+			msg := err.Error()
+			for _, w := range append([]string{"config " + p + ": "}, tt.want...) {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not contain %q", msg, w)
+				}
+			}
+		})
+	}
+}
+
+func TestFlagsOverrideFile(t *testing.T) {
+	p := writeConfig(t, `
+root = "/file/root"
+state = "/file/state"
+log_level = "debug"
+cgroup_driver = "systemd"
+`)
+	c, err := FromArgs([]string{"--config", p, "--root", "/flag/root", "-log-format=json"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Root != "/flag/root" || c.LogFormat != "json" {
+		t.Errorf("flags not applied: root=%q log_format=%q", c.Root, c.LogFormat)
+	}
+	// Flags left unset must not reset file values to the flag defaults.
+	if c.State != "/file/state" || c.LogLevel != "debug" || c.CgroupDriver != "systemd" {
+		t.Errorf("file values lost: %+v", c)
+	}
+	if c.Socket != "/run/berth/berth.sock" {
+		t.Errorf("socket = %q, want the default", c.Socket)
+	}
+}
+
+func TestFlagsWithoutFile(t *testing.T) {
+	// Not giving --config means DefaultPath, which may or may not exist on the
+	// test host; only check a flag that the file cannot override.
+	c, err := FromArgs([]string{"--config", writeConfig(t, ""), "--socket", "/tmp/x.sock", "--state", "/tmp/st",
+		"--log-level", "warn"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Socket != "/tmp/x.sock" || c.State != "/tmp/st" || c.LogLevel != "warn" || c.Root != "/var/lib/berth" {
+		t.Errorf("got %+v", c)
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	p := writeConfig(t, "")
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--log-level", "loud"}, `--log-level "loud": must be one of`},
+		{[]string{"--log-format", "yaml"}, `--log-format "yaml"`},
+		{[]string{"--root", "rel"}, `--root "rel": must be an absolute path`},
+		{[]string{"--state", ""}, `--state "": must be an absolute path`},
+		{[]string{"--socket", "/" + strings.Repeat("x", 200)}, "--socket"},
+		{[]string{"--nope"}, "flag provided but not defined: -nope"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	}
+	for _, tt := range tests {
+		_, err := FromArgs(append([]string{"--config", p}, tt.args...), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("FromArgs(%q) = %v, want error containing %q", tt.args, err, tt.want)
+		}
+	}
+	if _, err := FromArgs([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestSlogLevel(t *testing.T) {
+	for lvl, want := range map[string]string{"debug": "DEBUG", "info": "INFO", "warn": "WARN", "error": "ERROR"} {
+		c := Default()
+		c.LogLevel = lvl
+		if got := c.SlogLevel().String(); got != want {
+			t.Errorf("%s → %s, want %s", lvl, got, want)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package config
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/berth-runtime/berth/image/registry"
+)
+
+// maxSocketPath is sun_path (108 bytes) minus the terminating NUL: a longer
+// socket path fails at bind time with a confusing "invalid argument".
+const maxSocketPath = 107
+
+var (
+	logLevels     = []string{"debug", "info", "warn", "error"}
+	logFormats    = []string{"text", "json"}
+	cgroupDrivers = []string{"cgroupfs", "systemd"}
+)
+
+// validate checks every value, naming the offending key as written in the file.
+func (c *Config) validate() error {
+	checks := []struct {
+		key, val string
+		check    func(string) error
+	}{
+		{"root", c.Root, absPath},
+		{"state", c.State, absPath},
+		{"socket", c.Socket, socketPath},
+		{"log_level", c.LogLevel, oneOf(logLevels)},
+		{"log_format", c.LogFormat, oneOf(logFormats)},
+		{"cgroup_driver", c.CgroupDriver, oneOf(cgroupDrivers)},
+	}
+	for _, ch := range checks {
+		if err := ch.check(ch.val); err != nil {
+			return badValue(ch.key, ch.val, err)
+		}
+	}
+	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
+		return badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0"))
+	}
+	// Sorted so that the same bad file always reports the same key first.
+	hosts := make([]string, 0, len(c.Registries))
+	for h := range c.Registries {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, h := range hosts {
+		if err := validateHost(h, c.Registries[h]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func badValue(key, val string, err error) error {
+	return fmt.Errorf("%s = %q: %w", key, val, err)
+}
+
+func absPath(p string) error {
+	if !filepath.IsAbs(p) {
+		return errors.New("must be an absolute path")
+	}
+	return nil
+}
+
+func socketPath(p string) error {
+	if err := absPath(p); err != nil {
+		return err
+	}
+	if len(p) > maxSocketPath {
+		return fmt.Errorf("longer than %d bytes, the limit for a unix socket path", maxSocketPath)
+	}
+	return nil
+}
+
+func oneOf(allowed []string) func(string) error {
+	return func(v string) error {
+		if !slices.Contains(allowed, v) {
+			return fmt.Errorf("must be one of %s", strings.Join(allowed, ", "))
+		}
+		return nil
+	}
+}
+
+func validateHost(host string, h registry.Host) error {
+	key := func(k string) string { return fmt.Sprintf("registry.%q.%s", host, k) }
+	if host == "" || strings.ContainsAny(host, "/ ") {
+		return fmt.Errorf("registry.%q: the table name must be a registry host[:port]", host)
+	}
+	for i, m := range h.Mirrors {
+		if err := mirror(m); err != nil {
+			return badValue(fmt.Sprintf("%s[%d]", key("mirrors"), i), m, err)
+		}
+	}
+	if h.CAFile != "" {
+		if err := caFile(h.CAFile); err != nil {
+			return badValue(key("ca_file"), h.CAFile, err)
+		}
+	}
+	return nil
+}
+
+// mirror accepts "http(s)://host[:port][/path]" or a bare "host[:port]".
+func mirror(m string) error {
+	hostport := m
+	if strings.Contains(m, "://") {
+		u, err := url.Parse(m)
+		if err != nil {
+			return errors.New("not a valid URL")
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return errors.New("scheme must be http or https")
+		}
+		if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return errors.New("must not carry credentials, a query or a fragment")
+		}
+		hostport = u.Host
+	} else if strings.ContainsAny(m, "/?#@") {
+		return errors.New("want a URL with scheme http or https, or a bare host[:port]")
+	}
+	return validHostPort(hostport)
+}
+
+func validHostPort(hp string) error {
+	if hp == "" {
+		return errors.New("no host")
+	}
+	host, port := hp, ""
+	if h, p, err := net.SplitHostPort(hp); err == nil {
+		host, port = h, p
+	} else if strings.Count(hp, ":") > 0 && !strings.HasPrefix(hp, "[") {
+		return errors.New("not a host[:port]")
+	}
+	if host == "" {
+		return errors.New("no host")
+	}
+	if port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %q is not a number between 1 and 65535", port)
+		}
+	}
+	return nil
+}
+
+// caFile is checked at startup so a wrong path fails berthd, not the first pull.
+func caFile(p string) error {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(b) {
+		return errors.New("no PEM certificate in the file")
+	}
+	return nil
+}

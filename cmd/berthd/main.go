@@ -1,0 +1,113 @@
+// Command berthd is berth's node daemon: it serves the Kubernetes CRI on a unix
+// socket. This file only wires the packages together; see DESIGN.md.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/berth-runtime/berth/cmd/berthd/config"
+	"github.com/berth-runtime/berth/cri"
+	"github.com/berth-runtime/berth/image"
+)
+
+// stopTimeout bounds the graceful stop: long-lived streams never end by themselves.
+const stopTimeout = 10 * time.Second
+
+func main() {
+	cfg, err := config.FromArgs(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berthd: %v\n", err)
+		os.Exit(2)
+	}
+	log := newLogger(cfg)
+	if err := run(cfg, log); err != nil {
+		log.Error("berthd failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func newLogger(cfg *config.Config) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.SlogLevel()}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func run(cfg *config.Config, log *slog.Logger) error {
+	// Root 0711 as containerd does: non-root container users may need to
+	// traverse to their mounts below it, but nobody else needs to list it.
+	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
+		return fmt.Errorf("root: %w", err)
+	}
+	if err := os.MkdirAll(cfg.State, 0o700); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+
+	dbPath := filepath.Join(cfg.Root, "meta.db")
+	db, err := bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: time.Second})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return fmt.Errorf("%s is locked: another berthd is using root %s", dbPath, cfg.Root)
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dbPath, err)
+	}
+	defer db.Close()
+
+	images, err := image.New(image.Options{
+		Root:            cfg.Root,
+		DB:              db,
+		Registries:      cfg.Registries,
+		ProgressTimeout: cfg.Image.PullProgressTimeout.Duration,
+		Logger:          log.With("component", "image"),
+	})
+	if err != nil {
+		return fmt.Errorf("image service: %w", err)
+	}
+
+	srv := cri.NewServer(cri.ServerOptions{
+		Socket: cfg.Socket,
+		Logger: log.With("component", "cri"),
+		Runtime: cri.NewRuntimeService(cri.Config{
+			Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
+			CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
+		}),
+		Images:    cri.NewImageService(images),
+		Extension: cri.NewExtensionServer(images),
+	})
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+	log.Info("berthd serving", "socket", cfg.Socket, "version", cri.RuntimeVersion,
+		"root", cfg.Root, "state", cfg.State, "cgroup_driver", cfg.CgroupDriver)
+
+	select {
+	case sig := <-sigs:
+		log.Info("stopping", "signal", sig.String())
+		srv.Shutdown(stopTimeout)
+		<-served
+		log.Info("stopped")
+		return nil
+	case err := <-served:
+		srv.Shutdown(stopTimeout)
+		return fmt.Errorf("serve: %w", err)
+	}
+}

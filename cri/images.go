@@ -1,0 +1,135 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/berth-runtime/berth/image"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+type imageService struct {
+	runtimeapi.UnimplementedImageServiceServer
+	images *image.Service
+}
+
+// NewImageService serves the CRI ImageService from images.
+func NewImageService(images *image.Service) runtimeapi.ImageServiceServer {
+	return &imageService{images: images}
+}
+
+func (s *imageService) ListImages(_ context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
+	var imgs []*image.Image
+	if ref := req.GetFilter().GetImage().GetImage(); ref != "" {
+		img, err := s.images.Get(ref)
+		if err != nil && !errors.Is(err, image.ErrNotFound) {
+			return nil, imageError("filter.image.image", err)
+		}
+		if img != nil {
+			imgs = append(imgs, img)
+		}
+	} else {
+		var err error
+		if imgs, err = s.images.List(); err != nil {
+			return nil, imageError("", err)
+		}
+	}
+	resp := &runtimeapi.ListImagesResponse{Images: make([]*runtimeapi.Image, 0, len(imgs))}
+	for _, img := range imgs {
+		resp.Images = append(resp.Images, toCRIImage(img))
+	}
+	return resp, nil
+}
+
+// ImageStatus answers OK with no image for a missing one: that is the CRI
+// contract the kubelet relies on to decide to pull.
+func (s *imageService) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
+	ref := req.GetImage().GetImage()
+	if ref == "" {
+		return nil, status.Error(codes.InvalidArgument, "image.image is required")
+	}
+	img, err := s.images.Get(ref)
+	if errors.Is(err, image.ErrNotFound) {
+		return &runtimeapi.ImageStatusResponse{}, nil
+	}
+	if err != nil {
+		return nil, imageError("image.image", err)
+	}
+	resp := &runtimeapi.ImageStatusResponse{Image: toCRIImage(img)}
+	if req.GetVerbose() {
+		info, err := json.Marshal(map[string]any{"config": img.Config, "chainIDs": img.ChainIDs, "manifests": img.Manifests, "created": img.Created})
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "image %s: %v", img.ID, err)
+		}
+		resp.Info = map[string]string{"info": string(info)}
+	}
+	return resp, nil
+}
+
+func (s *imageService) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+	ref := req.GetImage().GetImage()
+	if ref == "" {
+		return nil, status.Error(codes.InvalidArgument, "image.image is required")
+	}
+	var auth *image.Auth
+	if a := req.GetAuth(); a != nil {
+		auth = &image.Auth{Username: a.Username, Password: a.Password, Auth: a.Auth,
+			IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken}
+	}
+	img, err := s.images.Pull(ctx, ref, auth)
+	if err != nil {
+		return nil, imageError("image.image", err)
+	}
+	return &runtimeapi.PullImageResponse{ImageRef: img.ID}, nil
+}
+
+// RemoveImage is idempotent: a missing image is OK.
+func (s *imageService) RemoveImage(_ context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
+	ref := req.GetImage().GetImage()
+	if ref == "" {
+		return nil, status.Error(codes.InvalidArgument, "image.image is required")
+	}
+	if err := s.images.Remove(ref); err != nil {
+		return nil, imageError("image.image", err)
+	}
+	return &runtimeapi.RemoveImageResponse{}, nil
+}
+
+func (s *imageService) ImageFsInfo(context.Context, *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
+	u, err := s.images.FsInfo()
+	if err != nil {
+		return nil, imageError("", err)
+	}
+	return &runtimeapi.ImageFsInfoResponse{ImageFilesystems: []*runtimeapi.FilesystemUsage{{
+		Timestamp:  u.Timestamp.UnixNano(),
+		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: u.Mountpoint},
+		UsedBytes:  &runtimeapi.UInt64Value{Value: u.UsedBytes},
+		InodesUsed: &runtimeapi.UInt64Value{Value: u.Inodes},
+	}}}, nil
+}
+
+// imageError maps an image package error to its gRPC code. field, when set,
+// names the request field a bad reference came from.
+func imageError(field string, err error) error {
+	code := codes.Internal
+	switch {
+	case errors.Is(err, image.ErrInvalidReference):
+		code = codes.InvalidArgument
+		if field != "" {
+			err = fmt.Errorf("%s: %w", field, err)
+		}
+	case errors.Is(err, image.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, image.ErrUnauthorized):
+		code = codes.Unauthenticated
+	case errors.Is(err, image.ErrNoProgress), errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}

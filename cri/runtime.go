@@ -1,0 +1,134 @@
+// Package cri serves the Kubernetes CRI (runtime.v1) and berth's own small
+// extension service on berthd's unix socket: request validation, mapping CRI ⇄
+// internal types and gRPC error codes. It never touches the kernel itself.
+package cri
+
+import (
+	"context"
+	"encoding/json"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/image/registry"
+)
+
+// RuntimeVersion is berth's own version, reported by the CRI Version call. Release
+// builds set it with -ldflags "-X github.com/berth-runtime/berth/cri.RuntimeVersion=…".
+var RuntimeVersion = "0.1.0-dev"
+
+const (
+	// kubeAPIVersion is the "version" field of VersionResponse: the version of
+	// the kubelet runtime API, which every upstream runtime reports as 0.1.0.
+	kubeAPIVersion    = "0.1.0"
+	runtimeName       = "berth"
+	runtimeAPIVersion = "v1"
+)
+
+// Config is the part of berthd's configuration the runtime service reports.
+type Config struct {
+	Root         string
+	State        string
+	Socket       string
+	CgroupDriver string // "cgroupfs" or "systemd"
+	// Registries is shown in verbose Status without credentials.
+	Registries map[string]registry.Host
+}
+
+// RuntimeService is the CRI RuntimeService. Calls not implemented yet answer
+// codes.Unimplemented through the embedded type.
+type RuntimeService struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+	cfg Config
+}
+
+// NewRuntimeService returns the CRI RuntimeService for a daemon set up as cfg.
+func NewRuntimeService(cfg Config) *RuntimeService {
+	return &RuntimeService{cfg: cfg}
+}
+
+// Version reports the runtime's name and versions.
+func (r *RuntimeService) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{
+		Version:           kubeAPIVersion,
+		RuntimeName:       runtimeName,
+		RuntimeVersion:    RuntimeVersion,
+		RuntimeApiVersion: runtimeAPIVersion,
+	}, nil
+}
+
+// Status reports the runtime ready and the pod network not ready: the kubelet
+// then keeps pods that need a network Pending instead of starting them broken.
+func (r *RuntimeService) Status(_ context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	resp := &runtimeapi.StatusResponse{
+		Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
+			{Type: runtimeapi.RuntimeReady, Status: true},
+			{
+				Type:    runtimeapi.NetworkReady,
+				Status:  false,
+				Reason:  "NetworkNotImplemented",
+				Message: "berth has no pod network yet",
+			},
+		}},
+	}
+	if req.GetVerbose() {
+		b, err := json.Marshal(r.verboseConfig())
+		if err != nil {
+			return nil, err
+		}
+		resp.Info = map[string]string{"config": string(b)}
+	}
+	return resp, nil
+}
+
+// RuntimeConfig tells the kubelet which cgroup driver to use, so the two agree.
+func (r *RuntimeService) RuntimeConfig(context.Context, *runtimeapi.RuntimeConfigRequest) (*runtimeapi.RuntimeConfigResponse, error) {
+	driver := runtimeapi.CgroupDriver_CGROUPFS
+	if r.cfg.CgroupDriver == "systemd" {
+		driver = runtimeapi.CgroupDriver_SYSTEMD
+	}
+	return &runtimeapi.RuntimeConfigResponse{
+		Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: driver},
+	}, nil
+}
+
+type verboseConfig struct {
+	Version      string                     `json:"version"`
+	Root         string                     `json:"root"`
+	State        string                     `json:"state"`
+	Socket       string                     `json:"socket"`
+	CgroupDriver string                     `json:"cgroupDriver"`
+	Registries   map[string]verboseRegistry `json:"registries,omitempty"`
+}
+
+// verboseRegistry is registry.Host minus the credentials: verbose Status is
+// readable by anyone who can reach the socket and ends up in bug reports.
+type verboseRegistry struct {
+	Mirrors     []string `json:"mirrors,omitempty"`
+	PlainHTTP   bool     `json:"plainHTTP,omitempty"`
+	CAFile      string   `json:"caFile,omitempty"`
+	SkipVerify  bool     `json:"skipVerify,omitempty"`
+	Credentials bool     `json:"credentials,omitempty"`
+}
+
+func (r *RuntimeService) verboseConfig() verboseConfig {
+	v := verboseConfig{
+		Version:      RuntimeVersion,
+		Root:         r.cfg.Root,
+		State:        r.cfg.State,
+		Socket:       r.cfg.Socket,
+		CgroupDriver: r.cfg.CgroupDriver,
+	}
+	if len(r.cfg.Registries) > 0 {
+		v.Registries = make(map[string]verboseRegistry, len(r.cfg.Registries))
+		for host, h := range r.cfg.Registries {
+			v.Registries[host] = verboseRegistry{
+				Mirrors:     h.Mirrors,
+				PlainHTTP:   h.PlainHTTP,
+				CAFile:      h.CAFile,
+				SkipVerify:  h.SkipVerify,
+				Credentials: h.Username != "" || h.Password != "",
+			}
+		}
+	}
+	return v
+}

@@ -1,0 +1,106 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/image/registry"
+)
+
+func runtimeClient(t *testing.T, cfg Config) runtimeapi.RuntimeServiceClient {
+	t.Helper()
+	_, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(cfg)})
+	return runtimeapi.NewRuntimeServiceClient(conn)
+}
+
+func TestVersion(t *testing.T) {
+	got, err := runtimeClient(t, Config{}).Version(context.Background(), &runtimeapi.VersionRequest{Version: "0.1.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Version != "0.1.0" || got.RuntimeName != "berth" || got.RuntimeVersion != RuntimeVersion || got.RuntimeApiVersion != "v1" {
+		t.Errorf("Version = %+v", got)
+	}
+}
+
+func TestStatus(t *testing.T) {
+	cfg := Config{
+		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock", CgroupDriver: "systemd",
+		Registries: map[string]registry.Host{
+			"docker.io":      {Mirrors: []string{"http://127.0.0.1:5000"}, Username: "alice", Password: "s3cret-pw"},
+			"127.0.0.1:5000": {PlainHTTP: true},
+		},
+	}
+	rt := runtimeClient(t, cfg)
+	ctx := context.Background()
+
+	resp, err := rt.Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Info != nil {
+		t.Errorf("non-verbose Status has info %v", resp.Info)
+	}
+	conds := map[string]*runtimeapi.RuntimeCondition{}
+	for _, c := range resp.GetStatus().GetConditions() {
+		conds[c.Type] = c
+	}
+	if c := conds[runtimeapi.RuntimeReady]; c == nil || !c.Status {
+		t.Errorf("RuntimeReady = %v, want true", c)
+	}
+	if c := conds[runtimeapi.NetworkReady]; c == nil || c.Status || c.Reason != "NetworkNotImplemented" || c.Message == "" {
+		t.Errorf("NetworkReady = %v, want false with reason NetworkNotImplemented", c)
+	}
+
+	resp, err = rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := resp.Info["config"]
+	if strings.Contains(raw, "s3cret-pw") || strings.Contains(raw, "alice") {
+		t.Errorf("verbose config leaks credentials: %s", raw)
+	}
+	var got verboseConfig
+	if err := json.Unmarshal([]byte(raw), &got); err != nil {
+		t.Fatalf("info[config] = %q: %v", raw, err)
+	}
+	if got.Root != cfg.Root || got.State != cfg.State || got.Socket != cfg.Socket ||
+		got.CgroupDriver != "systemd" || got.Version != RuntimeVersion {
+		t.Errorf("verbose config = %+v", got)
+	}
+	if r := got.Registries["docker.io"]; !r.Credentials || len(r.Mirrors) != 1 {
+		t.Errorf("docker.io in verbose config = %+v", r)
+	}
+	if r := got.Registries["127.0.0.1:5000"]; !r.PlainHTTP || r.Credentials {
+		t.Errorf("127.0.0.1:5000 in verbose config = %+v", r)
+	}
+}
+
+func TestRuntimeConfig(t *testing.T) {
+	for driver, want := range map[string]runtimeapi.CgroupDriver{
+		"cgroupfs": runtimeapi.CgroupDriver_CGROUPFS,
+		"systemd":  runtimeapi.CgroupDriver_SYSTEMD,
+		"":         runtimeapi.CgroupDriver_CGROUPFS,
+	} {
+		resp, err := runtimeClient(t, Config{CgroupDriver: driver}).RuntimeConfig(context.Background(), &runtimeapi.RuntimeConfigRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.GetLinux().GetCgroupDriver(); got != want {
+			t.Errorf("cgroup_driver %q → %v, want %v", driver, got, want)
+		}
+	}
+}
+
+func TestUnimplemented(t *testing.T) {
+	_, err := runtimeClient(t, Config{}).ListPodSandbox(context.Background(), &runtimeapi.ListPodSandboxRequest{})
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("ListPodSandbox = %v, want Unimplemented", err)
+	}
+}

@@ -1,0 +1,198 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// maxMsgSize matches containerd and CRI-O: ListContainers/ListImages answers on
+// a busy node exceed gRPC's 4 MiB default.
+const maxMsgSize = 16 << 20
+
+// ServerOptions says where to listen and what to serve there.
+type ServerOptions struct {
+	Socket    string
+	Logger    *slog.Logger
+	Runtime   runtimeapi.RuntimeServiceServer
+	Images    runtimeapi.ImageServiceServer // nil: not registered
+	Extension ExtensionServer               // nil: not registered
+}
+
+// Server serves the CRI and berth's extension on one unix socket.
+type Server struct {
+	socket string
+	log    *slog.Logger
+	grpc   *grpc.Server
+	ln     net.Listener
+}
+
+// NewServer builds the gRPC server; Listen and Serve start it.
+func NewServer(opts ServerOptions) *Server {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	g := grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxMsgSize),
+		grpc.MaxSendMsgSize(maxMsgSize),
+		grpc.ChainUnaryInterceptor(unaryLogger(log)),
+		grpc.ChainStreamInterceptor(streamLogger(log)),
+	)
+	if opts.Runtime != nil {
+		runtimeapi.RegisterRuntimeServiceServer(g, opts.Runtime)
+	}
+	if opts.Images != nil {
+		runtimeapi.RegisterImageServiceServer(g, opts.Images)
+	}
+	if opts.Extension != nil {
+		RegisterExtensionServer(g, opts.Extension)
+	}
+	return &Server{socket: opts.Socket, log: log, grpc: g}
+}
+
+// Listen claims the socket: it refuses to start if a live server answers on
+// it, replaces a stale one left by a crash, and restricts it to root (0660).
+func (s *Server) Listen() error {
+	if err := s.clearStale(); err != nil {
+		return err
+	}
+	// 0700: while the socket still has umask permissions, nobody else can
+	// reach it through a parent we created.
+	if err := os.MkdirAll(filepath.Dir(s.socket), 0o700); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	ln, err := net.Listen("unix", s.socket)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.socket, err)
+	}
+	if err := os.Chmod(s.socket, 0o660); err != nil {
+		ln.Close()
+		return fmt.Errorf("socket %s: %w", s.socket, err)
+	}
+	// Unprivileged (unit tests) we cannot chown, and the file is ours anyway.
+	if os.Geteuid() == 0 {
+		if err := os.Chown(s.socket, 0, 0); err != nil {
+			ln.Close()
+			return fmt.Errorf("socket %s: %w", s.socket, err)
+		}
+	}
+	s.ln = ln
+	return nil
+}
+
+func (s *Server) clearStale() error {
+	fi, err := os.Lstat(s.socket)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("socket %s: %w", s.socket, err)
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("socket %s is a directory", s.socket)
+	}
+	if fi.Mode()&fs.ModeSocket != 0 {
+		conn, err := net.DialTimeout("unix", s.socket, time.Second)
+		if err == nil {
+			conn.Close()
+			return fmt.Errorf("another berthd is serving on %s", s.socket)
+		}
+		// Only "refused" proves nobody listens; a timeout or EAGAIN (full
+		// backlog) means someone does but is busy.
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("socket %s exists and may be in use: %w", s.socket, err)
+		}
+	}
+	s.log.Warn("removing stale socket", "path", s.socket, "mode", fi.Mode().String())
+	if err := os.Remove(s.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	return nil
+}
+
+// Serve answers calls until Shutdown; it returns nil after a shutdown.
+func (s *Server) Serve() error {
+	if s.ln == nil {
+		return errors.New("cri: Serve before Listen")
+	}
+	err := s.grpc.Serve(s.ln)
+	if errors.Is(err, grpc.ErrServerStopped) { // Shutdown won the race with Serve
+		return nil
+	}
+	return err
+}
+
+// Shutdown lets calls in flight finish for up to timeout, then cuts the rest
+// (a kubelet's event stream never ends on its own) and removes the socket.
+func (s *Server) Shutdown(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		s.log.Warn("calls still running after graceful stop timeout, closing them", "timeout", timeout)
+		s.grpc.Stop()
+		<-done
+	}
+	if s.ln != nil {
+		if err := os.Remove(s.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("remove socket", "path", s.socket, "err", err)
+		}
+	}
+}
+
+func unaryLogger(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := h(ctx, req)
+		logCall(ctx, log, info.FullMethod, start, err)
+		return resp, err
+	}
+}
+
+func streamLogger(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		start := time.Now()
+		err := h(srv, ss)
+		logCall(ss.Context(), log, info.FullMethod, start, err)
+		return err
+	}
+}
+
+// logCall logs every call at debug and failures higher: the caller's mistakes
+// (NotFound, InvalidArgument, …) at info, our own failures at warn.
+func logCall(ctx context.Context, log *slog.Logger, method string, start time.Time, err error) {
+	st := status.Convert(err)
+	attrs := []any{"method", method, "duration", time.Since(start), "code", st.Code().String()}
+	level := slog.LevelDebug
+	switch st.Code() {
+	case codes.OK:
+	case codes.Unimplemented, codes.Canceled:
+		// The kubelet polls calls berth does not have yet every few seconds,
+		// and cancels calls routinely; neither is news for an operator.
+		attrs = append(attrs, "err", st.Message())
+	case codes.Internal, codes.Unknown, codes.DataLoss, codes.Unavailable, codes.ResourceExhausted:
+		level = slog.LevelWarn
+		attrs = append(attrs, "err", st.Message())
+	default:
+		level = slog.LevelInfo
+		attrs = append(attrs, "err", st.Message())
+	}
+	log.Log(ctx, level, "cri call", attrs...)
+}

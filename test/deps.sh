@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages berth's tests need, only those missing, so
+# that running it again is quick and changes nothing.
+set -euo pipefail
+
+packages=(busybox-static)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	echo "installing: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+	echo "berth needs Go (1.26 or newer) on PATH: see README.md" >&2
+	exit 1
+fi
