@@ -39,8 +39,10 @@ type Service struct {
 	resolver *registry.Resolver
 	platform v1.Platform
 
-	pulls  singleflight.Group // one pull per reference and credentials at a time
-	layers singleflight.Group // one unpack per chain ID at a time
+	pulls singleflight.Group // one pull per reference and credentials at a time
+
+	inflightMu sync.Mutex
+	inflight   map[string]*layerFlight // unpacks in progress, by chain ID
 
 	// gc is held shared by pulls and imports from their first snapshot to
 	// their image record, and exclusively by garbage collection, so that a
@@ -82,6 +84,7 @@ func New(opts Options) (*Service, error) {
 	s := &Service{
 		opts: opts, log: opts.Logger, content: cs, snaps: snaps, resolver: resolver,
 		platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
+		inflight: map[string]*layerFlight{},
 	}
 	if err := s.dropBrokenImages(); err != nil {
 		return nil, err

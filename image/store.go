@@ -31,7 +31,20 @@ type layerOpener func(v1.Layer) (io.ReadCloser, func() error, error)
 // The config is kept in the content store, and so are the manifests and
 // indexes in keep. (A docker-save tarball has no manifest worth keeping:
 // go-containerregistry would compress every layer to compute one.)
+//
+// A failed store leaves nothing behind: layers it committed before the
+// failure are collected unless another image uses them.
 func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
+	rec, err := s.storeLocked(ctx, img, n, keep, open, watch)
+	if err != nil {
+		if gcErr := s.collectGarbage(); gcErr != nil {
+			s.log.Error("collect layers of a failed pull", "err", gcErr)
+		}
+	}
+	return rec, err
+}
+
+func (s *Service) storeLocked(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
 	s.gc.RLock()
 	defer s.gc.RUnlock()
 
@@ -95,30 +108,42 @@ func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byt
 }
 
 // ensureLayer makes sure the snapshot chainID exists, unpacking l if not.
-// Concurrent callers for one chain ID share one unpack.
+// Concurrent callers for one chain ID share one unpack: the first does it,
+// the others wait for its result (and pause their own progress watch, since
+// the first pull's watch covers the transfer).
 func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, watch *progressWatch) error {
 	if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
 		return err
 	}
-	ch := s.layers.DoChan(chainID, func() (any, error) {
-		return nil, s.unpackLayer(ctx, l, chainID, diffID, open)
-	})
-	if watch != nil {
-		watch.waiting.Add(1)
-		defer watch.waiting.Add(-1)
+	s.inflightMu.Lock()
+	if f, ok := s.inflight[chainID]; ok {
+		s.inflightMu.Unlock()
+		if watch != nil {
+			watch.waiting.Add(1)
+			defer watch.waiting.Add(-1)
+		}
+		<-f.done
+		return f.err
 	}
-	select {
-	case r := <-ch:
-		return r.Err
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	f := &layerFlight{done: make(chan struct{})}
+	s.inflight[chainID] = f
+	s.inflightMu.Unlock()
+
+	f.err = s.unpackLayer(ctx, l, chainID, diffID, open)
+	s.inflightMu.Lock()
+	delete(s.inflight, chainID)
+	s.inflightMu.Unlock()
+	close(f.done)
+	return f.err
+}
+
+// layerFlight is one unpack in progress; err is set before done closes.
+type layerFlight struct {
+	done chan struct{}
+	err  error
 }
 
 func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener) (err error) {
-	if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
-		return err // another pull finished it while we were queued
-	}
 	start := time.Now()
 	rc, check, err := open(l)
 	if err != nil {
