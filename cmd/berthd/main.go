@@ -14,6 +14,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/berth-runtime/berth/cmd/berthd/config"
 	"github.com/berth-runtime/berth/cri"
@@ -59,7 +60,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 
 	dbPath := filepath.Join(cfg.Root, "meta.db")
 	db, err := bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return fmt.Errorf("%s is locked: another berthd is using root %s", dbPath, cfg.Root)
 	}
 	if err != nil {
