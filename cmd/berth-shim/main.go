@@ -1,0 +1,116 @@
+// Command berth-shim is berth's per-pod monitor (see DESIGN.md, "Process
+// model"). Modes:
+//
+//	berth-shim serve --dir POD_DIR   serve a pod (package sandbox/shim/server)
+//	berth-shim init                  libcontainer's container init (re-exec)
+//	berth-shim pause                 PID 1 of a pod's shared PID namespace
+//
+// It stays small on purpose: no gRPC, no CRI API, no registry client.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strconv"
+	"syscall"
+
+	"github.com/opencontainers/runc/libcontainer"
+	// Without it the cgroup manager cannot apply device rules.
+	_ "github.com/opencontainers/cgroups/devices"
+	// nsexec: the C constructor that joins namespaces before the Go runtime
+	// starts, in "init" mode.
+	_ "github.com/opencontainers/runc/libcontainer/nsenter"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/shim/server"
+)
+
+func init() {
+	// As runc's own "init" command: before main, after nsexec.
+	if len(os.Args) > 1 && os.Args[1] == "init" {
+		libcontainer.Init()
+	}
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	switch os.Args[1] {
+	case "pause":
+		os.Exit(pause())
+	case "serve":
+		os.Exit(serve(os.Args[2:]))
+	default:
+		usage()
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: berth-shim serve --dir POD_DIR | pause | init")
+	os.Exit(2)
+}
+
+func serve(args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	dir := fs.String("dir", "", "pod state folder")
+	fs.Parse(args)
+	if *dir == "" {
+		fmt.Fprintln(os.Stderr, "berth-shim serve: --dir is required")
+		return 2
+	}
+	if os.Getenv(shim.DaemonEnv) != "" {
+		return daemonize()
+	}
+	tuneMemory()
+	var ready *os.File
+	if v := os.Getenv(shim.ReadyFdEnv); v != "" {
+		os.Unsetenv(shim.ReadyFdEnv)
+		if fd, err := strconv.Atoi(v); err == nil {
+			syscall.CloseOnExec(fd) // not for the containers
+			ready = os.NewFile(uintptr(fd), "ready")
+		}
+	}
+	if err := server.Run(*dir, ready); err != nil {
+		fmt.Fprintf(os.Stderr, "berth-shim: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// daemonize starts the real shim in its own session and returns at once,
+// so the shim is reparented to init instead of staying the caller's child.
+// The ready pipe (fd 3) is passed on.
+func daemonize() int {
+	os.Unsetenv(shim.DaemonEnv)
+	exe, err := os.Executable() // not /proc/self/exe: ps would show "exe"
+	if err != nil {
+		exe = "/proc/self/exe"
+	}
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Args[0] = os.Args[0]
+	cmd.Env = append(os.Environ(), shim.ReadyFdEnv+"=3")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{os.NewFile(3, "ready")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(os.Stderr, "berth-shim: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// tuneMemory keeps the idle shim small (one per pod): collect early and
+// return freed memory promptly. GOGC / GOMEMLIMIT in the environment win.
+func tuneMemory() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(25)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(16 << 20)
+	}
+
+}

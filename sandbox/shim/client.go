@@ -1,0 +1,150 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/rpc"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Client talks to one pod's shim. It is safe for concurrent use; calls are
+// multiplexed over one connection.
+type Client struct {
+	rpc    *rpc.Client
+	podDir string
+}
+
+// Dial connects to the shim serving podDir.
+func Dial(podDir string) (*Client, error) {
+	conn, err := dialSocket(podDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial shim in %s: %v", ErrUnavailable, podDir, err)
+	}
+	return &Client{rpc: rpc.NewClient(conn), podDir: podDir}, nil
+}
+
+// Close closes the connection; the shim keeps running.
+func (c *Client) Close() error { return c.rpc.Close() }
+
+// PodDir is the pod folder this client was dialed for.
+func (c *Client) PodDir() string { return c.podDir }
+
+// call runs one RPC; ctx abandons the wait (the shim may still finish it).
+func (c *Client) call(ctx context.Context, method string, args, reply any) error {
+	done := c.rpc.Go(ServiceName+"."+method, args, reply, make(chan *rpc.Call, 1)).Done
+	select {
+	case call := <-done:
+		return remoteError(call.Error)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// remoteError turns the text of a server error back into a sentinel; any
+// other error is the transport's (reset, EOF, shut down): the shim is gone.
+func remoteError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se rpc.ServerError
+	if !errors.As(err, &se) {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	for _, s := range remoteErrors {
+		if strings.HasPrefix(string(se), s.Error()) {
+			return &wireError{msg: string(se), is: s}
+		}
+	}
+	return err
+}
+
+type wireError struct {
+	msg string
+	is  error
+}
+
+func (e *wireError) Error() string { return e.msg }
+func (e *wireError) Unwrap() error { return e.is }
+
+// Info reports the shim's pid and how many containers are live.
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	var r Info
+	err := c.call(ctx, "Info", &Empty{}, &r)
+	return r, err
+}
+
+// Create spawns the container's init in the created state.
+func (c *Client) Create(ctx context.Context, req CreateRequest) error {
+	return c.call(ctx, "Create", &req, &Empty{})
+}
+
+// Start lets a created container's process run and returns its state.
+func (c *Client) Start(ctx context.Context, id string) (State, error) {
+	var r State
+	err := c.call(ctx, "Start", &IDRequest{ID: id}, &r)
+	return r, err
+}
+
+// Kill signals the container's init, or all its processes. A stopped
+// container is not an error.
+func (c *Client) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	return c.call(ctx, "Kill", &KillRequest{ID: id, Signal: int(sig), All: all}, &Empty{})
+}
+
+// State reports a container's state, from the shim's memory or its records.
+func (c *Client) State(ctx context.Context, id string) (State, error) {
+	var r State
+	err := c.call(ctx, "State", &IDRequest{ID: id}, &r)
+	return r, err
+}
+
+// Wait blocks until the container stops or ctx ends. The shim is told the
+// deadline, so it does not keep waiting on its side after we gave up.
+func (c *Client) Wait(ctx context.Context, id string) (State, error) {
+	req := WaitRequest{ID: id}
+	if d, ok := ctx.Deadline(); ok {
+		if req.Timeout = time.Until(d); req.Timeout <= 0 {
+			return State{}, context.DeadlineExceeded
+		}
+	}
+	var r State
+	if err := c.call(ctx, "Wait", &req, &r); err != nil {
+		return r, err
+	}
+	if r.Status != StatusStopped {
+		return r, context.DeadlineExceeded
+	}
+	return r, nil
+}
+
+// Delete removes a stopped container's libcontainer state and cgroup. Its
+// records (exit.json, started.json) stay for the manager to remove.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	return c.call(ctx, "Delete", &IDRequest{ID: id}, &Empty{})
+}
+
+// Exec runs a command in the container and returns its output. Output
+// beyond MaxOutput gives an error that matches ErrOutputTooLarge.
+func (c *Client) Exec(ctx context.Context, req ExecRequest) (ExecResponse, error) {
+	var r ExecResponse
+	err := c.call(ctx, "Exec", &req, &r)
+	return r, err
+}
+
+// ReopenLog makes the shim reopen the container's CRI log file (rotation).
+func (c *Client) ReopenLog(ctx context.Context, id string) error {
+	return c.call(ctx, "ReopenLog", &IDRequest{ID: id}, &Empty{})
+}
+
+// Shutdown makes the shim exit; it refuses (ErrBusy) while a container is
+// created or running.
+func (c *Client) Shutdown(ctx context.Context) error {
+	err := c.call(ctx, "Shutdown", &Empty{}, &Empty{})
+	if errors.Is(err, ErrUnavailable) { // it went away before the reply got out
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,17 @@
+// Package shim is berthd's side of the per-pod berth-shim: the wire types of
+// its net/rpc API, the client, the detached start, and readers for the
+// records the shim leaves on disk (so a pod whose shim died still reports
+// what happened). It uses the standard library only, so that importing it
+// does not drag libcontainer into berthd; the shim's own logic is in
+// package server.
+//
+// Pod folder layout (POD_DIR, e.g. /run/berth/pods/<podID>):
+//
+//	shim.sock                  the API (0600)
+//	shim.pid                   the shim's pid
+//	shim.log                   the shim's own stdout/stderr
+//	lc/                        libcontainer state root
+//	containers/<id>/config.json  OCI spec, written by the manager before Create
+//	containers/<id>/started.json {"pid","startedAt"}, written durably on Start
+//	containers/<id>/exit.json    {"exitCode","finishedAt",...}, written durably on exit
+package shim

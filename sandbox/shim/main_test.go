@@ -1,0 +1,148 @@
+package shim_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// Set up by TestMain for the privileged tests (run as root only).
+var (
+	shimBin      string // the berth-shim built for this run
+	rootfs       string // busybox rootfs, with the shim binary as /berth-shim
+	cgroupParent string // "/berth-shimtest-<rand>"
+	setupErr     error
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		setupErr = fmt.Errorf("needs root")
+		return m.Run()
+	}
+	tmp, err := os.MkdirTemp("", "berth-shimtest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	b := make([]byte, 4)
+	rand.Read(b)
+	cgroupParent = "/berth-shimtest-" + hex.EncodeToString(b)
+	defer removeCgroupParent()
+	setupErr = setup(tmp)
+	return m.Run()
+}
+
+func setup(tmp string) error {
+	shimBin = filepath.Join(tmp, "berth-shim")
+	args := []string{"build", "-o", shimBin}
+	if os.Getenv("BERTH_RACE") != "" {
+		args = append(args, "-race") // races are reported in shim.log, checked by cleanup
+	}
+	out, err := exec.Command("go", append(args, "github.com/berth-runtime/berth/cmd/berth-shim")...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("build shim: %v\n%s", err, out)
+	}
+	rootfs = filepath.Join(tmp, "rootfs")
+	return makeRootfs(rootfs, shimBin)
+}
+
+// makeRootfs builds a busybox-static rootfs, plus the shim binary and the
+// shared libraries it links (cgo), so it can run as a pod's pause process.
+func makeRootfs(dir, shimBin string) error {
+	bb := "/bin/busybox"
+	if _, err := os.Stat(bb); err != nil {
+		out, err := exec.Command("apt-get", "install", "-y", "busybox-static").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("install busybox-static: %v\n%s", err, out)
+		}
+	}
+	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp", "etc"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := copyFile(bb, filepath.Join(dir, "bin/busybox"), 0o755); err != nil {
+		return err
+	}
+	for _, app := range []string{"sh", "echo", "sleep", "cat", "id", "ls", "head", "tail", "tr", "yes", "touch", "tty", "true"} {
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", app)); err != nil {
+			return err
+		}
+	}
+	if err := copyFile(shimBin, filepath.Join(dir, "berth-shim"), 0o755); err != nil {
+		return err
+	}
+	out, err := exec.Command("ldd", shimBin).Output()
+	if err != nil {
+		return fmt.Errorf("ldd: %v", err)
+	}
+	for _, lib := range regexp.MustCompile(`(/\S+\.so[.\d]*)`).FindAllString(string(out), -1) {
+		dst := filepath.Join(dir, lib)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := copyFile(lib, dst, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, mode)
+}
+
+// removeCgroupParent removes the test's parent cgroup from every
+// hierarchy (v1 controllers and the unified one).
+func removeCgroupParent() {
+	ents, _ := os.ReadDir("/sys/fs/cgroup")
+	paths := []string{filepath.Join("/sys/fs/cgroup", cgroupParent)}
+	for _, e := range ents {
+		paths = append(paths, filepath.Join("/sys/fs/cgroup", e.Name(), cgroupParent))
+	}
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			fmt.Fprintf(os.Stderr, "remove test cgroup: %v\n", err)
+		}
+	}
+}
+
+// leftCgroups lists container cgroups left below the test parent.
+func leftCgroups() []string {
+	var left []string
+	ents, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, e := range ents {
+		subs, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", e.Name(), cgroupParent))
+		for _, s := range subs {
+			if s.IsDir() {
+				left = append(left, e.Name()+":"+s.Name())
+			}
+		}
+	}
+	return left
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if setupErr != nil {
+		if strings.Contains(setupErr.Error(), "needs root") {
+			t.Skip("privileged test: needs root")
+		}
+		t.Fatal(setupErr)
+	}
+}

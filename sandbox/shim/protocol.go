@@ -1,0 +1,130 @@
+package shim
+
+import (
+	"errors"
+	"time"
+)
+
+// ServiceName is the net/rpc service the shim registers; methods are
+// ServiceName + "." + the Client method name.
+const ServiceName = "Shim"
+
+// Container statuses reported in State.Status.
+const (
+	StatusCreated = "created"
+	StatusRunning = "running"
+	StatusStopped = "stopped"
+)
+
+// DefaultMaxOutput caps what an Exec captures per call when the request
+// does not say (the CRI's 16 MiB).
+const DefaultMaxOutput = 16 << 20
+
+// Errors the shim reports. They cross the wire as text; the client turns
+// them back into these values so callers can use errors.Is.
+var (
+	ErrNotFound   = errors.New("container not found")
+	ErrExists     = errors.New("container already exists")
+	ErrNotCreated = errors.New("container is not in created state")
+	ErrNotRunning = errors.New("container is not running")
+	ErrNotStopped = errors.New("container is not stopped")
+	ErrBusy       = errors.New("shim has live containers")
+	// ErrOutputTooLarge: the message is "output exceeds N bytes".
+	ErrOutputTooLarge = errors.New("output exceeds")
+	// ErrUnavailable is returned by the client when the shim cannot be
+	// reached (the connection broke: the shim died or exited).
+	ErrUnavailable = errors.New("shim unavailable")
+)
+
+// remoteErrors are matched by prefix against a server error message.
+var remoteErrors = []error{ErrNotFound, ErrExists, ErrNotCreated, ErrNotRunning,
+	ErrNotStopped, ErrBusy, ErrOutputTooLarge}
+
+// IsNotFound reports whether err says the container is unknown.
+func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// Empty is the argument or reply of calls that carry none.
+type Empty struct{}
+
+// IDRequest names one container.
+type IDRequest struct {
+	ID string
+}
+
+// CreateRequest prepares a container: its init is spawned and waits (the
+// libcontainer "created" state) until Start.
+type CreateRequest struct {
+	ID string
+	// Bundle is the folder holding config.json; relative paths in the
+	// spec (root, bind sources) are resolved against it.
+	Bundle string
+	// LogPath is the absolute CRI log file; empty discards the output.
+	LogPath string
+	// Stdin keeps a pipe open on the container's stdin.
+	Stdin bool
+	// TTY gives the container a pty; its output is logged as stdout.
+	TTY bool
+}
+
+// KillRequest signals a container's init, or every process in its cgroup.
+type KillRequest struct {
+	ID     string
+	Signal int
+	All    bool
+}
+
+// WaitRequest blocks until the container stops, or Timeout (0: no limit)
+// passes, in which case the reply's Status is not StatusStopped.
+type WaitRequest struct {
+	ID      string
+	Timeout time.Duration
+}
+
+// User is a numeric process identity.
+type User struct {
+	UID            uint32
+	GID            uint32
+	AdditionalGids []uint32
+}
+
+// ExecRequest runs a command in a running container and captures its output.
+type ExecRequest struct {
+	ID   string
+	Args []string
+	// Env, Cwd and User default to the container's own (from its spec).
+	Env  []string
+	Cwd  string
+	User *User
+	// Timeout kills the command (and what it spawned) when it passes; 0: none.
+	Timeout time.Duration
+	// MaxOutput caps stdout+stderr; 0 means DefaultMaxOutput.
+	MaxOutput int
+}
+
+// ExecResponse is the outcome of an Exec.
+type ExecResponse struct {
+	ExitCode int
+	Stdout   []byte
+	Stderr   []byte
+	TimedOut bool
+}
+
+// State describes one container.
+type State struct {
+	ID     string
+	Status string
+	Pid    int
+	// ExitCode is 128+N when the process was killed by signal N.
+	ExitCode   int
+	Signal     int
+	OOMKilled  bool
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// Info describes the shim process itself.
+type Info struct {
+	Pid     int
+	PodDir  string
+	Running int // containers in created or running state
+}

@@ -1,0 +1,57 @@
+package server
+
+import (
+	"os"
+	"time"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+)
+
+// API is the net/rpc receiver; each method is one call of package shim's
+// Client. net/rpc runs calls concurrently, one goroutine each.
+type API struct{ s *Server }
+
+func (a *API) Info(_ *shim.Empty, r *shim.Info) error {
+	*r = shim.Info{Pid: os.Getpid(), PodDir: a.s.dir, Running: a.s.live()}
+	return nil
+}
+
+func (a *API) Create(req *shim.CreateRequest, _ *shim.Empty) error {
+	return a.s.create(req)
+}
+
+func (a *API) Start(req *shim.IDRequest, r *shim.State) (err error) {
+	*r, err = a.s.start(req.ID)
+	return err
+}
+
+func (a *API) Kill(req *shim.KillRequest, _ *shim.Empty) error {
+	return a.s.kill(req)
+}
+
+func (a *API) State(req *shim.IDRequest, r *shim.State) (err error) {
+	*r, err = a.s.state(req.ID)
+	return err
+}
+
+func (a *API) Wait(req *shim.WaitRequest, r *shim.State) (err error) {
+	*r, err = a.s.wait(req)
+	return err
+}
+
+func (a *API) Delete(req *shim.IDRequest, _ *shim.Empty) error {
+	return a.s.delete(req.ID)
+}
+
+func (a *API) Exec(req *shim.ExecRequest, r *shim.ExecResponse) (err error) {
+	*r, err = a.s.exec(req)
+	return err
+}
+
+func (a *API) ReopenLog(req *shim.IDRequest, _ *shim.Empty) error {
+	return a.s.reopenLog(req.ID)
+}
+
+func (a *API) Shutdown(_ *shim.Empty, _ *shim.Empty) error {
+	return a.s.shutdown(50 * time.Millisecond)
+}

@@ -1,0 +1,309 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/manager"
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/shim/crilog"
+)
+
+// drainLimit bounds how long an exit waits for the output to reach EOF.
+const drainLimit = 2 * time.Second
+
+// ctr is a container this shim created (and so can wait for).
+type ctr struct {
+	id   string
+	dir  string // containers/<id>: records
+	lc   *libcontainer.Container
+	proc *libcontainer.Process
+	log  *crilog.Writer
+	io   *stdio
+	cg   cgroups.Manager // for the OOM kill count
+	oom0 uint64
+
+	// startMu orders Create's setup and Start's started.json before the
+	// exit handling.
+	startMu sync.Mutex
+
+	// Guarded by Server.mu.
+	state  shim.State
+	exited chan struct{} // closed once stopped and exit.json is written
+}
+
+func (s *Server) get(id string) (*ctr, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.ctrs[id]
+	if c == nil {
+		return nil, fmt.Errorf("%w: %s", shim.ErrNotFound, id)
+	}
+	return c, nil
+}
+
+func (s *Server) create(req *shim.CreateRequest) (err error) {
+	s.mu.Lock()
+	if s.ctrs[req.ID] != nil || s.creating[req.ID] {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %s", shim.ErrExists, req.ID)
+	}
+	s.creating[req.ID] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.creating, req.ID)
+		s.mu.Unlock()
+	}()
+
+	bundle := req.Bundle
+	if bundle == "" {
+		bundle = shim.ContainerDir(s.dir, req.ID)
+	}
+	spec, err := loadSpec(bundle)
+	if err != nil {
+		return err
+	}
+	cfg, err := lcConfig(req.ID, bundle, spec)
+	if err != nil {
+		return err
+	}
+	proc, err := lcProcess(spec.Process)
+	if err != nil {
+		return err
+	}
+	proc.Init = true
+	c := &ctr{id: req.ID, dir: shim.ContainerDir(s.dir, req.ID), proc: proc,
+		exited: make(chan struct{}), state: shim.State{ID: req.ID, Status: shim.StatusCreated}}
+	if err := os.MkdirAll(c.dir, 0o700); err != nil {
+		return err
+	}
+	// Records of an earlier container with this ID must not describe this one.
+	os.Remove(filepath.Join(c.dir, shim.ExitFile))
+	os.Remove(filepath.Join(c.dir, shim.StartedFile))
+
+	if c.log, err = crilog.Open(req.LogPath); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			c.log.Close()
+		}
+	}()
+	tty := req.TTY || spec.Process.Terminal
+	if c.io, err = newStdio(proc, req.Stdin, tty); err != nil {
+		return err
+	}
+	c.lc, err = libcontainer.Create(s.lcRoot, req.ID, cfg)
+	if err != nil {
+		c.io.close()
+		return err
+	}
+	// startMu keeps onExit out until the bookkeeping below is done.
+	c.startMu.Lock()
+	// Start, not Run: init stops at the exec fifo ("created") until Exec.
+	pid, err := s.reaper.spawn(func() (int, error) {
+		if err := c.lc.Start(proc); err != nil {
+			return 0, err
+		}
+		return proc.Pid()
+	}, c.onExit(s))
+	if err != nil {
+		c.startMu.Unlock()
+		c.io.close()
+		c.lc.Destroy()
+		return err
+	}
+	c.state.Pid = pid
+	if st, err := c.lc.State(); err == nil {
+		if c.cg, err = manager.NewWithPaths(cfg.Cgroups, st.CgroupPaths); err == nil {
+			c.oom0, _ = c.cg.OOMKillCount()
+		}
+	}
+	err = c.io.started(c.log, req.Stdin)
+	c.startMu.Unlock()
+	if err != nil {
+		c.proc.Signal(unix.SIGKILL)
+		select {
+		case <-c.exited:
+		case <-time.After(10 * time.Second):
+		}
+		c.lc.Destroy()
+		return err
+	}
+	s.mu.Lock()
+	s.ctrs[req.ID] = c
+	s.mu.Unlock()
+	return nil
+}
+
+// onExit is registered with the reaper for the container's init.
+func (c *ctr) onExit(s *Server) func(exit) {
+	return func(e exit) {
+		// Create and Start hold startMu while they set the container up and
+		// record its start; exit.json must not precede started.json.
+		c.startMu.Lock()
+		defer c.startMu.Unlock()
+		c.io.drain(drainLimit)
+		c.log.Close()
+		code, sig := e.code()
+		rec := shim.ExitRecord{ExitCode: code, Signal: sig, FinishedAt: e.at}
+		if c.cg != nil {
+			if n, err := c.cg.OOMKillCount(); err == nil && n > c.oom0 {
+				rec.OOMKilled = true
+			}
+		}
+		if err := shim.WriteJSONDurable(filepath.Join(c.dir, shim.ExitFile), rec); err != nil {
+			log.Printf("container %s: write exit record: %v", c.id, err)
+		}
+		s.mu.Lock()
+		c.state.Status = shim.StatusStopped
+		c.state.ExitCode, c.state.Signal, c.state.OOMKilled = code, sig, rec.OOMKilled
+		c.state.FinishedAt = e.at
+		s.mu.Unlock()
+		close(c.exited)
+	}
+}
+
+func (s *Server) start(id string) (shim.State, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return shim.State{}, err
+	}
+	c.startMu.Lock()
+	defer c.startMu.Unlock()
+	s.mu.Lock()
+	st := c.state.Status
+	s.mu.Unlock()
+	if st != shim.StatusCreated {
+		return shim.State{}, fmt.Errorf("%w: %s is %s", shim.ErrNotCreated, id, st)
+	}
+	if err := c.lc.Exec(); err != nil {
+		return shim.State{}, err
+	}
+	rec := shim.StartRecord{Pid: c.state.Pid, StartedAt: time.Now()}
+	if err := shim.WriteJSONDurable(filepath.Join(c.dir, shim.StartedFile), rec); err != nil {
+		log.Printf("container %s: write start record: %v", id, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.state.StartedAt = rec.StartedAt
+	if c.state.Status == shim.StatusCreated {
+		c.state.Status = shim.StatusRunning
+	}
+	return c.state, nil
+}
+
+func (s *Server) kill(req *shim.KillRequest) error {
+	sig := unix.Signal(req.Signal)
+	c, err := s.get(req.ID)
+	if errors.Is(err, shim.ErrNotFound) {
+		return s.killLeftover(req.ID, sig, req.All)
+	}
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	stopped := c.state.Status == shim.StatusStopped
+	s.mu.Unlock()
+	if req.All {
+		return signalAll(c.lc, sig)
+	}
+	if stopped {
+		return nil
+	}
+	// Process.Signal goes through a pidfd: never hits a recycled pid.
+	if err := c.proc.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	return nil
+}
+
+// signalAll signals every process in the container's cgroup (processes
+// that outlived init in a shared PID namespace included).
+func signalAll(lc *libcontainer.Container, sig unix.Signal) error {
+	pids, err := lc.Processes()
+	if err != nil {
+		return nil // no cgroup left: nothing to signal
+	}
+	for _, pid := range pids {
+		if err := unix.Kill(pid, sig); err != nil && err != unix.ESRCH {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Server) state(id string) (shim.State, error) {
+	if c, err := s.get(id); err == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return c.state, nil
+	}
+	return s.leftoverState(id)
+}
+
+func (s *Server) wait(req *shim.WaitRequest) (shim.State, error) {
+	var timeout <-chan time.Time
+	if req.Timeout > 0 {
+		t := time.NewTimer(req.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	c, err := s.get(req.ID)
+	if err != nil {
+		return s.waitLeftover(req.ID, timeout)
+	}
+	select {
+	case <-c.exited:
+	case <-timeout:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.state, nil
+}
+
+func (s *Server) delete(id string) error {
+	c, err := s.get(id)
+	if errors.Is(err, shim.ErrNotFound) {
+		return s.deleteLeftover(id)
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case <-c.exited:
+	default:
+		return fmt.Errorf("%w: %s", shim.ErrNotStopped, id)
+	}
+	if err := c.lc.Destroy(); err != nil {
+		return err
+	}
+	c.io.close()
+	s.mu.Lock()
+	delete(s.ctrs, id)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) reopenLog(id string) error {
+	c, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-c.exited:
+		return nil // nothing more will be written
+	default:
+	}
+	return c.log.Reopen()
+}

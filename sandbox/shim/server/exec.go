@@ -1,0 +1,273 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+)
+
+func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
+	c, err := s.get(req.ID)
+	if err != nil {
+		return shim.ExecResponse{}, err
+	}
+	s.mu.Lock()
+	status := c.state.Status
+	s.mu.Unlock()
+	if status != shim.StatusRunning {
+		return shim.ExecResponse{}, fmt.Errorf("%w: %s is %s", shim.ErrNotRunning, req.ID, status)
+	}
+	if len(req.Args) == 0 {
+		return shim.ExecResponse{}, errors.New("exec: no command")
+	}
+	proc := execProcess(c, req)
+	limit := req.MaxOutput
+	if limit <= 0 {
+		limit = shim.DefaultMaxOutput
+	}
+	out := newCapture(limit)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return shim.ExecResponse{}, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return shim.ExecResponse{}, err
+	}
+	proc.Stdout, proc.Stderr = outW, errW
+	exited := make(chan exit, 1)
+	pid, err := s.reaper.spawn(func() (int, error) {
+		if err := c.lc.Run(proc); err != nil {
+			return 0, err
+		}
+		return proc.Pid()
+	}, func(e exit) { exited <- e })
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return shim.ExecResponse{}, err
+	}
+	out.read(outR, errR)
+
+	var timeout <-chan time.Time
+	if req.Timeout > 0 {
+		t := time.NewTimer(req.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var resp shim.ExecResponse
+	var e exit
+	select {
+	case e = <-exited:
+	case <-timeout:
+		resp.TimedOut = true
+		killTree(proc, pid)
+		e = <-exited
+	case <-out.over:
+		killTree(proc, pid)
+		e = <-exited
+	}
+	out.finish(drainLimit)
+	if out.total > 1<<20 {
+		// Give a big capture back to the system once the reply is sent.
+		time.AfterFunc(time.Second, debug.FreeOSMemory)
+	}
+	resp.ExitCode, _ = e.code()
+	if out.exceeded {
+		return shim.ExecResponse{}, fmt.Errorf("%w %d bytes", shim.ErrOutputTooLarge, limit)
+	}
+	resp.Stdout, resp.Stderr = out.buf[0].Bytes(), out.buf[1].Bytes()
+	return resp, nil
+}
+
+// execProcess is the exec'd process: the container's own process settings
+// (env, cwd, user, rlimits, security labels) unless the request says.
+func execProcess(c *ctr, req *shim.ExecRequest) *libcontainer.Process {
+	p := c.proc
+	proc := &libcontainer.Process{
+		Args: req.Args, Env: p.Env, Cwd: p.Cwd, UID: p.UID, GID: p.GID,
+		AdditionalGroups: p.AdditionalGroups, Rlimits: p.Rlimits,
+		AppArmorProfile: p.AppArmorProfile, Label: p.Label,
+	}
+	if req.Env != nil {
+		proc.Env = req.Env
+	}
+	if req.Cwd != "" {
+		proc.Cwd = req.Cwd
+	}
+	if u := req.User; u != nil {
+		proc.UID, proc.GID, proc.AdditionalGroups = int(u.UID), int(u.GID), nil
+		for _, g := range u.AdditionalGids {
+			proc.AdditionalGroups = append(proc.AdditionalGroups, int(g))
+		}
+	}
+	return proc
+}
+
+// capture collects stdout and stderr up to a shared limit.
+type capture struct {
+	limit    int
+	mu       sync.Mutex
+	total    int
+	exceeded bool
+	over     chan struct{} // closed when the limit is passed
+	buf      [2]bytes.Buffer
+	files    []*os.File
+	wg       sync.WaitGroup
+}
+
+func newCapture(limit int) *capture {
+	return &capture{limit: limit, over: make(chan struct{})}
+}
+
+func (c *capture) read(files ...*os.File) {
+	c.files = files
+	for i, f := range files {
+		c.wg.Go(func() {
+			b := make([]byte, 32<<10)
+			for {
+				n, err := f.Read(b)
+				c.add(i, b[:n])
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+}
+
+func (c *capture) add(i int, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(b) == 0 || c.exceeded {
+		return // past the limit: keep draining so the writer is not stuck
+	}
+	c.total += len(b)
+	if c.total > c.limit {
+		c.exceeded = true
+		close(c.over)
+		return
+	}
+	c.buf[i].Write(b)
+}
+
+// finish waits for EOF on both pipes (bounded: a background child of the
+// command may hold them), then closes them and waits for the readers.
+func (c *capture) finish(limit time.Duration) {
+	done := make(chan struct{})
+	go func() { c.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+	}
+	for _, f := range c.files {
+		f.Close()
+	}
+	<-done
+}
+
+// killTree kills the exec'd process and everything it started. Each
+// process found is stopped first so that it cannot fork while the tree is
+// walked, then all are killed. Signals go through pidfds opened while the
+// parent link was verified, so a recycled pid is never hit.
+func killTree(proc *libcontainer.Process, pid int) {
+	proc.Signal(unix.SIGSTOP)
+	fds := map[int]int{} // pid -> pidfd of stopped descendants
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for range 20 {
+		found := false
+		for _, p := range descendants(pid) {
+			if _, ok := fds[p.pid]; ok {
+				continue
+			}
+			fd, err := unix.PidfdOpen(p.pid, 0)
+			if err != nil {
+				continue
+			}
+			if pp, ok := parentOf(p.pid); !ok || pp != p.ppid {
+				unix.Close(fd) // exited and recycled between the scan and the open
+				continue
+			}
+			unix.PidfdSendSignal(fd, unix.SIGSTOP, nil, 0)
+			fds[p.pid] = fd
+			found = true
+		}
+		if !found {
+			break
+		}
+	}
+	proc.Signal(unix.SIGKILL)
+	for _, fd := range fds {
+		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	}
+}
+
+type procLink struct{ pid, ppid int }
+
+// descendants lists the processes below root, from /proc.
+func descendants(root int) []procLink {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if pp, ok := parentOf(pid); ok {
+			children[pp] = append(children[pp], pid)
+		}
+	}
+	var out []procLink
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, k := range children[p] {
+			out = append(out, procLink{k, p})
+			queue = append(queue, k)
+		}
+	}
+	return out
+}
+
+// parentOf reads the ppid from /proc/<pid>/stat (after the comm field,
+// which may itself contain spaces and parentheses).
+func parentOf(pid int) (int, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0, false
+	}
+	pp, err := strconv.Atoi(f[1])
+	return pp, err == nil
+}

@@ -1,0 +1,158 @@
+// Package server is the berth-shim process: one per pod, the child
+// subreaper of the pod's containers, which it creates and runs with
+// libcontainer, whose output it writes to CRI log files and whose exits it
+// records durably. It serves the API of package shim with net/rpc.
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/rpc"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+)
+
+// Server is the state of one shim.
+type Server struct {
+	dir    string
+	lcRoot string
+	reaper *reaper
+
+	mu       sync.Mutex
+	ctrs     map[string]*ctr
+	creating map[string]bool
+	quit     chan struct{}
+	quitOnce sync.Once
+}
+
+// Run serves the pod folder dir until Shutdown (or SIGTERM/SIGINT while no
+// container is live). ready, if not nil, gets "ok\n" once the socket
+// listens and is closed.
+func Run(dir string, ready *os.File) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	// Orphans below the shim (runc init's intermediate stages, a container
+	// init whose parent stage exited) are reparented to it, not to pid 1.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("set child subreaper: %w", err)
+	}
+	s := &Server{
+		dir:      dir,
+		lcRoot:   filepath.Join(dir, shim.StateRoot),
+		reaper:   newReaper(),
+		ctrs:     map[string]*ctr{},
+		creating: map[string]bool{},
+		quit:     make(chan struct{}),
+	}
+	for _, d := range []string{s.lcRoot, filepath.Join(dir, shim.Containers)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if c, err := shim.Dial(dir); err == nil {
+		c.Close()
+		return errors.New("another shim serves " + dir)
+	}
+	go s.reaper.run()
+
+	l, err := shim.Listen(dir)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(shim.SocketPath(dir))
+	pidFile := filepath.Join(dir, shim.PidFile)
+	if err := writeFileAtomic(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n")); err != nil {
+		l.Close()
+		return err
+	}
+	defer os.Remove(pidFile)
+
+	rs := rpc.NewServer()
+	if err := rs.RegisterName(shim.ServiceName, &API{s: s}); err != nil {
+		return err
+	}
+	go s.signals()
+	go s.accept(l, rs)
+	if ready != nil {
+		ready.Write([]byte("ok\n"))
+		ready.Close()
+	}
+	log.Printf("serving %s (pid %d)", dir, os.Getpid())
+	<-s.quit
+	l.Close()
+	log.Printf("shutting down")
+	return nil
+}
+
+func (s *Server) accept(l net.Listener, rs *rpc.Server) {
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			select {
+			case <-s.quit:
+				return
+			default:
+			}
+			log.Printf("accept: %v", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		go rs.ServeConn(conn)
+	}
+}
+
+// signals: SIGTERM/SIGINT stop an idle shim; a shim with live containers
+// stays (killing it would orphan them), Shutdown is the way to end it.
+func (s *Server) signals() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, unix.SIGTERM, unix.SIGINT)
+	for sig := range ch {
+		if err := s.shutdown(0); err != nil {
+			log.Printf("%v: ignored: %v", sig, err)
+		}
+	}
+}
+
+// live counts containers with a process (created or running).
+func (s *Server) live() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.creating)
+	for _, c := range s.ctrs {
+		if c.state.Status != shim.StatusStopped {
+			n++
+		}
+	}
+	return n
+}
+
+// shutdown ends Run after delay (time for the RPC reply to go out).
+func (s *Server) shutdown(delay time.Duration) error {
+	if n := s.live(); n > 0 {
+		return fmt.Errorf("%w: %d", shim.ErrBusy, n)
+	}
+	s.quitOnce.Do(func() {
+		time.AfterFunc(delay, func() { close(s.quit) })
+	})
+	return nil
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

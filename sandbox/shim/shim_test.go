@@ -1,0 +1,443 @@
+package shim_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+)
+
+func TestRunLogsAndExit(t *testing.T) {
+	p := newPod(t)
+	p.run("echo", []string{"sh", "-c", "echo out; echo err >&2; exit 3"})
+	st := p.wait("echo")
+	if st.Status != shim.StatusStopped || st.ExitCode != 3 || st.Signal != 0 || st.FinishedAt.IsZero() || st.StartedAt.IsZero() {
+		t.Fatalf("state %+v", st)
+	}
+	started, ex, err := shim.ReadRecords(shim.ContainerDir(p.dir, "echo"))
+	if err != nil || started == nil || ex == nil {
+		t.Fatalf("records %v %v %v", started, ex, err)
+	}
+	if ex.ExitCode != 3 || !ex.FinishedAt.Equal(st.FinishedAt) || started.Pid != st.Pid {
+		t.Fatalf("exit record %+v, start record %+v", ex, started)
+	}
+	got := readLog(t, p.logPath("echo"))
+	want := map[record]bool{{"stdout", "F", "out"}: true, {"stderr", "F", "err"}: true}
+	if len(got) != 2 || !want[got[0]] || !want[got[1]] {
+		t.Fatalf("log %v", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(p.dir, shim.LogFile)); len(b) > 0 {
+		t.Logf("shim.log:\n%s", b)
+	}
+}
+
+// The shim is detached: its own session, not a child of the caller, and
+// it serves only a root-only socket.
+func TestStartDetached(t *testing.T) {
+	p := newPod(t)
+	if ppid, _ := strconv.Atoi(strings.Fields(status(p.pid, "PPid"))[0]); ppid == os.Getpid() {
+		t.Fatalf("shim %d is a child of the test process", p.pid)
+	}
+	if sid, _ := unix.Getsid(p.pid); sid != p.pid {
+		t.Fatalf("shim session %d, want its own (%d)", sid, p.pid)
+	}
+	fi, err := os.Stat(shim.SocketPath(p.dir))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket: %v %v", fi.Mode(), err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(p.dir, shim.PidFile)); strings.TrimSpace(string(b)) != strconv.Itoa(p.pid) {
+		t.Fatalf("shim.pid %q, want %d", b, p.pid)
+	}
+	// Starting again reuses the running shim.
+	c, err := shim.Start(ctxT(t), shimBin, p.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if info, err := c.Info(ctxT(t)); err != nil || info.Pid != p.pid {
+		t.Fatalf("second Start: %+v %v", info, err)
+	}
+}
+
+func TestCreatedThenStarted(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	p.create(shim.CreateRequest{ID: "c"}, []string{"sleep", "1000"})
+	st, err := p.c.State(ctx, "c")
+	if err != nil || st.Status != shim.StatusCreated || st.Pid <= 0 || !alive(st.Pid) {
+		t.Fatalf("after Create: %+v %v", st, err)
+	}
+	if _, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"true"}}); !errors.Is(err, shim.ErrNotRunning) {
+		t.Fatalf("exec in a created container: %v", err)
+	}
+	if st, err = p.c.Start(ctx, "c"); err != nil || st.Status != shim.StatusRunning || st.StartedAt.IsZero() {
+		t.Fatalf("Start: %+v %v", st, err)
+	}
+	if _, err := p.c.Start(ctx, "c"); !errors.Is(err, shim.ErrNotCreated) {
+		t.Fatalf("second Start: %v", err)
+	}
+	if err := p.c.Delete(ctx, "c"); !errors.Is(err, shim.ErrNotStopped) {
+		t.Fatalf("Delete of a running container: %v", err)
+	}
+	if err := p.c.Create(ctx, shim.CreateRequest{ID: "c"}); !errors.Is(err, shim.ErrExists) {
+		t.Fatalf("duplicate Create: %v", err)
+	}
+	if _, err := p.c.State(ctx, "nope"); !shim.IsNotFound(err) {
+		t.Fatalf("State of unknown: %v", err)
+	}
+	// A PID 1 without a handler ignores SIGTERM; SIGKILL ends it: 137.
+	if err := p.c.Kill(ctx, "c", syscall.SIGKILL, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.wait("c"); st.ExitCode != 137 || st.Signal != 9 {
+		t.Fatalf("after SIGKILL: %+v", st)
+	}
+	if err := p.c.Kill(ctx, "c", syscall.SIGKILL, false); err != nil {
+		t.Fatalf("Kill of a stopped container: %v", err)
+	}
+}
+
+// Killing a created container (never started) records its exit too.
+func TestKillCreated(t *testing.T) {
+	p := newPod(t)
+	p.create(shim.CreateRequest{ID: "c"}, []string{"sleep", "1000"})
+	if err := p.c.Kill(ctxT(t), "c", syscall.SIGKILL, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.wait("c"); st.ExitCode != 137 || !st.StartedAt.IsZero() {
+		t.Fatalf("state %+v", st)
+	}
+	if _, err := p.c.Start(ctxT(t), "c"); !errors.Is(err, shim.ErrNotCreated) {
+		t.Fatalf("Start after kill: %v", err)
+	}
+}
+
+// A pod sharing one PID namespace: the built-in pause is its PID 1, so a
+// container's process is not, and SIGTERM ends it (143). Orphans land on
+// pause, which reaps them.
+func TestSharedPIDNamespace(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	pause := p.run("pause", []string{"/berth-shim", "pause"})
+	pidns := "/proc/" + strconv.Itoa(pause.Pid) + "/ns/pid"
+	p.run("app", []string{"sh", "-c", "(sleep 0.2 &); exec sleep 1000"}, withPIDNamespace(pidns))
+	time.Sleep(600 * time.Millisecond) // the orphaned sleep 0.2 has exited by now
+	for _, k := range children(pause.Pid) {
+		if !alive(k) {
+			t.Errorf("zombie %d left under pause", k)
+		}
+	}
+	if err := p.c.Kill(ctx, "app", syscall.SIGTERM, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.wait("app"); st.ExitCode != 143 || st.Signal != 15 {
+		t.Fatalf("app after SIGTERM: %+v", st)
+	}
+	if err := p.c.Kill(ctx, "pause", syscall.SIGTERM, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.wait("pause"); st.ExitCode != 0 {
+		t.Fatalf("pause after SIGTERM: %+v", st)
+	}
+}
+
+// children lists the pids whose parent is pid.
+func children(pid int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if k, err := strconv.Atoi(e.Name()); err == nil {
+			if pp, _ := strconv.Atoi(status(k, "PPid")); pp == pid {
+				out = append(out, k)
+			}
+		}
+	}
+	return out
+}
+
+func TestExec(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	p.run("c", []string{"sleep", "1000"})
+	r, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"sh", "-c", "echo hi; echo oops >&2; exit 7"}})
+	if err != nil || r.ExitCode != 7 || string(r.Stdout) != "hi\n" || string(r.Stderr) != "oops\n" || r.TimedOut {
+		t.Fatalf("exec: %+v %v", r, err)
+	}
+	r, err = p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"id"}, User: &shim.User{UID: 1234, GID: 5678, AdditionalGids: []uint32{42}}})
+	if err != nil || !strings.HasPrefix(string(r.Stdout), "uid=1234 gid=5678") || !strings.Contains(string(r.Stdout), "42") {
+		t.Fatalf("exec as user: %q %v", r.Stdout, err)
+	}
+	r, err = p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"sh", "-c", "echo $FOO; pwd"}, Env: []string{"PATH=/bin", "FOO=bar"}, Cwd: "/tmp"})
+	if err != nil || string(r.Stdout) != "bar\n/tmp\n" {
+		t.Fatalf("exec env/cwd: %q %v", r.Stdout, err)
+	}
+	if _, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"/no/such/command"}}); err == nil {
+		t.Fatal("exec of a missing command succeeded")
+	}
+}
+
+func TestExecTimeoutKillsTree(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	p.run("c", []string{"sleep", "1000"})
+	start := time.Now()
+	// The marker argv values find the processes afterwards: the shell and
+	// a background child of it, which a kill of the shell alone would leave.
+	r, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"sh", "-c", "sleep 987651 & sleep 987652; echo never"},
+		Timeout: 300 * time.Millisecond})
+	if err != nil || !r.TimedOut || len(r.Stdout) != 0 {
+		t.Fatalf("exec: %+v %v", r, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("timed-out exec took %v", d)
+	}
+	for _, marker := range []string{"987651", "987652"} {
+		eventually(t, "no process with "+marker, func() bool { return len(procsWithArg(marker)) == 0 })
+	}
+}
+
+func TestExecOutputLimit(t *testing.T) {
+	p := newPod(t)
+	p.run("c", []string{"sleep", "1000"})
+	_, err := p.c.Exec(ctxT(t), shim.ExecRequest{ID: "c", Args: []string{"yes", "marker-9f3a"}, MaxOutput: 64 << 10})
+	if !errors.Is(err, shim.ErrOutputTooLarge) || err.Error() != "output exceeds 65536 bytes" {
+		t.Fatalf("exec: %v", err)
+	}
+	eventually(t, "yes killed", func() bool { return len(procsWithArg("marker-9f3a")) == 0 })
+}
+
+func TestLongLineSplit(t *testing.T) {
+	p := newPod(t)
+	p.run("c", []string{"sh", "-c", "head -c 100000 /dev/zero | tr '\\000' a; echo; printf tail"})
+	p.wait("c")
+	got := readLog(t, p.logPath("c"))
+	var line strings.Builder
+	n := 0
+	for _, r := range got {
+		line.WriteString(r.content)
+		n++
+		if r.tag == "F" {
+			break
+		}
+		if len(r.content) != 16<<10 {
+			t.Fatalf("partial record of %d bytes", len(r.content))
+		}
+	}
+	if line.String() != strings.Repeat("a", 100000) || n != 7 {
+		t.Fatalf("line of %d bytes in %d records", line.Len(), n)
+	}
+	if last := got[len(got)-1]; len(got) != 8 || last != (record{"stdout", "F", "tail"}) {
+		t.Fatalf("unterminated last line: %v", last)
+	}
+}
+
+func TestReopenLog(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	p.run("c", []string{"sh", "-c", "echo one; until [ -e /tmp/go ]; do sleep 0.05; done; echo two; exec sleep 1000"})
+	path := p.logPath("c")
+	eventually(t, "first line", func() bool { b, _ := os.ReadFile(path); return len(b) > 0 })
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.c.ReopenLog(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"touch", "/tmp/go"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "second line", func() bool { b, _ := os.ReadFile(path); return len(b) > 0 })
+	if got := readLog(t, path+".1"); len(got) != 1 || got[0].content != "one" {
+		t.Fatalf("rotated: %v", got)
+	}
+	if got := readLog(t, path); len(got) != 1 || got[0].content != "two" {
+		t.Fatalf("reopened: %v", got)
+	}
+}
+
+func TestTTY(t *testing.T) {
+	p := newPod(t)
+	p.create(shim.CreateRequest{ID: "c", TTY: true, Stdin: true}, []string{"sh", "-c", "echo tty-out; tty"})
+	if _, err := p.c.Start(ctxT(t), "c"); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.wait("c"); st.ExitCode != 0 {
+		t.Fatalf("state %+v", st)
+	}
+	got := readLog(t, p.logPath("c"))
+	if len(got) != 2 || got[0] != (record{"stdout", "F", "tty-out"}) || !strings.HasPrefix(got[1].content, "/dev/pts/") {
+		t.Fatalf("log %v", got)
+	}
+}
+
+func TestShutdown(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	p.run("c", []string{"sleep", "1000"})
+	if err := p.c.Shutdown(ctx); !errors.Is(err, shim.ErrBusy) {
+		t.Fatalf("Shutdown with a running container: %v", err)
+	}
+	syscall.Kill(p.pid, syscall.SIGTERM) // ignored while busy
+	p.c.Kill(ctx, "c", syscall.SIGKILL, false)
+	p.wait("c")
+	if err := p.c.Delete(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !waitGone(t, p.pid) {
+		t.Fatal("shim still running after Shutdown")
+	}
+	for _, f := range []string{shim.SocketFile, shim.PidFile} {
+		if _, err := os.Stat(filepath.Join(p.dir, f)); !os.IsNotExist(err) {
+			t.Errorf("%s left after Shutdown", f)
+		}
+	}
+	// The records outlive the shim; berthd reads them directly.
+	st, err := shim.ReadRecordedState(shim.ContainerDir(p.dir, "c"))
+	if err != nil || st.Status != shim.StatusStopped || st.ExitCode != 137 {
+		t.Fatalf("recorded state %+v %v", st, err)
+	}
+	p.start() // for the cleanup
+	p.ids = nil
+}
+
+// SIGKILL of the shim: its containers are not killed (their inits are
+// reparented to the host's init), the records of exits it saw survive,
+// berthd can read them without a shim, and a new shim for the pod reports,
+// kills and removes the leftovers (but cannot learn their exit codes: they
+// are not its children).
+func TestShimKilled(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	p.run("quick", []string{"sh", "-c", "exit 5"})
+	p.wait("quick")
+	long := p.run("long", []string{"sleep", "1000"})
+	if st, err := p.c.State(ctx, "long"); err != nil || st.Status != shim.StatusRunning || st.Pid != long.Pid {
+		t.Fatalf("before: %+v %v", st, err)
+	}
+	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, p.pid)
+	if _, err := p.c.State(ctx, "long"); !errors.Is(err, shim.ErrUnavailable) {
+		t.Fatalf("State through a dead shim: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if !alive(long.Pid) {
+		t.Fatal("the container died with its shim")
+	}
+	if st, err := shim.ReadRecordedState(shim.ContainerDir(p.dir, "quick")); err != nil || st.ExitCode != 5 || st.Status != shim.StatusStopped {
+		t.Fatalf("recorded quick: %+v %v", st, err)
+	}
+	if st, err := shim.ReadRecordedState(shim.ContainerDir(p.dir, "long")); err != nil || st.ExitCode != shim.UnknownExitCode || st.Status != shim.StatusStopped {
+		t.Fatalf("recorded long: %+v %v", st, err)
+	}
+
+	p.c.Close()
+	p.start() // a new shim on the same pod folder (stale socket and pid file)
+	if st, err := p.c.State(ctx, "quick"); err != nil || st.ExitCode != 5 || st.Status != shim.StatusStopped {
+		t.Fatalf("new shim, quick: %+v %v", st, err)
+	}
+	if st, err := p.c.State(ctx, "long"); err != nil || st.Status != shim.StatusRunning || st.Pid != long.Pid {
+		t.Fatalf("new shim, long: %+v %v", st, err)
+	}
+	if err := p.c.Kill(ctx, "long", syscall.SIGKILL, false); err != nil {
+		t.Fatal(err)
+	}
+	// Wait works on a leftover too (by polling), without the exit code.
+	if st := p.wait("long"); st.Status != shim.StatusStopped || st.ExitCode != shim.UnknownExitCode {
+		t.Fatalf("new shim, long after kill: %+v", st)
+	}
+	if !waitGone(t, long.Pid) {
+		t.Fatal("leftover not killed")
+	}
+	// cleanup deletes both through the new shim and checks the cgroups.
+}
+
+// TestShimRSS reports the idle shim's memory with one running container,
+// and what two more add. (Printed, not asserted: see the numbers.)
+func TestShimRSS(t *testing.T) {
+	p := newPod(t)
+	p.run("c0", []string{"sleep", "1000"})
+	time.Sleep(time.Second)
+	mem := func(what string) {
+		t.Logf("%s: VmRSS %s (RssAnon %s, RssFile %s), Pss %s, threads %s", what,
+			status(p.pid, "VmRSS"), status(p.pid, "RssAnon"), status(p.pid, "RssFile"),
+			rollup(p.pid, "Pss"), status(p.pid, "Threads"))
+	}
+	mem("idle shim, one container")
+	for _, id := range []string{"c1", "c2"} {
+		p.run(id, []string{"sleep", "1000"})
+	}
+	time.Sleep(time.Second)
+	mem("idle shim, three containers")
+	// A second shim shares the binary's pages: its Pss shows the part
+	// that is per pod.
+	q := newPod(t)
+	q.run("c0", []string{"sleep", "1000"})
+	time.Sleep(time.Second)
+	mem("first shim, with a second shim running")
+}
+
+// rollup reads a field of /proc/<pid>/smaps_rollup.
+func rollup(pid int, field string) string {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// A container that cannot start fails Create and leaves nothing behind;
+// its ID can be used again.
+func TestCreateFails(t *testing.T) {
+	p := newPod(t)
+	p.writeSpec("c", []string{"/no/such/binary"})
+	err := p.c.Create(ctxT(t), shim.CreateRequest{ID: "c", LogPath: p.logPath("c")})
+	if err == nil {
+		t.Fatal("Create of a missing binary succeeded")
+	}
+	t.Logf("Create: %v", err)
+	if _, err := p.c.State(ctxT(t), "c"); !shim.IsNotFound(err) {
+		t.Fatalf("State after a failed Create: %v", err)
+	}
+	if left := leftCgroups(); len(left) > 0 {
+		t.Fatalf("cgroups left: %v", left)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(p.dir, shim.StateRoot)); len(ents) > 0 {
+		t.Fatalf("libcontainer state left: %v", ents)
+	}
+	p.run("c", []string{"true"})
+	if st := p.wait("c"); st.ExitCode != 0 {
+		t.Fatalf("state %+v", st)
+	}
+}
+
+func TestOOMKilled(t *testing.T) {
+	p := newPod(t)
+	limit := int64(32 << 20)
+	// tail keeps the "last line" of /dev/zero, which never ends.
+	p.run("c", []string{"tail", "/dev/zero"}, func(s *specs.Spec) {
+		s.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}
+	})
+	st := p.wait("c")
+	if st.ExitCode != 137 || !st.OOMKilled {
+		t.Fatalf("state %+v", st)
+	}
+	if _, ex, _ := shim.ReadRecords(shim.ContainerDir(p.dir, "c")); ex == nil || !ex.OOMKilled {
+		t.Fatalf("exit record %+v", ex)
+	}
+}

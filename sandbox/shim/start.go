@@ -1,0 +1,103 @@
+package shim
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Environment handshake between Start, the short-lived intermediate shim
+// process and the real one.
+const (
+	// DaemonEnv makes `berth-shim serve` re-start itself detached and exit,
+	// so the real shim is never a child of berthd (no zombie, no wait).
+	DaemonEnv = "_BERTH_SHIM_DAEMON"
+	// ReadyFdEnv names the fd on which the real shim writes "ok\n" once
+	// its socket is listening; it is closed without that on failure.
+	ReadyFdEnv = "_BERTH_SHIM_READY_FD"
+)
+
+// startTimeout bounds Start when ctx has no deadline.
+const startTimeout = 10 * time.Second
+
+// Start starts the shim for podDir, detached (own session, reparented away
+// from the caller, so SIGKILL of berthd leaves it running), waits until it
+// serves and returns a client. A shim already serving podDir is reused.
+func Start(ctx context.Context, binary, podDir string) (*Client, error) {
+	if err := os.MkdirAll(podDir, 0o700); err != nil {
+		return nil, err
+	}
+	if c, err := Dial(podDir); err == nil {
+		if _, err := c.Info(ctx); err == nil {
+			return c, nil
+		}
+		c.Close()
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, startTimeout)
+		defer cancel()
+	}
+	logPath := filepath.Join(podDir, LogFile)
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+
+	cmd := exec.Command(binary, "serve", "--dir", podDir)
+	cmd.Env = append(os.Environ(), DaemonEnv+"=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{w} // fd 3 in the shim
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	w.Close() // only the shim holds the write end now: EOF if it dies
+	if err != nil {
+		return nil, fmt.Errorf("start shim: %w", err)
+	}
+	// The intermediate exits as soon as the real shim is spawned.
+	if err := cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("start shim: %w%s", err, logTail(logPath))
+	}
+	if err := waitReady(ctx, r); err != nil {
+		return nil, fmt.Errorf("shim for %s: %w%s", podDir, err, logTail(logPath))
+	}
+	return Dial(podDir)
+}
+
+func waitReady(ctx context.Context, r *os.File) error {
+	stop := context.AfterFunc(ctx, func() { r.SetReadDeadline(time.Now()) })
+	defer stop()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if line == "ok\n" {
+		return nil
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("not ready: %w", ctx.Err())
+	}
+	return errors.New("exited before serving")
+}
+
+// logTail gives the end of shim.log for error messages.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return "; shim.log: " + strings.TrimSpace(string(b))
+}
