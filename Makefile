@@ -8,8 +8,10 @@ PREFIX    ?= /usr/local
 
 .PHONY: build deps test test-unit test-integration lint run bench install start clean
 
+# The shim is linked statically: in pause mode it runs inside an empty rootfs.
 build:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berthd ./cmd/berthctl
+	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo -ldflags '$(LDFLAGS) -s -w -extldflags -static' -o $(BIN)/berth-shim ./cmd/berth-shim
 
 # deps installs what the tests need (Debian packages), only when missing.
 deps:
@@ -40,7 +42,7 @@ bench: deps
 
 install: build
 	install -d $(PREFIX)/bin /etc/berth
-	install -m 0755 $(BIN)/berthd $(BIN)/berthctl $(PREFIX)/bin/
+	install -m 0755 $(BIN)/berthd $(BIN)/berthctl $(BIN)/berth-shim $(PREFIX)/bin/
 	if [ -d /run/systemd/system ]; then install -m 0644 cmd/berthd/berthd.service /etc/systemd/system/ && systemctl daemon-reload; fi
 
 # start runs the installed berthd on its defaults: under systemd when the

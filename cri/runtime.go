@@ -10,6 +10,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/image/registry"
+	"github.com/berth-runtime/berth/sandbox"
 )
 
 // RuntimeVersion is berth's own version, reported by the CRI Version call. Release
@@ -38,12 +39,14 @@ type Config struct {
 // codes.Unimplemented through the embedded type.
 type RuntimeService struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
-	cfg Config
+	cfg  Config
+	pods *sandbox.Manager
 }
 
-// NewRuntimeService returns the CRI RuntimeService for a daemon set up as cfg.
-func NewRuntimeService(cfg Config) *RuntimeService {
-	return &RuntimeService{cfg: cfg}
+// NewRuntimeService returns the CRI RuntimeService for a daemon set up as
+// cfg, running pods with pods.
+func NewRuntimeService(cfg Config, pods *sandbox.Manager) *RuntimeService {
+	return &RuntimeService{cfg: cfg, pods: pods}
 }
 
 // Version reports the runtime's name and versions.

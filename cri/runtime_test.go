@@ -15,7 +15,7 @@ import (
 
 func runtimeClient(t *testing.T, cfg Config) runtimeapi.RuntimeServiceClient {
 	t.Helper()
-	_, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(cfg)})
+	_, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(cfg, nil)})
 	return runtimeapi.NewRuntimeServiceClient(conn)
 }
 
@@ -99,8 +99,8 @@ func TestRuntimeConfig(t *testing.T) {
 }
 
 func TestUnimplemented(t *testing.T) {
-	_, err := runtimeClient(t, Config{}).ListPodSandbox(context.Background(), &runtimeapi.ListPodSandboxRequest{})
+	_, err := runtimeClient(t, Config{}).PortForward(context.Background(), &runtimeapi.PortForwardRequest{})
 	if status.Code(err) != codes.Unimplemented {
-		t.Errorf("ListPodSandbox = %v, want Unimplemented", err)
+		t.Errorf("PortForward = %v, want Unimplemented", err)
 	}
 }

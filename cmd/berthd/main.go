@@ -16,9 +16,11 @@ import (
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cmd/berthd/config"
 	"github.com/berth-runtime/berth/cri"
 	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/sandbox"
 )
 
 // stopTimeout bounds the graceful stop: long-lived streams never end by themselves.
@@ -79,13 +81,29 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("image service: %w", err)
 	}
 
+	cg, err := cgroups.New(cgroups.Driver(cfg.CgroupDriver))
+	if err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	shimBinary, err := findShim(cfg.ShimBinary)
+	if err != nil {
+		return err
+	}
+	pods, err := sandbox.New(sandbox.Options{
+		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg,
+		ShimBinary: shimBinary, Logger: log.With("component", "sandbox"),
+	})
+	if err != nil {
+		return fmt.Errorf("sandbox manager: %w", err)
+	}
+
 	srv := cri.NewServer(cri.ServerOptions{
 		Socket: cfg.Socket,
 		Logger: log.With("component", "cri"),
 		Runtime: cri.NewRuntimeService(cri.Config{
 			Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
 			CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
-		}),
+		}, pods),
 		Images:    cri.NewImageService(images),
 		Extension: cri.NewExtensionServer(images),
 	})
@@ -98,7 +116,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
 	log.Info("berthd serving", "socket", cfg.Socket, "version", cri.RuntimeVersion,
-		"root", cfg.Root, "state", cfg.State, "cgroup_driver", cfg.CgroupDriver)
+		"root", cfg.Root, "state", cfg.State, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
 
 	select {
 	case sig := <-sigs:
@@ -111,4 +129,21 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		srv.Shutdown(stopTimeout)
 		return fmt.Errorf("serve: %w", err)
 	}
+}
+
+// findShim returns the configured shim, else the berth-shim installed beside
+// berthd: the two are built and shipped together.
+func findShim(configured string) (string, error) {
+	if configured != "" {
+		return configured, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	shim := filepath.Join(filepath.Dir(self), "berth-shim")
+	if _, err := os.Stat(shim); err != nil {
+		return "", fmt.Errorf("berth-shim not found beside berthd (%w): install it there or set shim_binary", err)
+	}
+	return shim, nil
 }

@@ -26,7 +26,10 @@ type Config struct {
 	LogLevel     string `toml:"log_level"`
 	LogFormat    string `toml:"log_format"`
 	CgroupDriver string `toml:"cgroup_driver"`
-	Image        Image  `toml:"image"`
+	// ShimBinary is the berth-shim to run per pod; empty means the one
+	// installed beside berthd.
+	ShimBinary string `toml:"shim_binary"`
+	Image      Image  `toml:"image"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000").
 	Registries map[string]registry.Host `toml:"registry"`
 }

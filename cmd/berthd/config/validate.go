@@ -44,6 +44,11 @@ func (c *Config) validate() error {
 			return badValue(ch.key, ch.val, err)
 		}
 	}
+	if c.ShimBinary != "" {
+		if err := absPath(c.ShimBinary); err != nil {
+			return badValue("shim_binary", c.ShimBinary, err)
+		}
+	}
 	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
 		return badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0"))
 	}

@@ -1,0 +1,132 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func (r *RuntimeService) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	if req.GetConfig() == nil {
+		return nil, status.Error(codes.InvalidArgument, "config is required")
+	}
+	c, err := r.pods.CreateContainer(ctx, req.GetPodSandboxId(), req.Config)
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.CreateContainerResponse{ContainerId: c.ID}, nil
+}
+
+func (r *RuntimeService) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	if err := r.pods.StartContainer(ctx, req.GetContainerId()); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.StartContainerResponse{}, nil
+}
+
+// StopContainer returns within the timeout (seconds); 0 kills at once.
+func (r *RuntimeService) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	if req.GetTimeout() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "timeout %d: must not be negative", req.Timeout)
+	}
+	if err := r.pods.StopContainer(ctx, req.GetContainerId(), time.Duration(req.GetTimeout())*time.Second); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.StopContainerResponse{}, nil
+}
+
+// RemoveContainer is idempotent: an unknown container is OK.
+func (r *RuntimeService) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+	if err := r.pods.RemoveContainer(ctx, req.GetContainerId()); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.RemoveContainerResponse{}, nil
+}
+
+func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	f := req.GetFilter()
+	all, err := r.pods.ListContainers(ctx, f.GetPodSandboxId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	resp := &runtimeapi.ListContainersResponse{}
+	for _, c := range all {
+		if f.GetId() != "" && !idMatches(c.ID, f.Id) ||
+			f.GetState() != nil && f.State.State != c.State ||
+			!labelsMatch(c.Config.Labels, f.GetLabelSelector()) {
+			continue
+		}
+		resp.Containers = append(resp.Containers, &runtimeapi.Container{
+			Id: c.ID, PodSandboxId: c.PodID, Metadata: c.Config.Metadata,
+			Image: c.Config.Image, ImageRef: c.ImageID, ImageId: c.ImageID, State: c.State,
+			CreatedAt: c.CreatedAt.UnixNano(), Labels: c.Config.Labels, Annotations: c.Config.Annotations,
+		})
+	}
+	return resp, nil
+}
+
+func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	c, err := r.pods.ContainerStatus(ctx, req.GetContainerId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	st := &runtimeapi.ContainerStatus{
+		Id: c.ID, Metadata: c.Config.Metadata, State: c.State, CreatedAt: c.CreatedAt.UnixNano(),
+		StartedAt: unixNano(c.StartedAt), FinishedAt: unixNano(c.FinishedAt), ExitCode: c.ExitCode,
+		Image: c.Config.Image, ImageRef: c.ImageID, ImageId: c.ImageID, Reason: c.Reason, Message: c.Message,
+		Labels: c.Config.Labels, Annotations: c.Config.Annotations, Mounts: c.Config.Mounts, LogPath: c.LogPath,
+		User: containerUser(c.User),
+	}
+	resp := &runtimeapi.ContainerStatusResponse{Status: st}
+	if req.GetVerbose() {
+		info, err := json.Marshal(map[string]any{"pid": c.Pid, "spec": c.Spec, "timeline": c.Timeline})
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "container %s: %v", c.ID, err)
+		}
+		resp.Info = map[string]string{"info": string(info)}
+	}
+	return resp, nil
+}
+
+func containerUser(u specs.User) *runtimeapi.ContainerUser {
+	groups := make([]int64, len(u.AdditionalGids))
+	for i, g := range u.AdditionalGids {
+		groups[i] = int64(g)
+	}
+	return &runtimeapi.ContainerUser{Linux: &runtimeapi.LinuxContainerUser{Uid: int64(u.UID), Gid: int64(u.GID), SupplementalGroups: groups}}
+}
+
+// unixNano is 0 for an unset time, as the CRI expects, not year 1.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func (r *RuntimeService) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+	if len(req.GetCmd()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "cmd is required")
+	}
+	if req.GetTimeout() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "timeout %d: must not be negative", req.Timeout)
+	}
+	res, err := r.pods.ExecSync(ctx, req.GetContainerId(), req.Cmd, time.Duration(req.GetTimeout())*time.Second)
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.ExecSyncResponse{Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: int32(res.ExitCode)}, nil
+}
+
+func (r *RuntimeService) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
+	if err := r.pods.ReopenLog(ctx, req.GetContainerId()); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.ReopenContainerLogResponse{}, nil
+}

@@ -1,0 +1,125 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/berth-runtime/berth/sandbox"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// RunPodSandbox creates and starts a pod sandbox.
+func (r *RuntimeService) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+	if h := req.GetRuntimeHandler(); h != "" && h != runtimeName {
+		return nil, status.Errorf(codes.InvalidArgument, "runtime_handler %q: berth has only the default handler", h)
+	}
+	if req.GetConfig() == nil {
+		return nil, status.Error(codes.InvalidArgument, "config is required")
+	}
+	pod, err := r.pods.RunPod(ctx, req.Config)
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: pod.ID}, nil
+}
+
+// StopPodSandbox is idempotent: an unknown or stopped pod is OK.
+func (r *RuntimeService) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
+	if err := r.pods.StopPod(ctx, req.GetPodSandboxId()); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.StopPodSandboxResponse{}, nil
+}
+
+// RemovePodSandbox is idempotent: an unknown pod is OK.
+func (r *RuntimeService) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
+	if err := r.pods.RemovePod(ctx, req.GetPodSandboxId()); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.RemovePodSandboxResponse{}, nil
+}
+
+func (r *RuntimeService) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	pod, err := r.pods.GetPod(req.GetPodSandboxId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	cfg := pod.Config
+	st := &runtimeapi.PodSandboxStatus{
+		Id:          pod.ID,
+		Metadata:    cfg.Metadata,
+		State:       pod.State,
+		CreatedAt:   pod.CreatedAt.UnixNano(),
+		Network:     &runtimeapi.PodSandboxNetworkStatus{},
+		Linux:       &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()}},
+		Labels:      cfg.Labels,
+		Annotations: cfg.Annotations,
+	}
+	resp := &runtimeapi.PodSandboxStatusResponse{Status: st}
+	if req.GetVerbose() {
+		info, err := json.Marshal(map[string]any{"pod": pod, "timeline": pod.Timeline})
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "pod %s: %v", pod.ID, err)
+		}
+		resp.Info = map[string]string{"info": string(info)}
+	}
+	return resp, nil
+}
+
+func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	pods, err := r.pods.ListPods()
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	f := req.GetFilter()
+	resp := &runtimeapi.ListPodSandboxResponse{}
+	for _, p := range pods {
+		if f.GetId() != "" && !idMatches(p.ID, f.Id) ||
+			f.GetState() != nil && f.State.State != p.State ||
+			!labelsMatch(p.Config.Labels, f.GetLabelSelector()) {
+			continue
+		}
+		resp.Items = append(resp.Items, &runtimeapi.PodSandbox{
+			Id: p.ID, Metadata: p.Config.Metadata, State: p.State, CreatedAt: p.CreatedAt.UnixNano(),
+			Labels: p.Config.Labels, Annotations: p.Config.Annotations,
+		})
+	}
+	return resp, nil
+}
+
+// idMatches accepts a full ID or a prefix of one, as crictl users type.
+func idMatches(id, want string) bool { return len(want) <= len(id) && id[:len(want)] == want }
+
+func labelsMatch(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// sandboxError maps a sandbox error to its gRPC code.
+func sandboxError(err error) error {
+	code := codes.Internal
+	switch {
+	case errors.Is(err, sandbox.ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, sandbox.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, sandbox.ErrAlreadyExists):
+		code = codes.AlreadyExists
+	case errors.Is(err, sandbox.ErrFailedPrecondition):
+		code = codes.FailedPrecondition
+	case errors.Is(err, sandbox.ErrResourceExhausted):
+		code = codes.ResourceExhausted
+	case errors.Is(err, sandbox.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}

@@ -1,0 +1,301 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/sandbox/rootfs"
+	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/spec"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	bolt "go.etcd.io/bbolt"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func (m *Manager) layout(c *Container, lowers []string) rootfs.Layout {
+	return rootfs.Layout{
+		Lowers: lowers,
+		Upper:  filepath.Join(m.layerDir(c.ID), "upper"),
+		Work:   filepath.Join(m.layerDir(c.ID), "work"),
+		Target: filepath.Join(m.bundleDir(c.PodID, c.ID), "rootfs"),
+	}
+}
+
+// CreateContainer prepares a container in a ready pod: leases its image's
+// layers, mounts its rootfs, writes its OCI spec and has the shim create it.
+func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*Container, error) {
+	switch {
+	case cfg.GetMetadata().GetName() == "":
+		return nil, wrapf(ErrInvalid, "config.metadata.name is required")
+	case cfg.GetImage().GetImage() == "":
+		return nil, wrapf(ErrInvalid, "config.image.image is required")
+	}
+	pod, err := m.GetPod(podID)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.pods.lock(pod.ID)
+	defer unlock()
+	if pod, err = m.GetPod(pod.ID); err != nil {
+		return nil, err
+	}
+	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return nil, wrapf(ErrFailedPrecondition, "pod %s is not ready", pod.ID)
+	}
+	img, err := m.opts.Images.Get(cfg.Image.Image)
+	if errors.Is(err, image.ErrNotFound) {
+		return nil, wrapf(ErrNotFound, "image %q: pull it first", cfg.Image.Image)
+	}
+	if err != nil {
+		return nil, wrapf(ErrInvalid, "config.image.image: %v", err)
+	}
+	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image, CreatedAt: time.Now()}
+	if dir, p := pod.Config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && p != "" {
+		c.LogPath = filepath.Join(dir, p)
+	}
+	if err := m.reserveContainer(c); err != nil {
+		return nil, err
+	}
+	u := &undo{log: m.log}
+	defer u.run()
+	u.add("forget container record", func() error { return m.deleteContainerRecord(c.ID) })
+
+	t := newTimeline()
+	lowers, err := m.opts.Images.Lease(c.ID, img)
+	if err != nil {
+		return nil, err
+	}
+	u.add("release image layers", func() error { return m.opts.Images.Release(c.ID) })
+	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(pod.ID, c.ID)} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
+		u.add("remove "+d, func() error { return os.RemoveAll(d) })
+	}
+	l := m.layout(c, lowers)
+	if err := rootfs.Mount(l); err != nil {
+		return nil, err
+	}
+	u.add("unmount rootfs", func() error { return rootfs.Unmount(l) })
+	t.step("rootfs")
+
+	s, err := m.spec(pod, c, img, l.Target)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeJSON(filepath.Join(m.bundleDir(pod.ID, c.ID), "config.json"), s); err != nil {
+		return nil, err
+	}
+	if c.LogPath != "" {
+		if err := os.MkdirAll(filepath.Dir(c.LogPath), 0o755); err != nil {
+			return nil, fmt.Errorf("log directory: %w", err)
+		}
+	}
+	t.step("spec")
+
+	client, err := m.podShim(pod.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := client.Create(ctx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
+		Stdin: cfg.Stdin, TTY: cfg.Tty}); err != nil {
+		return nil, fmt.Errorf("create container: %w", err)
+	}
+	u.add("delete container in shim", func() error { return client.Delete(context.WithoutCancel(ctx), c.ID) })
+	t.step("create")
+
+	c.Timeline = t.steps
+	if err := m.update(func(tx *bolt.Tx) error { return putContainer(tx, c) }); err != nil {
+		return nil, err
+	}
+	u.keep()
+	return c, nil
+}
+
+// spec builds the container's OCI runtime spec from its CRI config, the
+// image config and the pod's namespaces, files and cgroup.
+func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string) (*specs.Spec, error) {
+	res, err := cgroups.SpecResources(c.Config.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
+	if err != nil {
+		return nil, wrapf(ErrInvalid, "config.linux.resources: %v", err)
+	}
+	ns := namespaceOptions(pod.Config)
+	in := spec.Input{
+		ContainerID: c.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
+		NetNS: pod.Pins["net"], IPCNS: pod.Pins["ipc"], UTSNS: pod.Pins["uts"],
+		HostNet: ns.Network == runtimeapi.NamespaceMode_NODE, HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
+		HostPID:   ns.Pid == runtimeapi.NamespaceMode_NODE,
+		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
+		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
+		Resources:   res,
+	}
+	if pod.PausePID > 0 {
+		in.PIDNS = pidNamespace(pod.PausePID)
+	}
+	s, err := spec.Generate(in)
+	if err != nil {
+		return nil, wrapf(ErrInvalid, "%v", err)
+	}
+	return s, nil
+}
+
+func (m *Manager) reserveContainer(c *Container) error {
+	m.names.Lock()
+	defer m.names.Unlock()
+	all, err := m.listContainers(c.PodID)
+	if err != nil {
+		return err
+	}
+	md := c.Config.Metadata
+	for _, o := range all {
+		if o.Config.Metadata.Name == md.Name && o.Config.Metadata.Attempt == md.Attempt {
+			return wrapf(ErrAlreadyExists, "container %q (attempt %d) already exists in pod %s as %s", md.Name, md.Attempt, c.PodID, o.ID)
+		}
+	}
+	return m.update(func(tx *bolt.Tx) error { return putContainer(tx, c) })
+}
+
+// StartContainer starts a created container.
+func (m *Manager) StartContainer(ctx context.Context, id string) error {
+	c, unlock, err := m.lockContainer(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := m.containerState(ctx, c)
+	if err != nil {
+		return err
+	}
+	if st.Status != shim.StatusCreated {
+		return wrapf(ErrFailedPrecondition, "container %s is %s, not created", c.ID, st.Status)
+	}
+	client, err := m.podShim(c.PodID)
+	if err != nil {
+		return err
+	}
+	_, err = client.Start(ctx, c.ID)
+	return err
+}
+
+// StopContainer signals the container's stop signal, then SIGKILL once
+// timeout has passed, and returns when it has exited.
+func (m *Manager) StopContainer(ctx context.Context, id string, timeout time.Duration) error {
+	c, unlock, err := m.lockContainer(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.stopContainerLocked(ctx, c, timeout)
+}
+
+func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout time.Duration) error {
+	st, err := m.containerState(ctx, c)
+	if err != nil || st.Status == shim.StatusStopped {
+		return err
+	}
+	client, err := m.podShim(c.PodID)
+	if err != nil {
+		return err
+	}
+	if timeout > 0 {
+		sig := syscall.SIGTERM
+		if img, err := m.opts.Images.Get(c.ImageID); err == nil {
+			if s, err := spec.StopSignal(img.Config.Config.StopSignal); err == nil {
+				sig = s
+			}
+		}
+		if err := client.Kill(ctx, c.ID, sig, false); err != nil {
+			return err
+		}
+		if exited, err := m.waitExit(ctx, client, c.ID, timeout); err != nil || exited {
+			return err
+		}
+	}
+	if err := client.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil {
+		return err
+	}
+	_, err = m.waitExit(ctx, client, c.ID, 10*time.Second)
+	return err
+}
+
+// waitExit waits up to d for the container to exit.
+func (m *Manager) waitExit(ctx context.Context, client *shim.Client, id string, d time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	st, err := client.Wait(ctx, id)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return false, nil
+	}
+	return err == nil && st.Status == shim.StatusStopped, err
+}
+
+// RemoveContainer kills the container if it runs and removes it with its
+// rootfs and writable layer. Removing an unknown container is not an error.
+func (m *Manager) RemoveContainer(ctx context.Context, id string) error {
+	c, unlock, err := m.lockContainer(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.removeContainerLocked(ctx, c)
+}
+
+func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error {
+	if err := m.stopContainerLocked(ctx, c, 0); err != nil {
+		return err
+	}
+	if client, err := m.podShim(c.PodID); err == nil {
+		if err := client.Delete(ctx, c.ID); err != nil && !shim.IsNotFound(err) && !errors.Is(err, shim.ErrUnavailable) {
+			return err
+		}
+	}
+	if err := rootfs.Unmount(m.layout(c, nil)); err != nil {
+		return err
+	}
+	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(c.PodID, c.ID)} {
+		if err := os.RemoveAll(d); err != nil {
+			return err
+		}
+	}
+	if err := m.deleteContainerRecord(c.ID); err != nil {
+		return err
+	}
+	return m.opts.Images.Release(c.ID)
+}
+
+// lockContainer finds a container and locks its pod.
+func (m *Manager) lockContainer(id string) (*Container, func(), error) {
+	c, err := m.GetContainer(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock := m.pods.lock(c.PodID)
+	if c, err = m.GetContainer(c.ID); err != nil { // removed while we waited
+		unlock()
+		return nil, nil, err
+	}
+	return c, unlock, nil
+}
+
+func (m *Manager) deleteContainerRecord(id string) error {
+	return m.update(func(tx *bolt.Tx) error { return tx.Bucket(containersBucket).Delete([]byte(id)) })
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}

@@ -1,0 +1,99 @@
+package sandbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/sandbox/shim"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Options configure the sandbox manager.
+type Options struct {
+	Root       string // persistent: Root/containers/<id>/{upper,work}
+	State      string // volatile: State/pods/<id>/…
+	DB         *bolt.DB
+	Images     *image.Service
+	Cgroups    *cgroups.Manager
+	ShimBinary string
+	Logger     *slog.Logger
+}
+
+// Manager runs pod sandboxes and their containers.
+type Manager struct {
+	opts Options
+	log  *slog.Logger
+
+	pods keyedLocks // per pod: every pod and container operation
+
+	// names serializes the check-then-reserve of pod and container names.
+	names sync.Mutex
+
+	mu    sync.Mutex
+	shims map[string]*shim.Client // by pod ID
+}
+
+// New opens the manager and reconnects to the shims of the pods it had.
+func New(opts Options) (*Manager, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{}}
+	for _, d := range []string{m.podsDir(), filepath.Join(opts.Root, "containers")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	if err := opts.DB.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{podsBucket, containersBucket} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return m, m.recover()
+}
+
+func (m *Manager) podsDir() string              { return filepath.Join(m.opts.State, "pods") }
+func (m *Manager) podDir(id string) string      { return filepath.Join(m.podsDir(), id) }
+func (m *Manager) nsDir(id string) string       { return filepath.Join(m.podDir(id), "ns") }
+func (m *Manager) bundleDir(p, c string) string { return filepath.Join(m.podDir(p), "containers", c) }
+func (m *Manager) layerDir(c string) string     { return filepath.Join(m.opts.Root, "containers", c) }
+
+// newID returns a 64-hex-digit ID, the form CRI clients show truncated.
+func newID() string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return hex.EncodeToString(b)
+}
+
+// timeline records the duration of each start step.
+type timeline struct {
+	steps []Step
+	last  time.Time
+}
+
+func newTimeline() *timeline { return &timeline{last: time.Now()} }
+
+func (t *timeline) step(name string) {
+	now := time.Now()
+	t.steps = append(t.steps, Step{Name: name, Duration: now.Sub(t.last)})
+	t.last = now
+}
+
+func wrapf(kind error, format string, args ...any) error {
+	return fmt.Errorf("%w: %s", kind, fmt.Sprintf(format, args...))
+}

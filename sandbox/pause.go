@@ -1,0 +1,82 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// pauseID names the pause container inside its pod's shim.
+const pauseID = "pause"
+
+// startPause runs the built-in pause (the shim binary in pause mode) as PID 1
+// of the pod's shared PID namespace, in an empty read-only rootfs holding
+// only that binary, and returns its host PID.
+func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client) (int, error) {
+	bundle := shim.ContainerDir(m.podDir(pod.ID), pauseID)
+	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
+		return 0, err
+	}
+	if err := writeJSON(filepath.Join(bundle, "config.json"), m.pauseSpec(pod)); err != nil {
+		return 0, err
+	}
+	if err := client.Create(ctx, shim.CreateRequest{ID: pauseID, Bundle: bundle}); err != nil {
+		return 0, err
+	}
+	st, err := client.Start(ctx, pauseID)
+	if err != nil {
+		client.Kill(ctx, pauseID, syscall.SIGKILL, true)
+		client.Delete(ctx, pauseID)
+		return 0, err
+	}
+	return st.Pid, nil
+}
+
+func (m *Manager) pauseSpec(pod *Pod) *specs.Spec {
+	nss := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}
+	for kind, typ := range map[string]specs.LinuxNamespaceType{"net": specs.NetworkNamespace, "ipc": specs.IPCNamespace, "uts": specs.UTSNamespace} {
+		if pin := pod.Pins[kind]; pin != "" {
+			nss = append(nss, specs.LinuxNamespace{Type: typ, Path: pin})
+		}
+	}
+	return &specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: "rootfs", Readonly: true},
+		Process: &specs.Process{
+			Args: []string{"/pause", "pause"}, Cwd: "/", NoNewPrivileges: true,
+			Env: []string{"PATH=/"},
+		},
+		Mounts: []specs.Mount{{Destination: "/pause", Type: "bind", Source: m.opts.ShimBinary, Options: []string{"rbind", "ro"}}},
+		Linux: &specs.Linux{
+			Namespaces:  nss,
+			CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, pauseID),
+		},
+	}
+}
+
+// pidNamespace is the namespace containers of a shared-PID pod join.
+func pidNamespace(pausePID int) string { return fmt.Sprintf("/proc/%d/ns/pid", pausePID) }
+
+// killPause stops the pause process; a pod whose shim is gone has none left
+// to stop.
+func (m *Manager) killPause(ctx context.Context, podID string) error {
+	client, err := m.podShim(podID)
+	if err != nil {
+		return nil
+	}
+	if err := client.Kill(ctx, pauseID, syscall.SIGKILL, true); err != nil && !shim.IsNotFound(err) && !errors.Is(err, shim.ErrUnavailable) {
+		return fmt.Errorf("kill pause: %w", err)
+	}
+	_, err = m.waitExit(ctx, client, pauseID, 10*time.Second)
+	if errors.Is(err, shim.ErrUnavailable) || shim.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

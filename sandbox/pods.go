@@ -1,0 +1,272 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/berth-runtime/berth/sandbox/podfiles"
+	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/shim"
+	bolt "go.etcd.io/bbolt"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func validatePodConfig(cfg *runtimeapi.PodSandboxConfig) error {
+	md := cfg.GetMetadata()
+	switch {
+	case md == nil:
+		return wrapf(ErrInvalid, "config.metadata is required")
+	case md.Name == "":
+		return wrapf(ErrInvalid, "config.metadata.name is required")
+	case md.Namespace == "":
+		return wrapf(ErrInvalid, "config.metadata.namespace is required")
+	case md.Uid == "":
+		return wrapf(ErrInvalid, "config.metadata.uid is required")
+	}
+	return nil
+}
+
+func namespaceOptions(cfg *runtimeapi.PodSandboxConfig) *runtimeapi.NamespaceOption {
+	if o := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions(); o != nil {
+		return o
+	}
+	return &runtimeapi.NamespaceOption{}
+}
+
+// RunPod creates a pod sandbox: its namespaces (pinned as files), cgroup,
+// /etc files and /dev/shm, its shim, and for a shared PID namespace the
+// pause process. A failure at any step undoes the steps before it.
+func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) (*Pod, error) {
+	if err := validatePodConfig(cfg); err != nil {
+		return nil, err
+	}
+	pod := &Pod{ID: newID(), Config: cfg, State: runtimeapi.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now()}
+	unlock := m.pods.lock(pod.ID)
+	defer unlock()
+	if err := m.reservePod(pod); err != nil {
+		return nil, err
+	}
+	u := &undo{log: m.log}
+	defer u.run()
+	u.add("forget pod record", func() error { return m.deletePodRecord(pod.ID) })
+
+	t := newTimeline()
+	dir := m.podDir(pod.ID)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, err
+	}
+	u.add("remove pod folder", func() error { return os.RemoveAll(dir) })
+
+	ns := namespaceOptions(cfg)
+	hostNet := ns.Network == runtimeapi.NamespaceMode_NODE
+	hostname := cfg.Hostname
+	if hostname == "" { // as containerd: a pod without one gets the node's
+		var err error
+		if hostname, err = os.Hostname(); err != nil {
+			return nil, err
+		}
+	}
+	var kinds []podns.Kind
+	if !hostNet {
+		kinds = append(kinds, podns.Kind("net"), podns.Kind("uts")) // a host-network pod keeps the host's name too
+	}
+	if ns.Ipc != runtimeapi.NamespaceMode_NODE {
+		kinds = append(kinds, podns.Kind("ipc"))
+	}
+	pins, err := podns.Create(podns.Options{Dir: m.nsDir(pod.ID), Kinds: kinds, Hostname: hostname, Sysctls: cfg.GetLinux().GetSysctls()})
+	if err != nil {
+		return nil, wrapf(ErrInvalid, "namespaces: %v", err)
+	}
+	u.add("remove namespace pins", func() error { return podns.Remove(m.nsDir(pod.ID)) })
+	pod.Pins = map[string]string{}
+	for k, p := range pins {
+		pod.Pins[string(k)] = p
+	}
+	t.step("namespaces")
+
+	pod.Cgroup = m.opts.Cgroups.PodCgroup(cfg.GetLinux().GetCgroupParent(), cfg.Metadata.Uid)
+	if err := m.opts.Cgroups.CreatePod(pod.Cgroup, cfg.GetLinux().GetResources()); err != nil {
+		return nil, fmt.Errorf("pod cgroup %s: %w", pod.Cgroup, err)
+	}
+	u.add("remove pod cgroup", func() error { return m.opts.Cgroups.RemovePod(pod.Cgroup) })
+	t.step("cgroup")
+
+	files, err := podfiles.Write(podfiles.Options{
+		Dir: dir, Hostname: hostname, DNS: cfg.DnsConfig, HostNetwork: hostNet,
+		HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
+	})
+	if err != nil {
+		return nil, wrapf(ErrInvalid, "pod files: %v", err)
+	}
+	u.add("remove pod files", func() error { return podfiles.Remove(dir) })
+	pod.Files = map[string]string{"hosts": files.Hosts, "resolv": files.Resolv, "hostname": files.Hostname, "shm": files.Shm}
+	t.step("files")
+
+	client, err := shim.Start(ctx, m.opts.ShimBinary, dir)
+	if err != nil {
+		return nil, fmt.Errorf("start shim: %w", err)
+	}
+	u.add("stop shim", func() error { return m.stopShim(context.WithoutCancel(ctx), pod.ID, []string{pauseID}) })
+	m.setShim(pod.ID, client)
+	t.step("shim")
+
+	if ns.Pid == runtimeapi.NamespaceMode_POD {
+		u.add("kill pause", func() error {
+			return client.Kill(context.WithoutCancel(ctx), pauseID, syscall.SIGKILL, true)
+		})
+		if pod.PausePID, err = m.startPause(ctx, pod, client); err != nil {
+			return nil, fmt.Errorf("pause process: %w", err)
+		}
+		t.step("pause")
+	}
+
+	pod.State = runtimeapi.PodSandboxState_SANDBOX_READY
+	pod.Timeline = t.steps
+	if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+		return nil, err
+	}
+	u.keep()
+	m.log.Info("pod ready", "pod", pod.ID, "name", cfg.Metadata.Name, "namespace", cfg.Metadata.Namespace, "timeline", pod.Timeline)
+	return pod, nil
+}
+
+// reservePod records the pod (NOTREADY) unless a pod with the same metadata
+// exists: the kubelet must remove an attempt before it can run it again.
+func (m *Manager) reservePod(pod *Pod) error {
+	m.names.Lock()
+	defer m.names.Unlock()
+	all, err := m.ListPods()
+	if err != nil {
+		return err
+	}
+	md := pod.Config.Metadata
+	for _, p := range all {
+		o := p.Config.Metadata
+		if o.Name == md.Name && o.Namespace == md.Namespace && o.Uid == md.Uid && o.Attempt == md.Attempt {
+			return wrapf(ErrAlreadyExists, "pod %s/%s (uid %s, attempt %d) already exists as %s", md.Namespace, md.Name, md.Uid, md.Attempt, p.ID)
+		}
+	}
+	return m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) })
+}
+
+// StopPod kills the pod's containers, stops its shim and releases its
+// namespaces; the record stays (NOTREADY) until RemovePod. Stopping an
+// unknown or stopped pod is not an error.
+func (m *Manager) StopPod(ctx context.Context, id string) error {
+	pod, err := m.GetPod(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	unlock := m.pods.lock(pod.ID)
+	defer unlock()
+	return m.stopPodLocked(ctx, pod)
+}
+
+func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
+	ctrs, err := m.listContainers(pod.ID)
+	if err != nil {
+		return err
+	}
+	ids := []string{pauseID}
+	for _, c := range ctrs {
+		if err := m.stopContainerLocked(ctx, c, 0); err != nil {
+			return err
+		}
+		ids = append(ids, c.ID)
+	}
+	if pod.PausePID > 0 {
+		if err := m.killPause(ctx, pod.ID); err != nil {
+			return err
+		}
+	}
+	if err := m.stopShim(ctx, pod.ID, ids); err != nil {
+		return err
+	}
+	if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
+		return err
+	}
+	if pod.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY && pod.PausePID == 0 {
+		return nil
+	}
+	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	pod.PausePID = 0
+	return m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) })
+}
+
+// RemovePod stops the pod if needed and removes it with its containers,
+// cgroup, files and record. Removing an unknown pod is not an error.
+func (m *Manager) RemovePod(ctx context.Context, id string) error {
+	pod, err := m.GetPod(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	unlock := m.pods.lock(pod.ID)
+	defer unlock()
+	if err := m.stopPodLocked(ctx, pod); err != nil {
+		return err
+	}
+	ctrs, err := m.listContainers(pod.ID)
+	if err != nil {
+		return err
+	}
+	for _, c := range ctrs {
+		if err := m.removeContainerLocked(ctx, c); err != nil {
+			return err
+		}
+	}
+	if pod.Cgroup != "" { // empty when berthd died before making it
+		if err := m.opts.Cgroups.RemovePod(pod.Cgroup); err != nil {
+			return err
+		}
+	}
+	if err := podfiles.Remove(m.podDir(pod.ID)); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(m.podDir(pod.ID)); err != nil {
+		return err
+	}
+	return m.deletePodRecord(pod.ID)
+}
+
+// GetPod returns the pod whose ID is id or starts with id (CLI users type
+// short IDs), or an error wrapping ErrNotFound.
+func (m *Manager) GetPod(id string) (*Pod, error) {
+	var pod *Pod
+	err := m.view(func(tx *bolt.Tx) (err error) {
+		pod, err = findPod(tx, id)
+		return err
+	})
+	return pod, err
+}
+
+// ListPods returns every pod.
+func (m *Manager) ListPods() ([]*Pod, error) {
+	var out []*Pod
+	err := m.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(podsBucket).ForEach(func(_, v []byte) error {
+			p, err := decodePod(v)
+			if err == nil {
+				out = append(out, p)
+			}
+			return err
+		})
+	})
+	return out, err
+}
+
+func (m *Manager) deletePodRecord(id string) error {
+	return m.update(func(tx *bolt.Tx) error { return tx.Bucket(podsBucket).Delete([]byte(id)) })
+}
+
+func (m *Manager) update(f func(*bolt.Tx) error) error { return m.opts.DB.Update(f) }
+func (m *Manager) view(f func(*bolt.Tx) error) error   { return m.opts.DB.View(f) }

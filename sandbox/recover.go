@@ -1,0 +1,56 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/shim"
+	bolt "go.etcd.io/bbolt"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// recover reconnects to the shims of the pods berthd had. A ready pod whose
+// shim is gone (killed, or the machine rebooted and wiped the state folder)
+// becomes NOTREADY and its namespace pins are released; its containers then
+// report EXITED from their exit records. Half-created pods and containers
+// are left to the kubelet's StopPodSandbox/RemovePodSandbox, which undo
+// whatever exists of them.
+func (m *Manager) recover() error {
+	if err := podns.PrepareRoot(m.podsDir()); err != nil {
+		return err
+	}
+	pods, err := m.ListPods()
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	for _, pod := range pods {
+		c, err := m.podShim(pod.ID)
+		if err == nil {
+			if _, err = c.Info(ctx); err != nil {
+				m.forgetShim(pod.ID)
+			}
+		}
+		if err == nil {
+			m.log.Info("reconnected to pod shim", "pod", pod.ID)
+			continue
+		}
+		if !errors.Is(err, shim.ErrUnavailable) {
+			return err
+		}
+		if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+			continue
+		}
+		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
+		if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
+			return err
+		}
+		pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+		pod.PausePID = 0
+		if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+)
+
+// shimCallTimeout bounds calls that must not hang on a wedged shim.
+const shimCallTimeout = 30 * time.Second
+
+// shim returns the cached client of a pod's shim, or nil.
+func (m *Manager) shim(podID string) *shim.Client {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.shims[podID]
+}
+
+func (m *Manager) setShim(podID string, c *shim.Client) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := m.shims[podID]; old != nil && old != c {
+		old.Close()
+	}
+	m.shims[podID] = c
+}
+
+// podShim returns a client of the pod's shim, dialing it when berthd has
+// none (after a restart). An unreachable shim is shim.ErrUnavailable.
+func (m *Manager) podShim(podID string) (*shim.Client, error) {
+	if c := m.shim(podID); c != nil {
+		return c, nil
+	}
+	c, err := shim.Dial(m.podDir(podID))
+	if err != nil {
+		return nil, fmt.Errorf("%w: pod %s: %v", shim.ErrUnavailable, podID, err)
+	}
+	m.setShim(podID, c)
+	return c, nil
+}
+
+// forgetShim drops a client whose shim went away.
+func (m *Manager) forgetShim(podID string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.shims[podID]; c != nil {
+		c.Close()
+		delete(m.shims, podID)
+	}
+}
+
+// stopShim deletes the shim's (stopped) containers so libcontainer removes
+// their cgroups, then shuts the shim down. A shim that is already gone is
+// fine.
+func (m *Manager) stopShim(ctx context.Context, podID string, ids []string) error {
+	c, err := m.podShim(podID)
+	if errors.Is(err, shim.ErrUnavailable) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, shimCallTimeout)
+	defer cancel()
+	info, err := c.Info(ctx)
+	if errors.Is(err, shim.ErrUnavailable) {
+		m.forgetShim(podID)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := c.Delete(ctx, id); err != nil && !shim.IsNotFound(err) && !errors.Is(err, shim.ErrUnavailable) {
+			return fmt.Errorf("delete container %s: %w", id, err)
+		}
+	}
+	if err := c.Shutdown(ctx); err != nil && !errors.Is(err, shim.ErrUnavailable) {
+		return fmt.Errorf("shut down shim of pod %s: %w", podID, err)
+	}
+	m.forgetShim(podID)
+	return waitGone(ctx, info.Pid)
+}
+
+// waitGone waits until process pid has exited: the shim answers Shutdown
+// before it is gone, and nothing of a stopped pod may outlive the call.
+// A zombie counts as gone; its parent (init) reaps it.
+func waitGone(ctx context.Context, pid int) error {
+	for {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 && bytes.HasPrefix(stat[i+1:], []byte(" Z")) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("shim %d did not exit: %w", pid, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,39 @@
+package harness
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// LiveProcessesWithArg returns the PIDs of processes with an argument
+// containing substr. Zombies do not count: they hold nothing, and on some
+// machines PID 1 never reaps the orphans it inherits.
+func LiveProcessesWithArg(t testing.TB, substr string) []int {
+	t.Helper()
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, dir := range dirs {
+		cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte(substr)) {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+		if err != nil {
+			continue
+		}
+		// The state follows the parenthesised command name.
+		if i := bytes.LastIndexByte(stat, ')'); i < 0 || strings.HasPrefix(string(stat[i+1:]), " Z") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(dir))
+		pids = append(pids, pid)
+	}
+	return pids
+}
