@@ -1,0 +1,156 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
+)
+
+// pods is how many pods the pod benchmarks start.
+const pods = 50
+
+// TestPodStartAndTeardown starts 50 pods one after another, each with one
+// running container of an image already pulled, then tears them down, and
+// prints pod start (RunPodSandbox + CreateContainer + StartContainer) and
+// teardown (StopPodSandbox + RemovePodSandbox) p50/p99, the mean of each
+// start step, and the RSS of berthd (idle and with 50 pods) and of one shim.
+func TestPodStartAndTeardown(t *testing.T) {
+	harness.RequireEnv(t, "BERTH_BENCH")
+	reg := harness.NewRegistry(t)
+	p := reg.Push(t, "bench/busybox:1", harness.BusyboxImage(t, harness.ImageSpec{}))
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+	ctx := t.Context()
+	if _, err := d.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/berth-bench")
+		for _, dir := range dirs {
+			os.Remove(dir)
+		}
+	})
+	idleRSS := rssKB(t, d.PID())
+
+	var starts, teardowns []time.Duration
+	steps := map[string]time.Duration{}
+	ids := make([]string, 0, pods)
+	for i := range pods {
+		cfg := &runtimeapi.PodSandboxConfig{
+			Metadata: &runtimeapi.PodSandboxMetadata{Name: fmt.Sprint("bench-", i), Namespace: "bench", Uid: fmt.Sprint("uid-", i)},
+			Hostname: fmt.Sprint("bench-", i),
+			Linux: &runtimeapi.LinuxPodSandboxConfig{CgroupParent: fmt.Sprintf("/berth-bench/pod%d", i),
+				// What the kubelet sends for a pod without shareProcessNamespace.
+				SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: &runtimeapi.NamespaceOption{
+					Pid: runtimeapi.NamespaceMode_CONTAINER}}},
+		}
+		begin := time.Now()
+		pod, err := d.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctr, err := d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg,
+			Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
+				Image: &runtimeapi.ImageSpec{Image: p.Name}, Command: []string{"/bin/sleep", "3600"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+			t.Fatal(err)
+		}
+		starts = append(starts, time.Since(begin))
+		ids = append(ids, pod.PodSandboxId)
+		addTimeline(t, d, pod.PodSandboxId, steps)
+	}
+	busyRSS := rssKB(t, d.PID())
+	shimRSS := rssKB(t, shimPID(t, d, ids[0]))
+
+	for _, id := range ids {
+		begin := time.Now()
+		if _, err := d.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+		teardowns = append(teardowns, time.Since(begin))
+	}
+
+	fmt.Printf("pod start (run+create+start, image present): p50 %s, p99 %s over %d pods\n", pct(starts, 50), pct(starts, 99), pods)
+	fmt.Printf("teardown (stop+remove): p50 %s, p99 %s over %d pods\n", pct(teardowns, 50), pct(teardowns, 99), pods)
+	names := make([]string, 0, len(steps))
+	for name := range steps {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Printf("step %-10s mean %s\n", name, (steps[name] / pods).Round(10*time.Microsecond))
+	}
+	fmt.Printf("rss berthd: idle %d KB, with %d pods %d KB; one shim %d KB\n", idleRSS, pods, busyRSS, shimRSS)
+}
+
+// addTimeline adds the pod's start steps (from verbose status) to sums.
+func addTimeline(t *testing.T, d *harness.Daemon, pod string, sums map[string]time.Duration) {
+	t.Helper()
+	st, err := d.Runtime.PodSandboxStatus(t.Context(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Timeline []struct {
+			Name     string
+			Duration time.Duration
+		}
+	}
+	if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range info.Timeline {
+		sums[s.Name] += s.Duration
+	}
+}
+
+func pct(ds []time.Duration, p int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)-1)*p/100].Round(10 * time.Microsecond)
+}
+
+// rssKB reads VmRSS of a process.
+func rssKB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.Fields(v)[0])
+			return n
+		}
+	}
+	t.Fatalf("no VmRSS for %d", pid)
+	return 0
+}
+
+func shimPID(t *testing.T, d *harness.Daemon, pod string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(d.State, "pods", pod, "shim.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
