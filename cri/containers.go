@@ -130,3 +130,15 @@ func (r *RuntimeService) ReopenContainerLog(ctx context.Context, req *runtimeapi
 	}
 	return &runtimeapi.ReopenContainerLogResponse{}, nil
 }
+
+// UpdateContainerResources applies new Linux limits; a request without
+// them changes nothing, as with other runtimes.
+func (r *RuntimeService) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+	if req.GetLinux() == nil {
+		return &runtimeapi.UpdateContainerResourcesResponse{}, nil
+	}
+	if err := r.pods.UpdateResources(ctx, req.GetContainerId(), req.Linux); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
+}

@@ -139,6 +139,12 @@ func (c *Client) ReopenLog(ctx context.Context, id string) error {
 	return c.call(ctx, "ReopenLog", &IDRequest{ID: id}, &Empty{})
 }
 
+// Update applies new cgroup limits to a container and records them in its
+// spec.
+func (c *Client) Update(ctx context.Context, req UpdateRequest) error {
+	return c.call(ctx, "Update", &req, &Empty{})
+}
+
 // Shutdown makes the shim exit; it refuses (ErrBusy) while a container is
 // created or running.
 func (c *Client) Shutdown(ctx context.Context) error {

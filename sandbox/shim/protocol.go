@@ -3,6 +3,8 @@ package shim
 import (
 	"errors"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // ServiceName is the net/rpc service the shim registers; methods are
@@ -78,6 +80,13 @@ type KillRequest struct {
 type WaitRequest struct {
 	ID      string
 	Timeout time.Duration
+}
+
+// UpdateRequest changes a created or running container's cgroup limits.
+// Device rules stay as the container was created with.
+type UpdateRequest struct {
+	ID        string
+	Resources *specs.LinuxResources
 }
 
 // User is a numeric process identity.

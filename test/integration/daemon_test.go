@@ -116,10 +116,6 @@ func TestRuntimeServiceUnimplemented(t *testing.T) {
 			_, err := rt.ListContainerStats(c, &runtimeapi.ListContainerStatsRequest{})
 			return err
 		},
-		"UpdateContainerResources": func(c context.Context) error {
-			_, err := rt.UpdateContainerResources(c, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: "x"})
-			return err
-		},
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {

@@ -48,6 +48,10 @@ func (a *API) Exec(req *shim.ExecRequest, r *shim.ExecResponse) (err error) {
 	return err
 }
 
+func (a *API) Update(req *shim.UpdateRequest, _ *shim.Empty) error {
+	return a.s.update(req)
+}
+
 func (a *API) ReopenLog(req *shim.IDRequest, _ *shim.Empty) error {
 	return a.s.reopenLog(req.ID)
 }

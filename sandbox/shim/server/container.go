@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -23,14 +24,15 @@ const drainLimit = 2 * time.Second
 
 // ctr is a container this shim created (and so can wait for).
 type ctr struct {
-	id   string
-	dir  string // containers/<id>: records
-	lc   *libcontainer.Container
-	proc *libcontainer.Process
-	log  *crilog.Writer
-	io   *stdio
-	cg   cgroups.Manager // for the OOM kill count
-	oom0 uint64
+	id     string
+	dir    string // containers/<id>: records
+	bundle string // holds config.json
+	lc     *libcontainer.Container
+	proc   *libcontainer.Process
+	log    *crilog.Writer
+	io     *stdio
+	cg     cgroups.Manager // for the OOM kill count
+	oom0   uint64
 
 	// startMu orders Create's setup and Start's started.json before the
 	// exit handling.
@@ -82,7 +84,7 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 		return err
 	}
 	proc.Init = true
-	c := &ctr{id: req.ID, dir: shim.ContainerDir(s.dir, req.ID), proc: proc,
+	c := &ctr{id: req.ID, dir: shim.ContainerDir(s.dir, req.ID), bundle: bundle, proc: proc,
 		exited: make(chan struct{}), state: shim.State{ID: req.ID, Status: shim.StatusCreated}}
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return err
@@ -293,6 +295,40 @@ func (s *Server) delete(id string) error {
 	delete(s.ctrs, id)
 	s.mu.Unlock()
 	return nil
+}
+
+// update applies new limits through libcontainer, then rewrites the
+// bundle's spec so that status and a restarted shim see them.
+func (s *Server) update(req *shim.UpdateRequest) error {
+	c, err := s.get(req.ID)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-c.exited:
+		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
+	default:
+	}
+	spec, err := loadSpec(c.bundle)
+	if err != nil {
+		return err
+	}
+	if spec.Linux == nil {
+		spec.Linux = &specs.Linux{}
+	}
+	res := *req.Resources
+	if spec.Linux.Resources != nil {
+		res.Devices = spec.Linux.Resources.Devices
+	}
+	spec.Linux.Resources = &res
+	cfg, err := lcConfig(c.id, c.bundle, spec)
+	if err != nil {
+		return err
+	}
+	if err := c.lc.Set(*cfg); err != nil {
+		return fmt.Errorf("update %s: %w", c.id, err)
+	}
+	return shim.WriteJSONDurable(filepath.Join(c.bundle, "config.json"), spec)
 }
 
 func (s *Server) reopenLog(id string) error {

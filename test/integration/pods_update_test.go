@@ -1,0 +1,73 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berth-runtime/berth/cgroups"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc/codes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// cgroupValue reads a container cgroup file: the v1 controller's file on a
+// hybrid host, the unified file under cgroup2.
+func cgroupValue(t *testing.T, cgroup, v1Controller, v1File, v2File string) string {
+	t.Helper()
+	path := filepath.Join("/sys/fs/cgroup", v1Controller, cgroup, v1File)
+	if cgroups.DetectMode() == cgroups.V2 {
+		path = filepath.Join("/sys/fs/cgroup", cgroup, v2File)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func TestUpdateContainerResources(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	cfg := e.podConfig("update")
+	pod := e.runPod(t, cfg)
+	ctr := e.createContainer(t, pod, cfg, "sleeper", "/bin/sleep", "1000")
+	if _, err := e.d.Runtime.StartContainer(t.Context(), &runtimeapi.StartContainerRequest{ContainerId: ctr}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(t, ctr, runtimeapi.ContainerState_CONTAINER_RUNNING)
+	cgroup := filepath.Join(cfg.Linux.CgroupParent, ctr)
+
+	_, err := e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: ctr,
+		Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20, CpuShares: 512, CpuQuota: 50000, CpuPeriod: 100000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shares := "512"
+	if cgroups.DetectMode() == cgroups.V2 {
+		shares = fmt.Sprint(cgroups.SharesToWeight(512))
+	}
+	checks := []struct{ ctrl, v1File, v2File, want string }{
+		{"memory", "memory.limit_in_bytes", "memory.max", "100663296"},
+		{"cpu", "cpu.cfs_quota_us", "cpu.max", "50000"}, // v2: "50000 100000"
+		{"cpu", "cpu.shares", "cpu.weight", shares},
+	}
+	for _, c := range checks {
+		if got := cgroupValue(t, cgroup, c.ctrl, c.v1File, c.v2File); !strings.HasPrefix(got, c.want) {
+			t.Errorf("%s: %q after the update, want %q", c.v1File, got, c.want)
+		}
+	}
+	st, err := e.d.Runtime.ContainerStatus(t.Context(), &runtimeapi.ContainerStatusRequest{ContainerId: ctr, Verbose: true})
+	if err != nil || !strings.Contains(st.Info["info"], `"limit":100663296`) {
+		t.Errorf("verbose status does not show the new memory limit: %v %.300s", err, st.GetInfo()["info"])
+	}
+
+	_, err = e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: ctr,
+		Linux: &runtimeapi.LinuxContainerResources{CpuQuota: 50000}})
+	assertCode(t, err, one(codes.InvalidArgument), "period")
+	_, err = e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: "nope",
+		Linux: &runtimeapi.LinuxContainerResources{}})
+	assertCode(t, err, one(codes.NotFound), "")
+	e.removePod(t, pod)
+}
