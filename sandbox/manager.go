@@ -39,6 +39,8 @@ type Manager struct {
 
 	mu    sync.Mutex
 	shims map[string]*shim.Client // by pod ID
+
+	cpu cpuSamples
 }
 
 // New opens the manager and reconnects to the shims of the pods it had.

@@ -112,10 +112,6 @@ func TestRuntimeServiceUnimplemented(t *testing.T) {
 			_, err := rt.PortForward(c, &runtimeapi.PortForwardRequest{PodSandboxId: "x"})
 			return err
 		},
-		"ListContainerStats": func(c context.Context) error {
-			_, err := rt.ListContainerStats(c, &runtimeapi.ListContainerStatsRequest{})
-			return err
-		},
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {

@@ -1,0 +1,144 @@
+package cri
+
+import (
+	"context"
+	"errors"
+
+	"github.com/berth-runtime/berth/sandbox"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
+	c, err := r.pods.GetContainer(req.GetContainerId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	st, ok, err := r.containerStats(c)
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	if !ok {
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s is not running: it has no usage", c.ID)
+	}
+	return &runtimeapi.ContainerStatsResponse{Stats: st}, nil
+}
+
+// ListContainerStats reports the containers that have a cgroup (created or
+// running ones).
+func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+	f := req.GetFilter()
+	all, err := r.pods.ListContainers(ctx, f.GetPodSandboxId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	resp := &runtimeapi.ListContainerStatsResponse{}
+	for _, c := range all {
+		if f.GetId() != "" && !idMatches(c.ID, f.Id) || !labelsMatch(c.Config.Labels, f.GetLabelSelector()) {
+			continue
+		}
+		st, ok, err := r.containerStats(c.Container)
+		if err != nil {
+			return nil, sandboxError(err)
+		}
+		if ok {
+			resp.Stats = append(resp.Stats, st)
+		}
+	}
+	return resp, nil
+}
+
+func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool, error) {
+	u, ok, err := r.pods.ContainerUsage(c)
+	if !ok || err != nil {
+		return nil, ok, err
+	}
+	ts := u.Timestamp.UnixNano()
+	return &runtimeapi.ContainerStats{
+		Attributes: &runtimeapi.ContainerAttributes{Id: c.ID, Metadata: c.Config.Metadata, Labels: c.Config.Labels, Annotations: c.Config.Annotations},
+		Cpu:        cpuUsage(u),
+		Memory:     memoryUsage(u),
+		WritableLayer: &runtimeapi.FilesystemUsage{Timestamp: ts, FsId: &runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root},
+			UsedBytes: &runtimeapi.UInt64Value{Value: u.LayerBytes}, InodesUsed: &runtimeapi.UInt64Value{Value: u.LayerInodes}},
+	}, true, nil
+}
+
+func cpuUsage(u sandbox.Usage) *runtimeapi.CpuUsage {
+	return &runtimeapi.CpuUsage{Timestamp: u.Timestamp.UnixNano(),
+		UsageCoreNanoSeconds: &runtimeapi.UInt64Value{Value: u.CPUUsageNanos},
+		UsageNanoCores:       &runtimeapi.UInt64Value{Value: u.CPUNanoCores}}
+}
+
+func memoryUsage(u sandbox.Usage) *runtimeapi.MemoryUsage {
+	return &runtimeapi.MemoryUsage{Timestamp: u.Timestamp.UnixNano(),
+		WorkingSetBytes: &runtimeapi.UInt64Value{Value: u.MemoryWorkingSetBytes},
+		UsageBytes:      &runtimeapi.UInt64Value{Value: u.MemoryUsageBytes},
+		RssBytes:        &runtimeapi.UInt64Value{Value: u.MemoryRSSBytes},
+		PageFaults:      &runtimeapi.UInt64Value{Value: u.PageFaults},
+		MajorPageFaults: &runtimeapi.UInt64Value{Value: u.MajorPageFaults}}
+}
+
+func (r *RuntimeService) PodSandboxStats(ctx context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
+	pod, err := r.pods.GetPod(req.GetPodSandboxId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	st, err := r.podStats(ctx, pod)
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.PodSandboxStatsResponse{Stats: st}, nil
+}
+
+func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
+	pods, err := r.pods.ListPods()
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	f := req.GetFilter()
+	resp := &runtimeapi.ListPodSandboxStatsResponse{}
+	for _, p := range pods {
+		if f.GetId() != "" && !idMatches(p.ID, f.Id) || !labelsMatch(p.Config.Labels, f.GetLabelSelector()) {
+			continue
+		}
+		st, err := r.podStats(ctx, p)
+		if errors.Is(err, sandbox.ErrNotFound) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return nil, sandboxError(err)
+		}
+		resp.Stats = append(resp.Stats, st)
+	}
+	return resp, nil
+}
+
+func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runtimeapi.PodSandboxStats, error) {
+	st := &runtimeapi.PodSandboxStats{
+		Attributes: &runtimeapi.PodSandboxAttributes{Id: pod.ID, Metadata: pod.Config.Metadata, Labels: pod.Config.Labels, Annotations: pod.Config.Annotations},
+		Linux:      &runtimeapi.LinuxPodSandboxStats{},
+	}
+	u, ok, err := r.pods.PodUsage(pod)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		st.Linux.Cpu, st.Linux.Memory = cpuUsage(u), memoryUsage(u)
+		st.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: u.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: u.Pids}}
+	}
+	ctrs, err := r.pods.ListContainers(ctx, pod.ID)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range ctrs {
+		cs, ok, err := r.containerStats(c.Container)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			st.Linux.Containers = append(st.Linux.Containers, cs)
+		}
+	}
+	return st, nil
+}

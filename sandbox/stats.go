@@ -1,0 +1,108 @@
+package sandbox
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/berth-runtime/berth/cgroups"
+)
+
+// Usage is what one container or pod uses.
+type Usage struct {
+	cgroups.Stats
+	// CPUNanoCores is the CPU rate since the previous sample of the same
+	// cgroup (0 for the first).
+	CPUNanoCores uint64
+	// Writable layer (containers only).
+	LayerBytes, LayerInodes uint64
+}
+
+// cpuSamples remembers the last CPU reading per cgroup to turn the
+// cumulative counter into a rate, as the kubelet expects.
+type cpuSamples struct {
+	mu   sync.Mutex
+	last map[string]cgroups.Stats
+}
+
+func (c *cpuSamples) rate(path string, s cgroups.Stats) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		c.last = map[string]cgroups.Stats{}
+	}
+	prev, ok := c.last[path]
+	c.last[path] = s
+	dt := s.Timestamp.Sub(prev.Timestamp)
+	if !ok || dt <= 0 || s.CPUUsageNanos < prev.CPUUsageNanos {
+		return 0
+	}
+	return uint64(float64(s.CPUUsageNanos-prev.CPUUsageNanos) / dt.Seconds())
+}
+
+func (c *cpuSamples) forget(path string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.last, path)
+}
+
+// ContainerUsage reads a container's cgroup and writable layer. A container
+// without a cgroup (not started, or exited and deleted) has no usage:
+// ok is false.
+func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
+	pod, err := m.GetPod(c.PodID)
+	if err != nil {
+		return u, false, err
+	}
+	path := m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID)
+	if u, ok, err = m.usage(path); !ok || err != nil {
+		return u, ok, err
+	}
+	u.LayerBytes, u.LayerInodes, err = diskUsage(m.layout(c, nil).Upper)
+	return u, true, err
+}
+
+// PodUsage reads a pod's cgroup, which holds its containers'.
+func (m *Manager) PodUsage(pod *Pod) (Usage, bool, error) {
+	if pod.Cgroup == "" {
+		return Usage{}, false, nil
+	}
+	return m.usage(pod.Cgroup)
+}
+
+func (m *Manager) usage(path string) (Usage, bool, error) {
+	s, err := m.opts.Cgroups.Stats(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		m.cpu.forget(path)
+		return Usage{}, false, nil
+	}
+	if err != nil {
+		return Usage{}, false, err
+	}
+	return Usage{Stats: s, CPUNanoCores: m.cpu.rate(path, s)}, true, nil
+}
+
+// diskUsage sums the sizes and counts the inodes under dir.
+func diskUsage(dir string) (bytes, inodes uint64, err error) {
+	err = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while we walked
+			}
+			return err
+		}
+		inodes++
+		if d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				bytes += uint64(info.Size())
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil
+	}
+	return bytes, inodes, err
+}
