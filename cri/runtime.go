@@ -39,14 +39,32 @@ type Config struct {
 // codes.Unimplemented through the embedded type.
 type RuntimeService struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
-	cfg  Config
-	pods *sandbox.Manager
+	cfg     Config
+	pods    *sandbox.Manager
+	network NetworkStatus
+}
+
+// NetworkStatus reports whether the pod network can take pods, and why not.
+type NetworkStatus interface {
+	Ready() (bool, string)
 }
 
 // NewRuntimeService returns the CRI RuntimeService for a daemon set up as
-// cfg, running pods with pods.
-func NewRuntimeService(cfg Config, pods *sandbox.Manager) *RuntimeService {
-	return &RuntimeService{cfg: cfg, pods: pods}
+// cfg, running pods with pods on network.
+func NewRuntimeService(cfg Config, pods *sandbox.Manager, network NetworkStatus) *RuntimeService {
+	return &RuntimeService{cfg: cfg, pods: pods, network: network}
+}
+
+// networkCondition is NetworkReady: the kubelet keeps pods that need the pod
+// network Pending while it is false.
+func (r *RuntimeService) networkCondition() *runtimeapi.RuntimeCondition {
+	c := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: true}
+	if r.network == nil {
+		c.Status, c.Reason, c.Message = false, "NoNetwork", "berthd runs without a pod network"
+	} else if ok, why := r.network.Ready(); !ok {
+		c.Status, c.Reason, c.Message = false, "NetworkNotReady", why
+	}
+	return c
 }
 
 // Version reports the runtime's name and versions.
@@ -59,18 +77,12 @@ func (r *RuntimeService) Version(context.Context, *runtimeapi.VersionRequest) (*
 	}, nil
 }
 
-// Status reports the runtime ready and the pod network not ready: the kubelet
-// then keeps pods that need a network Pending instead of starting them broken.
+// Status reports the runtime ready and whether the pod network is.
 func (r *RuntimeService) Status(_ context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
 	resp := &runtimeapi.StatusResponse{
 		Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
 			{Type: runtimeapi.RuntimeReady, Status: true},
-			{
-				Type:    runtimeapi.NetworkReady,
-				Status:  false,
-				Reason:  "NetworkNotImplemented",
-				Message: "berth has no pod network yet",
-			},
+			r.networkCondition(),
 		}},
 	}
 	if req.GetVerbose() {

@@ -15,7 +15,7 @@ import (
 
 func runtimeClient(t *testing.T, cfg Config) runtimeapi.RuntimeServiceClient {
 	t.Helper()
-	_, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(cfg, nil)})
+	_, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(cfg, nil, nil)})
 	return runtimeapi.NewRuntimeServiceClient(conn)
 }
 
@@ -54,8 +54,8 @@ func TestStatus(t *testing.T) {
 	if c := conds[runtimeapi.RuntimeReady]; c == nil || !c.Status {
 		t.Errorf("RuntimeReady = %v, want true", c)
 	}
-	if c := conds[runtimeapi.NetworkReady]; c == nil || c.Status || c.Reason != "NetworkNotImplemented" || c.Message == "" {
-		t.Errorf("NetworkReady = %v, want false with reason NetworkNotImplemented", c)
+	if c := conds[runtimeapi.NetworkReady]; c == nil || c.Status || c.Reason != "NoNetwork" || c.Message == "" {
+		t.Errorf("NetworkReady = %v, want false with reason NoNetwork", c)
 	}
 
 	resp, err = rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
@@ -102,5 +102,29 @@ func TestUnimplemented(t *testing.T) {
 	_, err := runtimeClient(t, Config{}).PortForward(context.Background(), &runtimeapi.PortForwardRequest{})
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("PortForward = %v, want Unimplemented", err)
+	}
+}
+
+type fakeNetwork struct {
+	ok  bool
+	why string
+}
+
+func (f fakeNetwork) Ready() (bool, string) { return f.ok, f.why }
+
+func TestNetworkCondition(t *testing.T) {
+	for _, c := range []struct {
+		net    NetworkStatus
+		status bool
+		reason string
+	}{
+		{fakeNetwork{ok: true}, true, ""},
+		{fakeNetwork{why: "bridge berth0 is missing"}, false, "NetworkNotReady"},
+		{nil, false, "NoNetwork"},
+	} {
+		got := NewRuntimeService(Config{}, nil, c.net).networkCondition()
+		if got.Status != c.status || got.Reason != c.reason || !got.Status && got.Message == "" {
+			t.Errorf("network %v: condition %v, want status %v reason %q with a message", c.net, got, c.status, c.reason)
+		}
 	}
 }

@@ -83,7 +83,7 @@ func startServer(t *testing.T, opts ServerOptions) (*Server, *grpc.ClientConn) {
 }
 
 func TestSocketModeAndOwner(t *testing.T) {
-	_, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(Config{}, nil)})
+	_, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(Config{}, nil, nil)})
 	path := strings.TrimPrefix(conn.Target(), "unix://")
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -126,7 +126,7 @@ func TestStaleSocketReplaced(t *testing.T) {
 	_, conn := startServer(t, ServerOptions{
 		Socket:  path,
 		Logger:  slog.New(slog.NewTextHandler(logs, nil)),
-		Runtime: NewRuntimeService(Config{}, nil),
+		Runtime: NewRuntimeService(Config{}, nil, nil),
 	})
 	if _, err := runtimeapi.NewRuntimeServiceClient(conn).Version(context.Background(), &runtimeapi.VersionRequest{}); err != nil {
 		t.Fatalf("Version on replaced socket: %v", err)
@@ -144,11 +144,11 @@ func TestStaleRegularFileReplaced(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	startServer(t, ServerOptions{Socket: path, Runtime: NewRuntimeService(Config{}, nil)})
+	startServer(t, ServerOptions{Socket: path, Runtime: NewRuntimeService(Config{}, nil, nil)})
 }
 
 func TestLiveSocketRefused(t *testing.T) {
-	first, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(Config{}, nil)})
+	first, conn := startServer(t, ServerOptions{Runtime: NewRuntimeService(Config{}, nil, nil)})
 	path := strings.TrimPrefix(conn.Target(), "unix://")
 	second := NewServer(ServerOptions{Socket: path, Logger: quietLogger()})
 	err := second.Listen()
@@ -174,7 +174,7 @@ func TestSocketPathIsDirectory(t *testing.T) {
 
 func TestShutdownRemovesSocket(t *testing.T) {
 	path := socketPath(t)
-	s := NewServer(ServerOptions{Socket: path, Logger: quietLogger(), Runtime: NewRuntimeService(Config{}, nil)})
+	s := NewServer(ServerOptions{Socket: path, Logger: quietLogger(), Runtime: NewRuntimeService(Config{}, nil, nil)})
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func (blockingEvents) GetContainerEvents(_ *runtimeapi.GetEventsRequest, s grpc.
 func TestCallLogging(t *testing.T) {
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	_, conn := startServer(t, ServerOptions{Logger: log, Runtime: NewRuntimeService(Config{}, nil),
+	_, conn := startServer(t, ServerOptions{Logger: log, Runtime: NewRuntimeService(Config{}, nil, nil),
 		Extension: NewExtensionServer(fakeImporter{})})
 	rt := runtimeapi.NewRuntimeServiceClient(conn)
 	ctx := context.Background()

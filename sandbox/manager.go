@@ -12,6 +12,7 @@ import (
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	bolt "go.etcd.io/bbolt"
 )
@@ -23,6 +24,7 @@ type Options struct {
 	DB         *bolt.DB
 	Images     *image.Service
 	Cgroups    *cgroups.Manager
+	Network    *network.Network
 	ShimBinary string
 	Logger     *slog.Logger
 }

@@ -88,6 +88,16 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	}
 	t.step("namespaces")
 
+	if !hostNet {
+		att, err := m.opts.Network.Attach(ctx, pod.ID, pins[podns.Net], portMappings(cfg.PortMappings))
+		if err != nil {
+			return nil, networkError(err)
+		}
+		u.add("detach pod network", func() error { return m.opts.Network.Detach(context.WithoutCancel(ctx), pod.ID) })
+		pod.IP = att.IP.String()
+		t.step("network")
+	}
+
 	pod.Cgroup = m.opts.Cgroups.PodCgroup(cfg.GetLinux().GetCgroupParent(), cfg.Metadata.Uid)
 	if err := m.opts.Cgroups.CreatePod(pod.Cgroup, cfg.GetLinux().GetResources()); err != nil {
 		return nil, fmt.Errorf("pod cgroup %s: %w", pod.Cgroup, err)
@@ -96,7 +106,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	t.step("cgroup")
 
 	files, err := podfiles.Write(podfiles.Options{
-		Dir: dir, Hostname: hostname, DNS: cfg.DnsConfig, HostNetwork: hostNet,
+		Dir: dir, Hostname: hostname, DNS: cfg.DnsConfig, HostNetwork: hostNet, PodIPs: podIPs(pod),
 		HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
 	})
 	if err != nil {
@@ -188,6 +198,11 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 	}
 	if err := m.stopShim(ctx, pod.ID, ids); err != nil {
 		return err
+	}
+	if pod.IP != "" {
+		if err := m.opts.Network.Detach(ctx, pod.ID); err != nil {
+			return err
+		}
 	}
 	if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
 		return err

@@ -31,6 +31,7 @@ type Pod struct {
 	State     runtimeapi.PodSandboxState   `json:"state"`
 	CreatedAt time.Time                    `json:"createdAt"`
 	Cgroup    string                       `json:"cgroup"`
+	IP        string                       `json:"ip,omitempty"`   // on the built-in network; kept after stop for status
 	Pins      map[string]string            `json:"pins,omitempty"` // namespace kind → pin file
 	PausePID  int                          `json:"pausePID,omitempty"`
 	Files     map[string]string            `json:"files,omitempty"` // hosts, resolv, hostname, shm

@@ -25,6 +25,7 @@ func (m *Manager) recover() error {
 		return err
 	}
 	ctx := context.Background()
+	live := map[string]bool{} // pods that keep their network
 	for _, pod := range pods {
 		c, err := m.podShim(pod.ID)
 		if err == nil {
@@ -34,6 +35,7 @@ func (m *Manager) recover() error {
 		}
 		if err == nil {
 			m.log.Info("reconnected to pod shim", "pod", pod.ID)
+			live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
 			continue
 		}
 		if !errors.Is(err, shim.ErrUnavailable) {
@@ -52,5 +54,6 @@ func (m *Manager) recover() error {
 			return err
 		}
 	}
-	return nil
+	// Leases, links and host port rules of pods that are gone or stopped.
+	return m.opts.Network.Reconcile(ctx, live)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/berth-runtime/berth/cmd/berthd/config"
 	"github.com/berth-runtime/berth/cri"
 	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox"
 )
 
@@ -89,8 +90,21 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	netCfg := network.DefaultConfig()
+	netCfg.Bridge, netCfg.Subnet, netCfg.MTU, netCfg.Masquerade = cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.MTU, cfg.Network.Masquerade
+	netCfg.StateDir = filepath.Join(cfg.Root, "network")
+	netCfg.TableName = cfg.Network.Bridge // one network: one bridge, one nftables table
+	podNet, err := network.New(netCfg, log.With("component", "network"))
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	// A failed setup is reported as NetworkReady=false; every pod attach
+	// tries it again.
+	if err := podNet.Setup(); err != nil {
+		log.Warn("pod network is not ready", "err", err)
+	}
 	pods, err := sandbox.New(sandbox.Options{
-		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg,
+		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
 		ShimBinary: shimBinary, Logger: log.With("component", "sandbox"),
 	})
 	if err != nil {
@@ -103,7 +117,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		Runtime: cri.NewRuntimeService(cri.Config{
 			Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
 			CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
-		}, pods),
+		}, pods, podNet),
 		Images:    cri.NewImageService(images),
 		Extension: cri.NewExtensionServer(images),
 	})

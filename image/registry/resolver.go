@@ -49,7 +49,7 @@ func NewResolver(hosts map[string]Host) (*Resolver, error) {
 	r := &Resolver{hosts: hosts, transports: map[string]http.RoundTripper{}}
 	for host, h := range hosts {
 		for _, m := range h.Mirrors {
-			if _, _, err := parseMirror(m); err != nil {
+			if _, _, err := ParseMirror(m); err != nil {
 				return nil, fmt.Errorf("registry %q: mirror %q: %w", host, m, err)
 			}
 		}
@@ -66,7 +66,7 @@ func NewResolver(hosts map[string]Host) (*Resolver, error) {
 func (r *Resolver) Endpoints(domain string, creds *authn.AuthConfig) ([]Endpoint, error) {
 	var eps []Endpoint
 	for _, m := range r.hosts[domain].Mirrors {
-		host, plain, _ := parseMirror(m)
+		host, plain, _ := ParseMirror(m)
 		ep, err := r.endpoint(host, plain || r.hosts[host].PlainHTTP, creds, domain)
 		if err != nil {
 			return nil, err
@@ -134,24 +134,29 @@ func (r *Resolver) transport(host string) (http.RoundTripper, error) {
 	return t, nil
 }
 
-// parseMirror accepts "http://host:port", "https://host" or a bare
-// "host[:port]" and reports the host and whether it is plain HTTP.
-func parseMirror(m string) (host string, plainHTTP bool, err error) {
+// ParseMirror accepts "http://host:port", "https://host" (optionally with
+// the registry API root "/v2", which the client adds anyway) or a bare
+// "host[:port]", and reports the host and whether it is plain HTTP.
+func ParseMirror(m string) (host string, plainHTTP bool, err error) {
 	if !strings.Contains(m, "://") {
-		if m == "" || strings.ContainsAny(m, "/ ") {
-			return "", false, errors.New("want a URL or host[:port]")
+		if m == "" || strings.ContainsAny(m, "/?#@ ") {
+			return "", false, errors.New("want a URL with scheme http or https, or a bare host[:port]")
 		}
 		return m, false, nil
 	}
 	u, err := url.Parse(m)
 	if err != nil {
-		return "", false, err
+		return "", false, errors.New("not a valid URL")
 	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return "", false, fmt.Errorf("scheme %q: want http or https", u.Scheme)
-	}
-	if u.Host == "" || (u.Path != "" && u.Path != "/") {
-		return "", false, errors.New("want scheme://host[:port] without a path")
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", false, errors.New("scheme must be http or https")
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
+		return "", false, errors.New("must not carry credentials, a query or a fragment")
+	case u.Host == "":
+		return "", false, errors.New("has no host")
+	case strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v2") != "":
+		return "", false, fmt.Errorf("path %q: a mirror is a registry root, not a path inside one", u.Path)
 	}
 	return u.Host, u.Scheme == "http", nil
 }

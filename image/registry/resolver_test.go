@@ -53,6 +53,8 @@ func TestNewResolverRejects(t *testing.T) {
 	for _, h := range []Host{
 		{Mirrors: []string{"ftp://x"}},
 		{Mirrors: []string{"http://x/path"}},
+		{Mirrors: []string{"https://user:pw@x"}},
+		{Mirrors: []string{"x/y"}},
 		{Mirrors: []string{""}},
 		{CAFile: "/nonexistent/ca.pem"},
 	} {

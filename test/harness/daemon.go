@@ -196,7 +196,11 @@ func newDaemon(t testing.TB, o Options) *Daemon {
 		d.Socket = filepath.Join(d.State, "berth.sock")
 	}
 	d.Config = filepath.Join(t.TempDir(), "config.toml")
-	if err := os.WriteFile(d.Config, []byte(o.ConfigTOML), 0o600); err != nil {
+	config := o.ConfigTOML
+	if !strings.Contains(config, "[network]") {
+		config += testNetworkTOML(t)
+	}
+	if err := os.WriteFile(d.Config, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d.args = append([]string{"--config", d.Config, "--root", d.Root, "--state", d.State,

@@ -28,10 +28,19 @@ type Config struct {
 	CgroupDriver string `toml:"cgroup_driver"`
 	// ShimBinary is the berth-shim to run per pod; empty means the one
 	// installed beside berthd.
-	ShimBinary string `toml:"shim_binary"`
-	Image      Image  `toml:"image"`
+	ShimBinary string  `toml:"shim_binary"`
+	Image      Image   `toml:"image"`
+	Network    Network `toml:"network"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000").
 	Registries map[string]registry.Host `toml:"registry"`
+}
+
+// Network holds the [network] table: the built-in bridge network.
+type Network struct {
+	Bridge     string `toml:"bridge"`
+	Subnet     string `toml:"subnet"`
+	MTU        int    `toml:"mtu"`
+	Masquerade bool   `toml:"masquerade"`
 }
 
 // Image holds the [image] table.
@@ -68,6 +77,7 @@ func Default() *Config {
 		LogFormat:    "text",
 		CgroupDriver: "cgroupfs",
 		Image:        Image{PullProgressTimeout: Duration{time.Minute}},
+		Network:      Network{Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true},
 	}
 }
 

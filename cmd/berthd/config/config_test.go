@@ -62,7 +62,8 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
 		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs",
-		Image: Image{PullProgressTimeout: Duration{time.Minute}},
+		Image:   Image{PullProgressTimeout: Duration{time.Minute}},
+		Network: Network{Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults = %+v, want %+v", c, want)
@@ -115,7 +116,8 @@ skip_verify = false
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
-		Image: Image{PullProgressTimeout: Duration{90 * time.Second}},
+		Image:   Image{PullProgressTimeout: Duration{90 * time.Second}},
+		Network: Network{Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true},
 		Registries: map[string]registry.Host{
 			"docker.io": {
 				Mirrors:  []string{"https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"},
@@ -145,7 +147,11 @@ func TestBadFiles(t *testing.T) {
 		{"unknown top key", `rooot = "/x"`, []string{`unknown key "rooot"`}},
 		{"unknown nested key", "[image]\npul_timeout = \"1m\"", []string{`unknown key "image.pul_timeout"`}},
 		{"unknown registry key", "[registry.\"r.example\"]\nmirror = [\"x\"]", []string{`unknown key "registry."r.example".mirror"`}},
-		{"unknown table", "[network]\nbridge = \"b\"", []string{`unknown key "network`}},
+		{"unknown table", "[networking]\nbridge = \"b\"", []string{`unknown key "networking`}},
+		{"bad subnet", "[network]\nsubnet = \"10.0.0.0\"", []string{`network.subnet = "10.0.0.0"`, "CIDR"}},
+		{"tiny subnet", "[network]\nsubnet = \"10.0.0.0/30\"", []string{`network.subnet`, "too small"}},
+		{"bad mtu", "[network]\nmtu = 100", []string{`network.mtu = "100"`}},
+		{"bad bridge", "[network]\nbridge = \"a/b\"", []string{`network.bridge = "a/b"`}},
 		{"log level", `log_level = "verbose"`, []string{`log_level = "verbose"`, "debug, info, warn, error"}},
 		{"log format", `log_format = "xml"`, []string{`log_format = "xml"`, "text, json"}},
 		{"cgroup driver", `cgroup_driver = "cgroupv2"`, []string{`cgroup_driver = "cgroupv2"`, "cgroupfs, systemd"}},

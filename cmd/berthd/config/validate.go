@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,6 +47,9 @@ func (c *Config) validate() error {
 		if err := absPath(c.ShimBinary); err != nil {
 			return badValue("shim_binary", c.ShimBinary, err)
 		}
+	}
+	if err := c.Network.validate(); err != nil {
+		return err
 	}
 	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
 		return badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0"))
@@ -114,25 +116,14 @@ func validateHost(host string, h registry.Host) error {
 	return nil
 }
 
-// mirror accepts "http(s)://host[:port][/path]" or a bare "host[:port]".
+// mirror checks a mirror the way the registry resolver will read it, plus
+// that its host[:port] is well formed.
 func mirror(m string) error {
-	hostport := m
-	if strings.Contains(m, "://") {
-		u, err := url.Parse(m)
-		if err != nil {
-			return errors.New("not a valid URL")
-		}
-		if u.Scheme != "http" && u.Scheme != "https" {
-			return errors.New("scheme must be http or https")
-		}
-		if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			return errors.New("must not carry credentials, a query or a fragment")
-		}
-		hostport = u.Host
-	} else if strings.ContainsAny(m, "/?#@") {
-		return errors.New("want a URL with scheme http or https, or a bare host[:port]")
+	host, _, err := registry.ParseMirror(m)
+	if err != nil {
+		return err
 	}
-	return validHostPort(hostport)
+	return validHostPort(host)
 }
 
 func validHostPort(hp string) error {
@@ -164,6 +155,23 @@ func caFile(p string) error {
 	}
 	if !x509.NewCertPool().AppendCertsFromPEM(b) {
 		return errors.New("no PEM certificate in the file")
+	}
+	return nil
+}
+
+func (n Network) validate() error {
+	if n.Bridge == "" || len(n.Bridge) > 15 || strings.ContainsAny(n.Bridge, "/ :") {
+		return badValue("network.bridge", n.Bridge, errors.New("must be an interface name of 1 to 15 characters"))
+	}
+	ip, subnet, err := net.ParseCIDR(n.Subnet)
+	if err != nil || ip.To4() == nil {
+		return badValue("network.subnet", n.Subnet, errors.New("must be an IPv4 CIDR such as 10.89.0.0/16"))
+	}
+	if ones, _ := subnet.Mask.Size(); ones > 29 {
+		return badValue("network.subnet", n.Subnet, errors.New("is too small: a pod subnet needs at least a /29"))
+	}
+	if n.MTU < 576 || n.MTU > 65535 {
+		return badValue("network.mtu", strconv.Itoa(n.MTU), errors.New("must be between 576 and 65535"))
 	}
 	return nil
 }

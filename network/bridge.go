@@ -1,0 +1,110 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ensureBridge creates the bridge if needed and gives it the gateway
+// address; it returns the bridge.
+func (n *Network) ensureBridge() (netlink.Link, error) {
+	name := n.cfg.Bridge
+	link, err := netlink.LinkByName(name)
+	if errors.As(err, new(netlink.LinkNotFoundError)) {
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = name
+		attrs.MTU = n.cfg.MTU
+		// A MAC set at creation is kept; otherwise the bridge takes the
+		// lowest MAC of its ports and changes it as pods come and go,
+		// which leaves stale gateway entries in the pods' ARP caches.
+		// Derived from the gateway, it also survives a re-creation.
+		gw := n.gateway.As4()
+		attrs.HardwareAddr = net.HardwareAddr{0x02, 0x62, gw[0], gw[1], gw[2], gw[3]}
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("network: create bridge %s: %w", name, err)
+		}
+		n.log.Info("created bridge", "bridge", name)
+		link, err = netlink.LinkByName(name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("network: bridge %s: %w", name, err)
+	}
+	if link.Type() != "bridge" {
+		return nil, fmt.Errorf("network: %s exists and is a %s, not a bridge", name, link.Type())
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(n.gateway.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
+	if err := netlink.AddrReplace(link, addr); err != nil {
+		return nil, fmt.Errorf("network: address %s on %s: %w", addr.IPNet, name, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return nil, fmt.Errorf("network: bring %s up: %w", name, err)
+	}
+	return link, nil
+}
+
+// reattach puts the leases' host veths back on the bridge, for when the
+// bridge was deleted and re-created under running pods.
+func reattach(br netlink.Link, leases map[string]*lease) error {
+	for _, l := range leases {
+		link, err := netlink.LinkByName(l.Veth)
+		if err != nil || link.Attrs().MasterIndex == br.Attrs().Index {
+			continue // gone with its pod, which Reconcile or Detach handles; or fine
+		}
+		if err := netlink.LinkSetMaster(link, br); err != nil {
+			return fmt.Errorf("network: put %s back on %s: %w", l.Veth, br.Attrs().Name, err)
+		}
+		if err := netlink.LinkSetHairpin(link, true); err != nil {
+			return fmt.Errorf("network: hairpin on %s: %w", l.Veth, err)
+		}
+	}
+	return nil
+}
+
+// bridgeVeths lists the veths enslaved to the bridge.
+func (n *Network) bridgeVeths() ([]string, error) {
+	br, err := netlink.LinkByName(n.cfg.Bridge)
+	if err != nil {
+		return nil, fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("network: list links: %w", err)
+	}
+	var names []string
+	for _, l := range links {
+		if l.Type() == "veth" && l.Attrs().MasterIndex == br.Attrs().Index {
+			names = append(names, l.Attrs().Name)
+		}
+	}
+	return names, nil
+}
+
+// enableSysctls turns on forwarding (pods reach beyond the bridge) and
+// route_localnet on the bridge (127.0.0.1:hostPort is DNATed to a pod and
+// leaves through the bridge with a loopback source before masquerade).
+func (n *Network) enableSysctls() error {
+	for _, key := range []string{
+		"net/ipv4/ip_forward",
+		"net/ipv4/conf/" + n.cfg.Bridge + "/route_localnet",
+	} {
+		p := "/proc/sys/" + key
+		cur, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("network: sysctl: %w", err)
+		}
+		if strings.TrimSpace(string(cur)) == "1" {
+			continue
+		}
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("network: sysctl: %w", err)
+		}
+		n.log.Info("enabled sysctl for the pod network", "sysctl", strings.ReplaceAll(key, "/", "."), "value", 1)
+	}
+	return nil
+}

@@ -1,0 +1,372 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+)
+
+// Errors callers tell apart (wrapped, with the details).
+var (
+	ErrPortInUse = errors.New("network: host port in use")
+	ErrNoAddress = errors.New("network: no free address")
+)
+
+// Config describes the built-in bridge network. Start from DefaultConfig:
+// the zero value of Masquerade is false.
+type Config struct {
+	Bridge     string // default "berth0"
+	Subnet     string // IPv4 pod subnet, default "10.89.0.0/16"; the first host address is the gateway
+	MTU        int    // default 1500
+	Masquerade bool   // NAT egress from the pod subnet to anywhere else
+	StateDir   string // lease files; required (e.g. /var/lib/berth/network)
+	TableName  string // nftables table (family ip), default "berth"
+}
+
+// DefaultConfig is the configuration berthd uses unless told otherwise.
+func DefaultConfig() Config {
+	return Config{
+		Bridge:     "berth0",
+		Subnet:     "10.89.0.0/16",
+		MTU:        1500,
+		Masquerade: true,
+		StateDir:   "/var/lib/berth/network",
+		TableName:  "berth",
+	}
+}
+
+// PortMapping is a CRI port mapping. Only mappings with a HostPort need
+// rules; the others are reachable on the pod IP anyway.
+type PortMapping struct {
+	Protocol      string `json:"protocol"` // tcp, udp or sctp (any case); empty means tcp
+	ContainerPort int32  `json:"containerPort"`
+	HostPort      int32  `json:"hostPort"`
+	HostIP        string `json:"hostIP,omitempty"` // empty or 0.0.0.0: every node address
+}
+
+// Attachment is a pod's place on the network.
+type Attachment struct {
+	IP       net.IP
+	Gateway  net.IP
+	HostVeth string
+	Ports    []PortMapping // the host port mappings in effect, normalized
+}
+
+// Network is the built-in bridge network. Its methods are safe for
+// concurrent use.
+type Network struct {
+	cfg     Config
+	log     *slog.Logger
+	subnet  netip.Prefix
+	gateway netip.Addr
+	leases  *leaseStore
+
+	// Setup and Reconcile rebuild the nftables maps from the lease files,
+	// so they exclude Attach and Detach, which change both.
+	mu sync.RWMutex
+
+	stateMu  sync.Mutex
+	ready    bool
+	notReady string
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// New validates cfg, filling in defaults for empty fields (except
+// Masquerade). It changes nothing on the host: Setup does.
+func New(cfg Config, log *slog.Logger) (*Network, error) {
+	def := DefaultConfig()
+	if cfg.Bridge == "" {
+		cfg.Bridge = def.Bridge
+	}
+	if cfg.Subnet == "" {
+		cfg.Subnet = def.Subnet
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = def.MTU
+	}
+	if cfg.TableName == "" {
+		cfg.TableName = def.TableName
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if len(cfg.Bridge) > 15 || !nameRE.MatchString(cfg.Bridge) {
+		return nil, fmt.Errorf("network: bad bridge name %q (1-15 of A-Z a-z 0-9 _ . -)", cfg.Bridge)
+	}
+	if len(cfg.TableName) > 64 || !nameRE.MatchString(cfg.TableName) {
+		return nil, fmt.Errorf("network: bad nftables table name %q", cfg.TableName)
+	}
+	if cfg.MTU < 576 || cfg.MTU > 65535 {
+		return nil, fmt.Errorf("network: MTU %d out of range 576-65535", cfg.MTU)
+	}
+	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
+		return nil, fmt.Errorf("network: state dir %q must be an absolute path", cfg.StateDir)
+	}
+	subnet, err := netip.ParsePrefix(cfg.Subnet)
+	if err != nil {
+		return nil, fmt.Errorf("network: subnet: %w", err)
+	}
+	if !subnet.Addr().Is4() {
+		return nil, fmt.Errorf("network: subnet %s: only IPv4 is supported", subnet)
+	}
+	if subnet != subnet.Masked() {
+		return nil, fmt.Errorf("network: subnet %s is not a network address (%s?)", subnet, subnet.Masked())
+	}
+	// Network, gateway, at least one pod, broadcast.
+	if subnet.Bits() > 30 {
+		return nil, fmt.Errorf("network: subnet %s is too small (at most /30)", subnet)
+	}
+	gw := subnet.Addr().Next()
+	return &Network{
+		cfg:      cfg,
+		log:      log.With("component", "network"),
+		subnet:   subnet,
+		gateway:  gw,
+		leases:   newLeaseStore(cfg.StateDir, subnet),
+		notReady: "network not set up yet",
+	}, nil
+}
+
+// Setup creates or repairs the bridge (with the pods' veths on it), enables
+// the sysctls and (re)writes the nftables table, including the port
+// mappings of every lease on file.
+// It is idempotent; a failure leaves Ready false with the reason.
+func (n *Network) Setup() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.setupLocked()
+}
+
+func (n *Network) setupLocked() error {
+	err := n.setup()
+	n.stateMu.Lock()
+	n.ready, n.notReady = err == nil, ""
+	if err != nil {
+		n.notReady = err.Error()
+	}
+	n.stateMu.Unlock()
+	return err
+}
+
+func (n *Network) setup() error {
+	br, err := n.ensureBridge()
+	if err != nil {
+		return err
+	}
+	if err := n.enableSysctls(); err != nil {
+		return err
+	}
+	all, err := n.leases.all()
+	if err != nil {
+		return err
+	}
+	if err := reattach(br, all); err != nil {
+		return err
+	}
+	return n.writeTable(all)
+}
+
+// Ready reports the NetworkReady condition, with the reason when false.
+func (n *Network) Ready() (bool, string) {
+	n.stateMu.Lock()
+	defer n.stateMu.Unlock()
+	return n.ready, n.notReady
+}
+
+func (n *Network) markBroken(err error) {
+	n.stateMu.Lock()
+	n.ready, n.notReady = false, err.Error()
+	n.stateMu.Unlock()
+}
+
+// ensureSetup runs Setup unless it has succeeded, once for any number of
+// callers waiting.
+func (n *Network) ensureSetup() error {
+	if ok, _ := n.Ready(); ok {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ok, _ := n.Ready(); ok {
+		return nil
+	}
+	return n.setupLocked()
+}
+
+// Attach gives the pod whose network namespace is pinned at netnsPath an
+// address, an eth0 on the bridge and its host ports. On failure it undoes
+// everything it did.
+func (n *Network) Attach(ctx context.Context, podID, netnsPath string, ports []PortMapping) (_ *Attachment, err error) {
+	if err := checkPodID(podID); err != nil {
+		return nil, err
+	}
+	if netnsPath == "" {
+		return nil, errors.New("network: empty network namespace path")
+	}
+	ports, err = normalizePorts(ports)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.ensureSetup(); err != nil {
+		return nil, fmt.Errorf("network: not ready: %w", err)
+	}
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	start := time.Now()
+
+	l, err := n.leases.reserve(podID, vethName(podID), ports)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if uerr := n.teardown(l); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("network: undo: %w", uerr))
+			}
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := n.addVeth(l, netnsPath); err != nil {
+		return nil, err
+	}
+	if err := n.addPorts(l); err != nil {
+		return nil, err
+	}
+	n.log.Debug("pod attached", "pod", podID, "ip", l.IP, "veth", l.Veth, "ports", len(l.Ports), "took", time.Since(start))
+	return n.attachment(l), nil
+}
+
+// Detach undoes Attach. It is idempotent and needs neither the namespace
+// nor the lease file: without them it still removes the host veth.
+func (n *Network) Detach(ctx context.Context, podID string) error {
+	if err := checkPodID(podID); err != nil {
+		return err
+	}
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	l, err := n.leases.get(podID)
+	if errors.Is(err, errNoLease) {
+		return delVeth(vethName(podID))
+	}
+	if err != nil {
+		return err
+	}
+	return n.teardown(l)
+}
+
+// teardown removes the pod's rules, veth and lease, in that order, so that
+// a failure keeps the lease for a retry to find. It is slower than Attach:
+// deleting a link or an nftables element waits for an RCU grace period.
+func (n *Network) teardown(l *lease) error {
+	if err := n.delPorts([]*lease{l}); err != nil {
+		return err
+	}
+	if err := delVeth(l.Veth); err != nil {
+		return err
+	}
+	return n.leases.release(l.Pod)
+}
+
+// Reconcile keeps the network of the pods in livePods and removes every
+// other pod's lease, host veth and port mappings, then rewrites the
+// port maps from the remaining leases.
+func (n *Network) Reconcile(ctx context.Context, livePods map[string]bool) error {
+	if err := n.ensureSetup(); err != nil {
+		return fmt.Errorf("network: not ready: %w", err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	all, err := n.leases.all()
+	if err != nil {
+		return err
+	}
+	live := map[string]*lease{}
+	var dead []*lease
+	for pod, l := range all {
+		if livePods[pod] {
+			live[pod] = l
+		} else {
+			dead = append(dead, l)
+		}
+	}
+	// One transaction replaces the maps, which also drops mappings whose
+	// lease was lost.
+	if err := n.rewritePorts(live); err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, l := range live {
+		keep[l.Veth] = true
+	}
+	var errs []error
+	for _, l := range dead {
+		if err := delVeth(l.Veth); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := n.leases.release(l.Pod); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n.log.Info("released network of a pod that is gone", "pod", l.Pod, "ip", l.IP)
+	}
+	// Veths on the bridge with no live lease, e.g. after the state dir
+	// was lost.
+	stray, err := n.bridgeVeths()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range stray {
+		if keep[name] {
+			continue
+		}
+		if err := delVeth(name); err != nil {
+			errs = append(errs, err)
+		} else {
+			n.log.Info("removed a host veth without a live pod", "veth", name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Lookup returns the pod's attachment as recorded in its lease file.
+func (n *Network) Lookup(podID string) (*Attachment, bool) {
+	if checkPodID(podID) != nil {
+		return nil, false
+	}
+	l, err := n.leases.get(podID)
+	if err != nil {
+		if !errors.Is(err, errNoLease) {
+			n.log.Warn("reading lease", "pod", podID, "err", err)
+		}
+		return nil, false
+	}
+	return n.attachment(l), true
+}
+
+func (n *Network) attachment(l *lease) *Attachment {
+	return &Attachment{
+		IP:       net.IP(l.IP.AsSlice()),
+		Gateway:  net.IP(n.gateway.AsSlice()),
+		HostVeth: l.Veth,
+		Ports:    append([]PortMapping(nil), l.Ports...),
+	}
+}
+
+// checkPodID keeps pod IDs usable as file names.
+func checkPodID(id string) error {
+	if id == "" || len(id) > 200 || !nameRE.MatchString(id) || id[0] == '.' {
+		return fmt.Errorf("network: bad pod ID %q", id)
+	}
+	return nil
+}

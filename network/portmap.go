@@ -1,0 +1,401 @@
+package network
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The nftables table (family ip) that berth owns, shown as nft prints it:
+//
+//	table ip berth {
+//		map hostports    { type inet_proto . inet_service : ipv4_addr . inet_service }
+//		map hostip-ports { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service }
+//		chain prerouting  { type nat hook prerouting priority dstnat; jump hostports }
+//		chain output      { type nat hook output priority -100; jump hostports }
+//		chain hostports {
+//			dnat ip to ip daddr . meta l4proto . th dport map @hostip-ports
+//			fib daddr type local dnat ip to meta l4proto . th dport map @hostports
+//		}
+//		chain postrouting { type nat hook postrouting priority srcnat;
+//			oifname "berth0" ct status dnat ip saddr 127.0.0.0/8 masquerade   # node → 127.0.0.1:hostPort
+//			oifname "berth0" ct status dnat ip saddr 10.89.0.0/16 masquerade  # pod → hostPort, hairpin
+//			ip saddr 10.89.0.0/16 ip daddr != 10.89.0.0/16 ip daddr != 224.0.0.0/4 masquerade  # if Masquerade
+//		}
+//		chain input { type filter hook input priority filter;
+//			iifname "berth0" ip daddr 127.0.0.0/8 ct status ! dnat drop  # see below
+//		}
+//	}
+//
+// A host port is one map element (commented with the pod ID), so Attach and
+// Detach add and delete elements in one transaction and never touch rules,
+// and a lookup costs the same for 1 or 1000 mappings. The lease files are
+// the record: Setup rewrites the whole table from them atomically, and
+// Reconcile rewrites the maps.
+//
+// route_localnet on the bridge would let a pod reach the node's loopback
+// services by sending to 127.0.0.1 via the gateway; the input rule drops
+// that, letting through only replies of DNATed connections.
+const (
+	mapAnyIP  = "hostports"
+	mapOneIP  = "hostip-ports"
+	chainHost = "hostports"
+)
+
+var (
+	keyAnyIP = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+	keyOneIP = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+	valDest  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+)
+
+var protoNums = map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}
+
+// Registers: concatenations take one 32-bit register per field.
+const (
+	r0 = unix.NFT_REG32_00
+	r1 = unix.NFT_REG32_01
+	r2 = unix.NFT_REG32_02
+
+	ipsDstNAT = 1 << 5 // IPS_DST_NAT in the conntrack status
+)
+
+var (
+	loopback  = netip.MustParsePrefix("127.0.0.0/8")
+	multicast = netip.MustParsePrefix("224.0.0.0/4")
+)
+
+// normalizePorts checks the mappings and keeps those with a host port,
+// with lower-case protocols and "" for every address; duplicates collapse.
+func normalizePorts(in []PortMapping) ([]PortMapping, error) {
+	var out []PortMapping
+	seen := map[string]PortMapping{}
+	for _, p := range in {
+		if p.HostPort == 0 {
+			continue
+		}
+		p.Protocol = strings.ToLower(p.Protocol)
+		if p.Protocol == "" {
+			p.Protocol = "tcp"
+		}
+		if _, ok := protoNums[p.Protocol]; !ok {
+			return nil, fmt.Errorf("network: port mapping %d: unknown protocol %q", p.HostPort, p.Protocol)
+		}
+		if p.HostPort < 1 || p.HostPort > 65535 || p.ContainerPort < 1 || p.ContainerPort > 65535 {
+			return nil, fmt.Errorf("network: port mapping %d→%d: port out of range", p.HostPort, p.ContainerPort)
+		}
+		switch p.HostIP {
+		case "", "0.0.0.0", "::":
+			p.HostIP = ""
+		default:
+			ip, err := netip.ParseAddr(p.HostIP)
+			if err != nil || !ip.Unmap().Is4() {
+				return nil, fmt.Errorf("network: port mapping %d: host IP %q is not an IPv4 address", p.HostPort, p.HostIP)
+			}
+			p.HostIP = ip.Unmap().String()
+		}
+		k := hostPortName(p)
+		if prev, ok := seen[k]; ok {
+			if prev != p {
+				return nil, fmt.Errorf("network: host port %s is mapped twice", k)
+			}
+			continue
+		}
+		seen[k] = p
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func hostPortName(p PortMapping) string {
+	if p.HostIP == "" {
+		return fmt.Sprintf("%s/%d", p.Protocol, p.HostPort)
+	}
+	return fmt.Sprintf("%s/%s:%d", p.Protocol, p.HostIP, p.HostPort)
+}
+
+// portConflicts fails if another lease holds one of ports. A port on every
+// address clashes with the same port on any one address.
+func portConflicts(ports []PortMapping, all map[string]*lease) error {
+	for _, p := range ports {
+		for _, l := range all {
+			for _, q := range l.Ports {
+				if p.Protocol == q.Protocol && p.HostPort == q.HostPort &&
+					(p.HostIP == q.HostIP || p.HostIP == "" || q.HostIP == "") {
+					return fmt.Errorf("%w: host port %s is already used by pod %s (%s)", ErrPortInUse, hostPortName(p), l.Pod, hostPortName(q))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (n *Network) table() *nftables.Table {
+	return &nftables.Table{Name: n.cfg.TableName, Family: nftables.TableFamilyIPv4}
+}
+
+func (n *Network) portMaps() (anyIP, oneIP *nftables.Set) {
+	t := n.table()
+	anyIP = &nftables.Set{Table: t, Name: mapAnyIP, IsMap: true, Concatenation: true, KeyType: keyAnyIP, DataType: valDest}
+	oneIP = &nftables.Set{Table: t, Name: mapOneIP, IsMap: true, Concatenation: true, KeyType: keyOneIP, DataType: valDest}
+	return anyIP, oneIP
+}
+
+// elements are the map entries of the leases' host ports.
+func elements(leases ...*lease) (anyIP, oneIP []nftables.SetElement) {
+	for _, l := range leases {
+		comment := l.Pod
+		if len(comment) > 200 {
+			comment = comment[:200]
+		}
+		for _, p := range l.Ports {
+			key := append([]byte{protoNums[p.Protocol], 0, 0, 0}, port(p.HostPort)...)
+			el := nftables.SetElement{Val: append(l.IP.AsSlice(), port(p.ContainerPort)...), Comment: comment}
+			if p.HostIP == "" {
+				el.Key = key
+				anyIP = append(anyIP, el)
+			} else if ip, err := netip.ParseAddr(p.HostIP); err == nil && ip.Is4() {
+				el.Key = append(ip.AsSlice(), key...)
+				oneIP = append(oneIP, el)
+			}
+		}
+	}
+	return anyIP, oneIP
+}
+
+// port is a port in a register: big endian, padded to 4 bytes.
+func port(p int32) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
+
+// writeTable replaces the table in one transaction: adding then deleting
+// it first makes the delete succeed whether or not it existed.
+func (n *Network) writeTable(all map[string]*lease) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := n.table()
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+
+	var leases []*lease
+	for _, l := range all {
+		leases = append(leases, l)
+	}
+	anyEls, oneEls := elements(leases...)
+	anyIP, oneIP := n.portMaps()
+	if err := c.AddSet(anyIP, anyEls); err != nil {
+		return err
+	}
+	if err := c.AddSet(oneIP, oneEls); err != nil {
+		return err
+	}
+
+	host := c.AddChain(&nftables.Chain{Name: chainHost, Table: t})
+	c.AddRule(&nftables.Rule{Table: t, Chain: host, Exprs: []expr.Any{
+		&expr.Payload{DestRegister: r0, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}, // ip daddr
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r1},
+		&expr.Payload{DestRegister: r2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}, // th dport
+		&expr.Lookup{SourceRegister: r0, DestRegister: r0, IsDestRegSet: true, SetName: oneIP.Name, SetID: oneIP.ID},
+		dnat(),
+	}})
+	c.AddRule(&nftables.Rule{Table: t, Chain: host, Exprs: []expr.Any{
+		&expr.Fib{Register: r0, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: r0, Data: native32(unix.RTN_LOCAL)},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r0},
+		&expr.Payload{DestRegister: r1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: r0, DestRegister: r0, IsDestRegSet: true, SetName: anyIP.Name, SetID: anyIP.ID},
+		dnat(),
+	}})
+
+	for _, hook := range []struct {
+		name string
+		hook *nftables.ChainHook
+	}{{"prerouting", nftables.ChainHookPrerouting}, {"output", nftables.ChainHookOutput}} {
+		ch := c.AddChain(&nftables.Chain{Name: hook.name, Table: t, Type: nftables.ChainTypeNAT,
+			Hooknum: hook.hook, Priority: nftables.ChainPriorityNATDest})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+			&expr.Verdict{Kind: expr.VerdictJump, Chain: chainHost},
+		}})
+	}
+
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	for _, src := range []netip.Prefix{loopback, n.subnet} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
+			ifname(expr.MetaKeyOIFNAME, n.cfg.Bridge),
+			ctDNAT(true),
+			addrIn(12, src, expr.CmpOpEq),
+			[]expr.Any{&expr.Masq{}},
+		)})
+	}
+	if n.cfg.Masquerade {
+		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
+			addrIn(12, n.subnet, expr.CmpOpEq),
+			addrIn(16, n.subnet, expr.CmpOpNeq),
+			addrIn(16, multicast, expr.CmpOpNeq),
+			[]expr.Any{&expr.Masq{}},
+		)})
+	}
+
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: concat(
+		ifname(expr.MetaKeyIIFNAME, n.cfg.Bridge),
+		addrIn(16, loopback, expr.CmpOpEq),
+		ctDNAT(false),
+		[]expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}},
+	)})
+
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("network: write nftables table %s: %w", n.cfg.TableName, err)
+	}
+	return nil
+}
+
+// dnat translates to the address in r0 and the port in r1, as a map
+// lookup leaves them.
+func dnat() expr.Any {
+	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: r0, RegProtoMin: r1, Specified: true}
+}
+
+// ctDNAT matches "ct status dnat", or its negation.
+func ctDNAT(want bool) []expr.Any {
+	op := expr.CmpOpEq
+	if want {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{
+		&expr.Ct{Register: r0, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: 4, Mask: native32(ipsDstNAT), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: op, Register: r0, Data: make([]byte, 4)},
+	}
+}
+
+// addrIn matches the IPv4 address at offset (12 saddr, 16 daddr) against p.
+func addrIn(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
+	addr := p.Addr().As4()
+	return []expr.Any{
+		&expr.Payload{DestRegister: r0, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: op, Register: r0, Data: addr[:]},
+	}
+}
+
+func ifname(key expr.MetaKey, name string) []expr.Any {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return []expr.Any{&expr.Meta{Key: key, Register: r0}, &expr.Cmp{Op: expr.CmpOpEq, Register: r0, Data: b}}
+}
+
+func native32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
+
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// addPorts adds the lease's host ports in one transaction.
+func (n *Network) addPorts(l *lease) error {
+	anyEls, oneEls := elements(l)
+	if len(anyEls)+len(oneEls) == 0 {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	anyIP, oneIP := n.portMaps()
+	if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("network: add host ports of pod %s: %w", l.Pod, err)
+	}
+	return nil
+}
+
+// delPorts deletes the leases' host ports. Some may be gone already (a
+// half-done Attach, a table rebuilt without them): then it deletes them
+// one at a time and ignores the missing ones.
+func (n *Network) delPorts(leases []*lease) error {
+	anyEls, oneEls := elements(leases...)
+	if len(anyEls)+len(oneEls) == 0 {
+		return nil
+	}
+	anyIP, oneIP := n.portMaps()
+	del := func(anyEls, oneEls []nftables.SetElement) error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		if err := setElements(c.SetDeleteElements, anyIP, anyEls, oneIP, oneEls); err != nil {
+			return err
+		}
+		return c.Flush()
+	}
+	err := del(anyEls, oneEls)
+	if !errors.Is(err, unix.ENOENT) {
+		if err != nil {
+			return fmt.Errorf("network: delete host ports: %w", err)
+		}
+		return nil
+	}
+	for _, el := range anyEls {
+		if err := del([]nftables.SetElement{el}, nil); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("network: delete host ports: %w", err)
+		}
+	}
+	for _, el := range oneEls {
+		if err := del(nil, []nftables.SetElement{el}); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("network: delete host ports: %w", err)
+		}
+	}
+	return nil
+}
+
+// rewritePorts replaces the maps' contents with the leases' host ports in
+// one transaction.
+func (n *Network) rewritePorts(live map[string]*lease) error {
+	var leases []*lease
+	for _, l := range live {
+		leases = append(leases, l)
+	}
+	anyEls, oneEls := elements(leases...)
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	anyIP, oneIP := n.portMaps()
+	c.FlushSet(anyIP)
+	c.FlushSet(oneIP)
+	if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("network: rewrite host port maps: %w", err)
+	}
+	return nil
+}
+
+// setElements queues op (add or delete) for the non-empty element lists.
+func setElements(op func(*nftables.Set, []nftables.SetElement) error, anyIP *nftables.Set, anyEls []nftables.SetElement, oneIP *nftables.Set, oneEls []nftables.SetElement) error {
+	if len(anyEls) > 0 {
+		if err := op(anyIP, anyEls); err != nil {
+			return err
+		}
+	}
+	if len(oneEls) > 0 {
+		return op(oneIP, oneEls)
+	}
+	return nil
+}

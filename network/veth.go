@@ -1,0 +1,112 @@
+package network
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// podIfName is the pod's end of its veth.
+const podIfName = "eth0"
+
+// vethName derives the host end's name from the pod ID, so Detach and
+// Reconcile find it without the lease. IFNAMSIZ allows 15 bytes.
+func vethName(podID string) string {
+	sum := sha256.Sum256([]byte(podID))
+	return "bv" + hex.EncodeToString(sum[:6])
+}
+
+// addVeth creates the pair with its pod end directly in the pod's
+// namespace (named eth0, so nothing is renamed or moved later), puts the
+// host end on the bridge, then configures the pod end from inside.
+func (n *Network) addVeth(l *lease, netnsPath string) error {
+	ns, err := os.Open(netnsPath)
+	if err != nil {
+		return fmt.Errorf("network: pod network namespace: %w", err)
+	}
+	defer ns.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(ns.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		return fmt.Errorf("network: %s is not a network namespace", netnsPath)
+	}
+	br, err := netlink.LinkByName(n.cfg.Bridge)
+	if err != nil {
+		err = fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
+		n.markBroken(err) // the next Attach runs Setup again
+		return err
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = l.Veth
+	attrs.MTU = n.cfg.MTU
+	attrs.MasterIndex = br.Attrs().Index
+	attrs.Flags = net.FlagUp
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(ns.Fd())}
+	err = netlink.LinkAdd(veth)
+	if errors.Is(err, unix.EEXIST) {
+		// A leftover of this pod (same name) from a crash; if eth0 is
+		// what exists in the pod, the retry fails the same way.
+		if derr := delVeth(l.Veth); derr != nil {
+			return derr
+		}
+		err = netlink.LinkAdd(veth)
+	}
+	if err != nil {
+		return fmt.Errorf("network: create veth %s (%s in %s): %w", l.Veth, podIfName, netnsPath, err)
+	}
+	// Hairpin lets a pod's packet DNATed back to itself (its own host
+	// port) leave through the port it came in on.
+	if err := netlink.LinkSetHairpin(veth, true); err != nil {
+		return fmt.Errorf("network: hairpin on %s: %w", l.Veth, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(l.IP.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
+	gw := net.IP(n.gateway.AsSlice())
+	return podns.DoInNetNS(netnsPath, func() error { return configurePodEnd(addr, gw) })
+}
+
+// configurePodEnd runs in the pod's namespace.
+func configurePodEnd(addr *netlink.Addr, gw net.IP) error {
+	link, err := netlink.LinkByName(podIfName)
+	if err != nil {
+		return fmt.Errorf("network: %s in pod: %w", podIfName, err)
+	}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, podIfName, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("network: bring %s up: %w", podIfName, err)
+	}
+	route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}
+	if err := netlink.RouteAdd(route); err != nil {
+		return fmt.Errorf("network: default route via %s: %w", gw, err)
+	}
+	// podns brings lo up; a namespace made elsewhere may not have.
+	if lo, err := netlink.LinkByName("lo"); err == nil && lo.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("network: bring lo up: %w", err)
+		}
+	}
+	return nil
+}
+
+// delVeth deletes a host veth (its peer goes with it); a missing one is
+// fine.
+func delVeth(name string) error {
+	link, err := netlink.LinkByName(name)
+	if errors.As(err, new(netlink.LinkNotFoundError)) {
+		return nil
+	}
+	if err == nil {
+		err = netlink.LinkDel(link)
+	}
+	if err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("network: delete veth %s: %w", name, err)
+	}
+	return nil
+}
