@@ -69,9 +69,13 @@ func (e *podEnv) podIP(t *testing.T, pod string) string {
 // returns the body.
 func (e *podEnv) podGet(t *testing.T, ctr, ip string, port int32) (string, int32) {
 	t.Helper()
-	r := e.exec(t, ctr, "/bin/sh", "-c", fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 3 %s %d`, ip, port))
-	_, body, _ := strings.Cut(r.stdout, "\r\n\r\n")
-	return body, r.code
+	r, err := e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr, Timeout: 10,
+		Cmd: []string{"/bin/sh", "-c", fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 3 %s %d`, ip, port)}})
+	if err != nil {
+		t.Fatalf("exec in %s: %v", ctr, err)
+	}
+	_, body, _ := strings.Cut(string(r.Stdout), "\r\n\r\n")
+	return body, r.ExitCode
 }
 
 // httpGet fetches url from the node, retrying briefly while the server starts.
