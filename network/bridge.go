@@ -72,9 +72,9 @@ func (n *Network) bridgeVeths() ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
 	}
-	links, err := netlink.LinkList()
+	links, err := listLinks()
 	if err != nil {
-		return nil, fmt.Errorf("network: list links: %w", err)
+		return nil, err
 	}
 	var names []string
 	for _, l := range links {
@@ -83,6 +83,21 @@ func (n *Network) bridgeVeths() ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// listLinks dumps the host's links. A dump that links changed under (other
+// pods starting or stopping) comes back marked interrupted: it is repeated.
+func listLinks() ([]netlink.Link, error) {
+	for range 10 {
+		links, err := netlink.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			if err != nil {
+				return nil, fmt.Errorf("network: list links: %w", err)
+			}
+			return links, nil
+		}
+	}
+	return nil, fmt.Errorf("network: list links: %w (links kept changing)", netlink.ErrDumpInterrupted)
 }
 
 // enableSysctls turns on forwarding (pods reach beyond the bridge) and

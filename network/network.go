@@ -127,7 +127,7 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 	gw := subnet.Addr().Next()
 	return &Network{
 		cfg:      cfg,
-		log:      log.With("component", "network"),
+		log:      log,
 		subnet:   subnet,
 		gateway:  gw,
 		leases:   newLeaseStore(cfg.StateDir, subnet),

@@ -215,8 +215,17 @@ func TestPodNetwork(t *testing.T) {
 	if n := e.bridgePorts(t); n != 2 {
 		t.Errorf("%d veths on the bridge with two pod-network pods", n)
 	}
-	for _, p := range []string{podA, podB, hostPod} {
-		e.removePod(t, p)
+	pods := []string{podA, podB, hostPod}
+	for _, p := range pods {
+		if _, err := e.d.Runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: p}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range pods {
+		assertPodGone(t, e.d, p)
 	}
 	if n := e.bridgePorts(t); n != 0 {
 		t.Errorf("%d veths left on the bridge after removal", n)
