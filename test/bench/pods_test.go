@@ -69,7 +69,16 @@ func TestPodStartAndTeardown(t *testing.T) {
 		}
 		starts = append(starts, time.Since(begin))
 		ids = append(ids, pod.PodSandboxId)
-		addTimeline(t, d, pod.PodSandboxId, steps)
+		st, err := d.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod.PodSandboxId, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addTimeline(t, "pod ", st.Info, steps)
+		cs, err := d.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctr.ContainerId, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addTimeline(t, "container ", cs.Info, steps)
 	}
 	busyRSS := rssKB(t, d.PID())
 	shimRSS := rssKB(t, shimPID(t, d, ids[0]))
@@ -93,29 +102,26 @@ func TestPodStartAndTeardown(t *testing.T) {
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		fmt.Printf("step %-10s mean %s\n", name, (steps[name] / pods).Round(10*time.Microsecond))
+		fmt.Printf("step %-20s mean %s\n", name, (steps[name] / pods).Round(10*time.Microsecond))
 	}
 	fmt.Printf("rss berthd: idle %d KB, with %d pods %d KB; one shim %d KB\n", idleRSS, pods, busyRSS, shimRSS)
 }
 
-// addTimeline adds the pod's start steps (from verbose status) to sums.
-func addTimeline(t *testing.T, d *harness.Daemon, pod string, sums map[string]time.Duration) {
+// addTimeline adds the start steps in a verbose status's info to sums,
+// their names prefixed.
+func addTimeline(t *testing.T, prefix string, verbose map[string]string, sums map[string]time.Duration) {
 	t.Helper()
-	st, err := d.Runtime.PodSandboxStatus(t.Context(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod, Verbose: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var info struct {
 		Timeline []struct {
 			Name     string
 			Duration time.Duration
 		}
 	}
-	if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil {
+	if err := json.Unmarshal([]byte(verbose["info"]), &info); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range info.Timeline {
-		sums[s.Name] += s.Duration
+		sums[prefix+s.Name] += s.Duration
 	}
 }
 
