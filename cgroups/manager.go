@@ -6,12 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs"
 	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/cgroups/systemd"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -302,6 +305,14 @@ func (m *Manager) RemovePod(podCgroup string) error {
 
 // checkNoProcs fails if dir or a cgroup below it has a process in it.
 func checkNoProcs(dir string) error {
+	return walkProcs(dir, func(cg string, pids []string) error {
+		return fmt.Errorf("cgroup %s still has processes (pids %s)", cg, strings.Join(pids, " "))
+	})
+}
+
+// walkProcs calls fn for dir and every cgroup below it that holds
+// processes. A missing dir holds none.
+func walkProcs(dir string, fn func(cg string, pids []string) error) error {
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return err
@@ -314,7 +325,7 @@ func checkNoProcs(dir string) error {
 			return err
 		}
 		if pids := strings.Fields(string(procs)); len(pids) > 0 {
-			return fmt.Errorf("cgroup %s still has processes (pids %s)", p, strings.Join(pids, " "))
+			return fn(p, pids)
 		}
 		return nil
 	})
@@ -322,4 +333,41 @@ func checkNoProcs(dir string) error {
 		return nil
 	}
 	return err
+}
+
+// Kill sends SIGKILL to every process in the cgroup at cgroupsPath (as this
+// package hands paths out) and below it, in every hierarchy, until none is
+// left: processes whose shim died, which nothing else can stop any more. A
+// missing cgroup has nothing to kill.
+func (m *Manager) Kill(cgroupsPath string) error {
+	rel, err := m.fsPath(cgroupsPath)
+	if err != nil {
+		return err
+	}
+	for range 100 {
+		left := 0
+		for _, d := range m.dirs(rel) {
+			err := walkProcs(d, func(_ string, pids []string) error {
+				for _, p := range pids {
+					pid, err := strconv.Atoi(p)
+					if err != nil {
+						return fmt.Errorf("cgroup %s: bad pid %q", cgroupsPath, p)
+					}
+					if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+						return fmt.Errorf("kill %d in cgroup %s: %w", pid, cgroupsPath, err)
+					}
+					left++
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond) // a killed process leaves its cgroup as it exits
+	}
+	return fmt.Errorf("cgroup %s: processes left after 1 s of SIGKILL", cgroupsPath)
 }

@@ -93,9 +93,11 @@ func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListP
 // idMatches accepts a full ID or a prefix of one, as crictl users type.
 func idMatches(id, want string) bool { return len(want) <= len(id) && id[:len(want)] == want }
 
+// labelsMatch: every selector key must be present with that value (a key
+// the object lacks does not match an empty value).
 func labelsMatch(labels, selector map[string]string) bool {
 	for k, v := range selector {
-		if labels[k] != v {
+		if got, ok := labels[k]; !ok || got != v {
 			return false
 		}
 	}

@@ -56,9 +56,16 @@ func (m *Manager) pauseSpec(pod *Pod) *specs.Spec {
 		Mounts: []specs.Mount{{Destination: "/pause", Type: "bind", Source: m.opts.ShimBinary, Options: []string{"rbind", "ro"}}},
 		Linux: &specs.Linux{
 			Namespaces:  nss,
-			CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, pauseID),
+			CgroupsPath: m.pauseCgroup(pod),
 		},
 	}
+}
+
+// pauseCgroup is the pause's cgroup, named after the pod: the attempts of a
+// kubelet pod share its pod cgroup, and may overlap (one stopped, not yet
+// removed, the next running).
+func (m *Manager) pauseCgroup(pod *Pod) string {
+	return m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, pod.ID)
 }
 
 // pidNamespace is the namespace containers of a shared-PID pod join.

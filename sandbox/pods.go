@@ -199,6 +199,9 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 	if err := m.stopShim(ctx, pod.ID, ids); err != nil {
 		return err
 	}
+	if err := m.killLeftovers(pod, ctrs); err != nil {
+		return err
+	}
 	if pod.IP != "" {
 		if err := m.opts.Network.Detach(ctx, pod.ID); err != nil {
 			return err
@@ -213,6 +216,25 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
 	pod.PausePID = 0
 	return m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) })
+}
+
+// killLeftovers kills what still runs of the pod's containers and pause
+// after its shim died: no longer anyone's children, nothing else would stop
+// them, and their cgroups could not be removed. When the shim stopped them,
+// their cgroups are gone and there is nothing to do.
+func (m *Manager) killLeftovers(pod *Pod, ctrs []*Container) error {
+	if pod.Cgroup == "" {
+		return nil
+	}
+	paths := []string{m.pauseCgroup(pod)}
+	for _, c := range ctrs {
+		paths = append(paths, m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID))
+	}
+	var errs []error
+	for _, p := range paths {
+		errs = append(errs, m.opts.Cgroups.Kill(p))
+	}
+	return errors.Join(errs...)
 }
 
 // RemovePod stops the pod if needed and removes it with its containers,
@@ -239,7 +261,14 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	if pod.Cgroup != "" { // empty when berthd died before making it
+	shared, err := m.cgroupShared(pod)
+	if err != nil {
+		return err
+	}
+	// Empty when berthd died before making it. The kubelet names a pod's
+	// cgroup after its uid, so every attempt of a pod has the same one: the
+	// last attempt removed takes it.
+	if pod.Cgroup != "" && !shared {
 		if err := m.opts.Cgroups.RemovePod(pod.Cgroup); err != nil {
 			return err
 		}
@@ -251,6 +280,20 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 		return err
 	}
 	return m.deletePodRecord(pod.ID)
+}
+
+// cgroupShared reports whether another pod has the same cgroup as pod.
+func (m *Manager) cgroupShared(pod *Pod) (bool, error) {
+	all, err := m.ListPods()
+	if err != nil {
+		return false, err
+	}
+	for _, p := range all {
+		if p.ID != pod.ID && p.Cgroup == pod.Cgroup {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // GetPod returns the pod whose ID is id or starts with id (CLI users type

@@ -12,8 +12,9 @@ import (
 
 // recover reconnects to the shims of the pods berthd had. A ready pod whose
 // shim is gone (killed, or the machine rebooted and wiped the state folder)
-// becomes NOTREADY and its namespace pins are released; its containers then
-// report EXITED from their exit records. Half-created pods and containers
+// becomes NOTREADY, what is left running of its containers is killed and
+// its namespace pins are released; its containers then report EXITED from
+// their exit records. Half-created pods and containers
 // are left to the kubelet's StopPodSandbox/RemovePodSandbox, which undo
 // whatever exists of them.
 func (m *Manager) recover() error {
@@ -45,6 +46,14 @@ func (m *Manager) recover() error {
 			continue
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
+		ctrs, err := m.listContainers(pod.ID)
+		if err != nil {
+			return err
+		}
+		// Its containers are reported EXITED: make it so.
+		if err := m.killLeftovers(pod, ctrs); err != nil {
+			return err
+		}
 		if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
 			return err
 		}

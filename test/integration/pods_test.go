@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,24 +10,67 @@ import (
 
 	"github.com/berth-runtime/berth/test/harness"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// podEnv is a daemon with the busybox test image pulled.
+// podEnv is a daemon with the busybox test image pulled. Its pods go under a
+// cgroup parent of their own (berth-itest/<state folder name>), so that tests
+// running at the same time (here or in another checkout) never see each
+// other's cgroups.
 type podEnv struct {
-	d     *harness.Daemon
-	image string // the pulled reference
-	logs  string // a pod log directory
+	d      *harness.Daemon
+	reg    *harness.Registry
+	image  string // the pulled reference
+	logs   string // a pod log directory
+	parent string // cgroup parent of this env's pods, below berth-itest
 }
 
 func startPodEnv(t *testing.T, cfg v1.Config) *podEnv {
 	t.Helper()
-	t.Cleanup(func() { removeCgroupParent("berth-itest") })
 	reg, d := start(t, "")
-	p := reg.Push(t, "berth/busybox:pods", harness.BusyboxImage(t, harness.ImageSpec{Config: cfg}))
-	mustPull(t, d, p.Name, p.ID)
-	return &podEnv{d: d, image: p.Name, logs: t.TempDir()}
+	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
+	// Registered after the daemon's own cleanups, so it runs before them.
+	t.Cleanup(func() { e.teardown(t) })
+	e.image = e.pushImage(t, "berth/busybox:pods", cfg)
+	return e
+}
+
+// pushImage pushes a busybox image with cfg as repoTag, pulls it and
+// returns its reference.
+func (e *podEnv) pushImage(t *testing.T, repoTag string, cfg v1.Config) string {
+	t.Helper()
+	p := e.reg.Push(t, repoTag, harness.BusyboxImage(t, harness.ImageSpec{Config: cfg}))
+	mustPull(t, e.d, p.Name, p.ID)
+	return p.Name
+}
+
+// teardown is best effort, for tests that failed half-way: it removes the
+// pods that are left, stops berthd, unmounts the private bind mount berthd
+// made of STATE/pods (so that the state folder can be deleted) and removes
+// this env's cgroup parent. Tests assert cleanliness themselves
+// (assertNoLeaks) before they end.
+func (e *podEnv) teardown(t *testing.T) {
+	if e.d.Running() {
+		c, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if list, err := e.d.Runtime.ListPodSandbox(c, &runtimeapi.ListPodSandboxRequest{}); err == nil {
+			for _, p := range list.Items {
+				if _, err := e.d.Runtime.RemovePodSandbox(c, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+					t.Logf("teardown: remove pod %s: %v", p.Id, err)
+				}
+			}
+		}
+		e.d.Stop()
+	}
+	for range 4 {
+		if unix.Unmount(filepath.Join(e.d.State, "pods"), unix.MNT_DETACH) != nil {
+			break
+		}
+	}
+	removeCgroupDirs(e.parent)
+	removeCgroupDirs("berth-itest") // only once no env uses it
 }
 
 func (e *podEnv) podConfig(name string) *runtimeapi.PodSandboxConfig {
@@ -37,7 +81,7 @@ func (e *podEnv) podConfig(name string) *runtimeapi.PodSandboxConfig {
 		Labels:       map[string]string{"app": name},
 		Annotations:  map[string]string{"note": "kept as given"},
 		Linux: &runtimeapi.LinuxPodSandboxConfig{
-			CgroupParent: "/berth-itest/pod-" + name,
+			CgroupParent: "/" + e.parent + "/pod-" + name,
 		},
 	}
 }
@@ -51,20 +95,30 @@ func (e *podEnv) runPod(t *testing.T, cfg *runtimeapi.PodSandboxConfig) string {
 	return resp.PodSandboxId
 }
 
+// ctrConfig is a container config running cmd in the env's image, logging
+// to NAME.log, labelled container=NAME.
+func (e *podEnv) ctrConfig(name string, cmd ...string) *runtimeapi.ContainerConfig {
+	return &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: name},
+		Image:    &runtimeapi.ImageSpec{Image: e.image},
+		Command:  cmd,
+		LogPath:  name + ".log",
+		Labels:   map[string]string{"container": name},
+	}
+}
+
 func (e *podEnv) createContainer(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, name string, cmd ...string) string {
 	t.Helper()
+	return e.create(t, pod, podCfg, e.ctrConfig(name, cmd...))
+}
+
+// create creates a container from a full config.
+func (e *podEnv) create(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
+	t.Helper()
 	resp, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
-		PodSandboxId: pod, SandboxConfig: podCfg,
-		Config: &runtimeapi.ContainerConfig{
-			Metadata: &runtimeapi.ContainerMetadata{Name: name},
-			Image:    &runtimeapi.ImageSpec{Image: e.image},
-			Command:  cmd,
-			LogPath:  name + ".log",
-			Labels:   map[string]string{"container": name},
-		},
-	})
+		PodSandboxId: pod, SandboxConfig: podCfg, Config: cfg})
 	if err != nil {
-		t.Fatalf("CreateContainer %s: %v", name, err)
+		t.Fatalf("CreateContainer %s: %v", cfg.GetMetadata().GetName(), err)
 	}
 	return resp.ContainerId
 }
@@ -94,10 +148,25 @@ func (e *podEnv) waitState(t *testing.T, id string, state runtimeapi.ContainerSt
 	}
 }
 
-// removePod removes the pod and asserts berth kept nothing of it.
+// removePod stops and removes the pod (twice each: both are idempotent) and
+// asserts that berth kept nothing of it or of its containers.
 func (e *podEnv) removePod(t *testing.T, pod string) {
 	t.Helper()
-	for range 2 { // idempotent
+	e.removePodCgroup(t, pod, true)
+}
+
+// removePodCgroup is removePod for a pod whose cgroup is also another live
+// pod's (ownCgroup false: an earlier attempt of the same kubelet pod), which
+// must then be kept.
+func (e *podEnv) removePodCgroup(t *testing.T, pod string, ownCgroup bool) {
+	t.Helper()
+	cgroup := e.podCgroup(t, pod)
+	list, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{
+		Filter: &runtimeapi.ContainerFilter{PodSandboxId: pod}})
+	if err != nil {
+		t.Fatalf("ListContainers: %v", err)
+	}
+	for range 2 {
 		if _, err := e.d.Runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
 			t.Fatalf("StopPodSandbox: %v", err)
 		}
@@ -108,33 +177,110 @@ func (e *podEnv) removePod(t *testing.T, pod string) {
 		}
 	}
 	assertPodGone(t, e.d, pod)
+	switch dirs := cgroupDirs(cgroup); {
+	case ownCgroup && len(dirs) != 0:
+		t.Errorf("cgroup of the removed pod left behind: %v", dirs)
+	case !ownCgroup && len(dirs) == 0:
+		t.Errorf("cgroup %s, which a live pod shares, was removed with the pod", cgroup)
+	}
+	for _, c := range list.Containers {
+		if _, err := os.Lstat(filepath.Join(e.d.Root, "containers", c.Id)); !os.IsNotExist(err) {
+			t.Errorf("writable layer of container %s left behind (%v)", c.Id, err)
+		}
+		if m := mountsMentioning(c.Id); len(m) != 0 {
+			t.Errorf("mounts of container %s left behind: %q", c.Id, m)
+		}
+	}
 }
 
-// assertPodGone checks that no mount, pin, folder, cgroup or live shim of the
-// pod remains.
+// podCgroup is the pod's cgroup as berth recorded it (verbose status).
+func (e *podEnv) podCgroup(t *testing.T, pod string) string {
+	t.Helper()
+	var info struct {
+		Pod struct {
+			Cgroup string `json:"cgroup"`
+		} `json:"pod"`
+	}
+	e.verbosePodInfo(t, pod, &info)
+	if info.Pod.Cgroup == "" || !strings.HasPrefix(info.Pod.Cgroup, "/") {
+		t.Fatalf("pod %s: verbose info names no cgroupfs cgroup (%q)", pod, info.Pod.Cgroup)
+	}
+	return info.Pod.Cgroup
+}
+
+// assertPodGone checks that no mount, pin, folder or live shim of the pod
+// remains.
 func assertPodGone(t *testing.T, d *harness.Daemon, pod string) {
 	t.Helper()
-	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, dir := range []string{d.Root, d.State} {
-		for _, line := range strings.Split(string(mounts), "\n") {
-			if strings.Contains(line, dir) && strings.Contains(line, pod) {
-				t.Errorf("mount of removed pod left: %s", line)
-			}
+	for _, m := range mountsMentioning(pod) {
+		if strings.HasPrefix(m, d.Root) || strings.HasPrefix(m, d.State) {
+			t.Errorf("mount of removed pod left: %s", m)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(d.State, "pods", pod)); !os.IsNotExist(err) {
 		t.Errorf("pod folder left behind: %v", err)
 	}
-	entries, _ := os.ReadDir(filepath.Join(d.Root, "containers"))
-	if len(entries) != 0 {
-		t.Errorf("container layers left behind: %v", entries)
-	}
-	if cgs, _ := filepath.Glob("/sys/fs/cgroup/*/berth-itest/*/"); len(cgs) != 0 {
-		t.Errorf("cgroups left behind: %v", cgs)
-	}
 	if pids := harness.LiveProcessesWithArg(t, filepath.Join(d.State, "pods", pod)); len(pids) != 0 {
 		t.Errorf("shim processes of the removed pod still alive: %v", pids)
 	}
+}
+
+// assertNoLeaks is the end of every pod test: berthd has no pod and no
+// container left, and nothing of them remains on the host: no mount under
+// its root or state folder (but the private bind mount of STATE/pods it
+// keeps while it runs), no pod folder or pin, no writable layer, no cgroup
+// under the env's parent, no live shim, nothing half-written in the store.
+func (e *podEnv) assertNoLeaks(t *testing.T) {
+	t.Helper()
+	pods, err := e.d.Runtime.ListPodSandbox(t.Context(), &runtimeapi.ListPodSandboxRequest{})
+	if err != nil || len(pods.Items) != 0 {
+		t.Errorf("pods left: %v, %v", pods.GetItems(), err)
+	}
+	ctrs, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{})
+	if err != nil || len(ctrs.Containers) != 0 {
+		t.Errorf("containers left: %v, %v", ctrs.GetContainers(), err)
+	}
+	podsRoot := filepath.Join(e.d.State, "pods")
+	for _, m := range mountPoints() {
+		if m != podsRoot && (strings.HasPrefix(m, e.d.Root+"/") || strings.HasPrefix(m, e.d.State+"/")) {
+			t.Errorf("mount left: %s", m)
+		}
+	}
+	for _, dir := range []string{podsRoot, filepath.Join(e.d.Root, "containers")} {
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Errorf("%s is not empty: %v", dir, entries)
+		}
+	}
+	if cgs := cgroupDirs(e.parent + "/*/"); len(cgs) != 0 {
+		t.Errorf("cgroups left behind: %v", cgs)
+	}
+	if pids := harness.LiveProcessesWithArg(t, podsRoot); len(pids) != 0 {
+		t.Errorf("shim processes still alive: %v", pids)
+	}
+	harness.AssertNoLeaks(t, e.d.Root)
+}
+
+// mountPoints lists the mount points of this mount namespace.
+func mountPoints() []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// mountsMentioning lists the mount points whose path contains s.
+func mountsMentioning(s string) []string {
+	var out []string
+	for _, m := range mountPoints() {
+		if strings.Contains(m, s) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func TestPodLifecycle(t *testing.T) {
@@ -215,13 +361,22 @@ func TestPodLifecycle(t *testing.T) {
 		assertCode(t, err, one(codes.NotFound), "")
 	}
 	e.removePod(t, pod)
+	e.assertNoLeaks(t)
 }
 
-// removeCgroupParent removes the parent cgroup the tests name as the
-// kubelet's cgroup_parent, in every hierarchy, once no pod uses it.
-func removeCgroupParent(name string) {
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + name)
-	for _, d := range dirs {
+// cgroupDirs lists the folders of cgroup rel (a glob pattern) that exist:
+// one per cgroup v1 hierarchy, or the one of the v2 tree.
+func cgroupDirs(rel string) []string {
+	rel = strings.TrimPrefix(rel, "/")
+	v1, _ := filepath.Glob("/sys/fs/cgroup/*/" + rel)
+	v2, _ := filepath.Glob("/sys/fs/cgroup/" + rel)
+	return append(v1, v2...)
+}
+
+// removeCgroupDirs removes the cgroup the tests name as (part of) the
+// kubelet's cgroup_parent, in every hierarchy, once it is empty.
+func removeCgroupDirs(name string) {
+	for _, d := range cgroupDirs(name) {
 		os.Remove(d)
 	}
 }

@@ -338,7 +338,9 @@ func (s *Server) reopenLog(id string) error {
 	}
 	select {
 	case <-c.exited:
-		return nil // nothing more will be written
+		// Its log is closed for good: a reopen would rotate nothing, and
+		// the CRI caller must learn that the container is not running.
+		return fmt.Errorf("%w: %s has exited", shim.ErrNotRunning, id)
 	default:
 	}
 	return c.log.Reopen()

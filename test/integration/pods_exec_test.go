@@ -1,0 +1,123 @@
+package integration
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
+)
+
+// TestContainerExecSync checks ExecSync: exit code and both streams, the
+// container's environment and working dir, the timeout (the command and
+// what it started are killed, DeadlineExceeded comes back in time), the
+// 16 MiB output cap, and exec in a container that does not run.
+func TestContainerExecSync(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{Env: []string{harness.DefaultPath, "FROM_IMAGE=image"}, WorkingDir: "/tmp"})
+	cfg := e.podConfig("exec")
+	pod := e.runPod(t, cfg)
+	cc := e.ctrConfig("target", sleeper...)
+	cc.Envs = []*runtimeapi.KeyValue{{Key: "FROM_CRI", Value: []byte("cri")}}
+	ctr := e.runContainer(t, pod, cfg, cc)
+
+	t.Run("results", func(t *testing.T) {
+		for _, c := range []struct {
+			name string
+			cmd  []string
+			want execResult
+		}{
+			{"exit-0", []string{"/bin/true"}, execResult{code: 0}},
+			{"exit-1", []string{"/bin/false"}, execResult{code: 1}},
+			{"streams-and-code", []string{"/bin/sh", "-c", "echo out; echo err >&2; printf partial; exit 42"},
+				execResult{"out\npartial", "err\n", 42}},
+			{"killed-by-signal", []string{"/bin/sh", "-c", "kill -9 $$"}, execResult{code: 137}},
+			{"env-and-cwd", []string{"/bin/sh", "-c", "echo $FROM_IMAGE $FROM_CRI; pwd"}, execResult{stdout: "image cri\n/tmp\n"}},
+			{"binary-output", []string{"/bin/busybox", "head", "-c", "4", "/dev/zero"}, execResult{stdout: "\x00\x00\x00\x00"}},
+		} {
+			if got := e.exec(t, ctr, c.cmd...); got != c.want {
+				t.Errorf("%s: ExecSync = %+v, want %+v", c.name, got, c.want)
+			}
+		}
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		// The marker names every process of this exec: the shell, a
+		// background subshell and both sleeps (busybox sleep adds up its
+		// arguments, so a unique fraction of a second rides along).
+		marker := newMarker()
+		script := "(/bin/sleep 1000 " + marker + ") & /bin/sleep 1000 " + marker + "; : " + marker
+		// Halfway, the marker finds them (so that the check below means something).
+		alive := make(chan int, 1)
+		time.AfterFunc(500*time.Millisecond, func() { alive <- len(harness.LiveProcessesWithArg(t, marker)) })
+		begin := time.Now()
+		_, err := e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/sh", "-c", script}, Timeout: 1})
+		took := time.Since(begin)
+		if n := <-alive; n < 3 {
+			t.Errorf("%d processes carried the marker while the exec ran, want 3 or more", n)
+		}
+		assertCode(t, err, one(codes.DeadlineExceeded), "timed out")
+		if took < time.Second || took > 5*time.Second {
+			t.Errorf("ExecSync with a 1 s timeout returned after %s", took)
+		}
+		if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) == 0 }) {
+			t.Errorf("processes of the timed-out exec still alive: %v", harness.LiveProcessesWithArg(t, marker))
+		}
+		// The container itself is untouched.
+		if st := e.status(t, ctr); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("container is %s after the exec timed out", st.State)
+		}
+	})
+
+	t.Run("output-cap", func(t *testing.T) {
+		call := func(script string) (*runtimeapi.ExecSyncResponse, error) {
+			return e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/sh", "-c", script}, Timeout: 60},
+				grpc.MaxCallRecvMsgSize(64<<20))
+		}
+		// Within the cap: all of it comes back.
+		resp, err := call("/bin/busybox head -c 12582912 /dev/zero; /bin/busybox head -c 3000000 /dev/zero >&2")
+		if err != nil || len(resp.Stdout) != 12<<20 || len(resp.Stderr) != 3000000 {
+			t.Errorf("ExecSync of 12 MiB + 3 MB: %d + %d bytes, %v", len(resp.GetStdout()), len(resp.GetStderr()), err)
+		}
+		// Beyond it: a clear error, and the writer is not left running.
+		for name, script := range map[string]string{
+			"stdout":     "/bin/busybox head -c 17000000 /dev/zero; /bin/sleep 1000 %[1]s",
+			"both":       "/bin/busybox head -c 9000000 /dev/zero; /bin/busybox head -c 9000000 /dev/zero >&2; /bin/sleep 1000 %[1]s",
+			"never-ends": "/bin/busybox cat /dev/zero /never/reached/%[1]s",
+		} {
+			marker := newMarker()
+			script = fmt.Sprintf(script, marker)
+			_, err := call(script)
+			assertCode(t, err, one(codes.ResourceExhausted), "exceeds", "16777216")
+			if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) == 0 }) {
+				t.Errorf("%s: processes of the flooding exec still alive: %v", name, harness.LiveProcessesWithArg(t, marker))
+			}
+		}
+		if r := e.exec(t, ctr, "/bin/echo", "still fine"); r.stdout != "still fine\n" {
+			t.Errorf("exec after the floods: %+v", r)
+		}
+	})
+
+	t.Run("not-running", func(t *testing.T) {
+		created := e.create(t, pod, cfg, e.ctrConfig("created", sleeper...))
+		e.stop(t, ctr, 0)
+		for _, id := range []string{created, ctr} {
+			_, err := e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"/bin/true"}})
+			assertCode(t, err, one(codes.FailedPrecondition), "not running")
+		}
+		_, err := e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr})
+		assertCode(t, err, one(codes.InvalidArgument), "cmd")
+	})
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// newMarker is a unique argument that marks the processes of one exec: a
+// fraction of a second, so that busybox sleep takes it too.
+func newMarker() string { return fmt.Sprintf("0.%012d", rand.Int64N(1e12)) }
