@@ -53,7 +53,7 @@ func (r *RuntimeService) PodSandboxStatus(_ context.Context, req *runtimeapi.Pod
 		Metadata:    cfg.Metadata,
 		State:       pod.State,
 		CreatedAt:   pod.CreatedAt.UnixNano(),
-		Network:     &runtimeapi.PodSandboxNetworkStatus{Ip: pod.IP},
+		Network:     podNetworkStatus(pod),
 		Linux:       &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()}},
 		Labels:      cfg.Labels,
 		Annotations: cfg.Annotations,

@@ -111,7 +111,7 @@ func (e *testEnv) newPod(tb testing.TB) (string, string) {
 func (e *testEnv) attach(tb testing.TB, ports ...PortMapping) (id, pin string, a *Attachment) {
 	tb.Helper()
 	id, pin = e.newPod(tb)
-	a, err := e.Attach(context.Background(), id, pin, ports)
+	a, err := e.Attach(context.Background(), PodInfo{ID: id}, pin, ports)
 	if err != nil {
 		tb.Fatal(err)
 	}

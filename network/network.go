@@ -53,10 +53,11 @@ type PortMapping struct {
 
 // Attachment is a pod's place on the network.
 type Attachment struct {
-	IP       net.IP
-	Gateway  net.IP
-	HostVeth string
-	Ports    []PortMapping // the host port mappings in effect, normalized
+	IP            net.IP        // the pod's address: its first IPv4 one when it has any
+	AdditionalIPs []net.IP      // any other addresses (CNI results may have several, IPv6)
+	Gateway       net.IP        // nil when unknown
+	HostVeth      string        // empty when unknown (CNI)
+	Ports         []PortMapping // the host port mappings in effect, normalized
 }
 
 // Network is the built-in bridge network. Its methods are safe for
@@ -203,8 +204,9 @@ func (n *Network) ensureSetup() error {
 
 // Attach gives the pod whose network namespace is pinned at netnsPath an
 // address, an eth0 on the bridge and its host ports. On failure it undoes
-// everything it did.
-func (n *Network) Attach(ctx context.Context, podID, netnsPath string, ports []PortMapping) (_ *Attachment, err error) {
+// everything it did. Of pod, only the ID is used.
+func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, ports []PortMapping) (_ *Attachment, err error) {
+	podID := pod.ID
 	if err := checkPodID(podID); err != nil {
 		return nil, err
 	}
@@ -247,8 +249,10 @@ func (n *Network) Attach(ctx context.Context, podID, netnsPath string, ports []P
 }
 
 // Detach undoes Attach. It is idempotent and needs neither the namespace
-// nor the lease file: without them it still removes the host veth.
-func (n *Network) Detach(ctx context.Context, podID string) error {
+// (netnsPath is not used) nor the lease file: without them it still
+// removes the host veth.
+func (n *Network) Detach(ctx context.Context, pod PodInfo, netnsPath string) error {
+	podID := pod.ID
 	if err := checkPodID(podID); err != nil {
 		return err
 	}

@@ -260,7 +260,7 @@ func TestConcurrentAttach(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range ids {
 		wg.Go(func() {
-			a, err := e.Attach(bg, ids[i], pins[i], []PortMapping{{ContainerPort: 80, HostPort: int32(21000 + i)}})
+			a, err := e.Attach(bg, PodInfo{ID: ids[i]}, pins[i], []PortMapping{{ContainerPort: 80, HostPort: int32(21000 + i)}})
 			if err != nil {
 				errs <- err
 				return
@@ -282,7 +282,7 @@ func TestConcurrentAttach(t *testing.T) {
 	}
 	for i := range ids {
 		wg.Go(func() {
-			if err := e.Detach(bg, ids[i]); err != nil {
+			if err := e.Detach(bg, PodInfo{ID: ids[i]}, ""); err != nil {
 				t.Error(err)
 			}
 		})
@@ -305,7 +305,7 @@ func TestDuplicateHostPort(t *testing.T) {
 		{ContainerPort: 81, HostPort: hp, HostIP: "127.0.0.1"},
 	} {
 		id, pin := e.newPod(t)
-		_, err := e.Attach(bg, id, pin, []PortMapping{{Protocol: "udp", ContainerPort: 53, HostPort: hp}, pm})
+		_, err := e.Attach(bg, PodInfo{ID: id}, pin, []PortMapping{{Protocol: "udp", ContainerPort: 53, HostPort: hp}, pm})
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("tcp/%d", hp)) || !strings.Contains(err.Error(), idA) {
 			t.Fatalf("duplicate host port: err = %v", err)
 		}
@@ -318,7 +318,7 @@ func TestDuplicateHostPort(t *testing.T) {
 	}
 	// Twice the same host port in one pod, to different container ports.
 	id, pin := e.newPod(t)
-	if _, err := e.Attach(bg, id, pin, []PortMapping{{ContainerPort: 1, HostPort: 29999}, {ContainerPort: 2, HostPort: 29999}}); err == nil {
+	if _, err := e.Attach(bg, PodInfo{ID: id}, pin, []PortMapping{{ContainerPort: 1, HostPort: 29999}, {ContainerPort: 2, HostPort: 29999}}); err == nil {
 		t.Error("one pod mapping a host port twice: no error")
 	}
 	e.assertGone(t, id)
@@ -340,11 +340,11 @@ func TestDetach(t *testing.T) {
 	if n := e.elementsOf(t, id); n != 2 {
 		t.Fatalf("%d elements, want 2", n)
 	}
-	if err := e.Detach(bg, id); err != nil {
+	if err := e.Detach(bg, PodInfo{ID: id}, ""); err != nil {
 		t.Fatal(err)
 	}
 	e.assertGone(t, id)
-	if err := e.Detach(bg, id); err != nil {
+	if err := e.Detach(bg, PodInfo{ID: id}, ""); err != nil {
 		t.Errorf("second Detach: %v", err)
 	}
 	// The namespace is still there, without eth0.
@@ -372,7 +372,7 @@ func TestDetach(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := e.Detach(bg, id2); err != nil {
+	if err := e.Detach(bg, PodInfo{ID: id2}, ""); err != nil {
 		t.Fatal(err)
 	}
 	e.assertGone(t, id2)
@@ -441,7 +441,7 @@ func TestExhaustion(t *testing.T) {
 		ips = append(ips, a.IP.String())
 	}
 	id, pin := e.newPod(t)
-	_, err := e.Attach(bg, id, pin, nil)
+	_, err := e.Attach(bg, PodInfo{ID: id}, pin, nil)
 	if want := "no free address in " + e.cfg.Subnet; err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("6th pod in a /29: err = %v, want %q", err, want)
 	}
@@ -487,7 +487,7 @@ func TestAttachFailureLeaksNothing(t *testing.T) {
 		"default route": busy,
 	} {
 		id := "pod" + randHex(8)
-		_, err := e.Attach(bg, id, path, []PortMapping{{ContainerPort: 80, HostPort: hp}})
+		_, err := e.Attach(bg, PodInfo{ID: id}, path, []PortMapping{{ContainerPort: 80, HostPort: hp}})
 		if err == nil {
 			t.Errorf("%s: Attach succeeded", name)
 			continue
@@ -540,7 +540,7 @@ func TestSetupIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, pin := e.newPod(t)
-	if _, err := e.Attach(bg, id, pin, nil); err == nil {
+	if _, err := e.Attach(bg, PodInfo{ID: id}, pin, nil); err == nil {
 		t.Fatal("Attach without a bridge succeeded")
 	}
 	if ok, why := e.Ready(); ok || !strings.Contains(why, e.cfg.Bridge) {
@@ -617,11 +617,11 @@ func BenchmarkAttachDetach(b *testing.B) {
 	var took []time.Duration
 	for b.Loop() {
 		start := time.Now()
-		if _, err := e.Attach(bg, id, pin, ports); err != nil {
+		if _, err := e.Attach(bg, PodInfo{ID: id}, pin, ports); err != nil {
 			b.Fatal(err)
 		}
 		took = append(took, time.Since(start))
-		if err := e.Detach(bg, id); err != nil {
+		if err := e.Detach(bg, PodInfo{ID: id}, ""); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -24,7 +24,7 @@ type Options struct {
 	DB         *bolt.DB
 	Images     *image.Service
 	Cgroups    *cgroups.Manager
-	Network    *network.Network
+	Network    network.PodNetwork
 	ShimBinary string
 	Logger     *slog.Logger
 }

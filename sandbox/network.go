@@ -3,8 +3,10 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/berth-runtime/berth/network"
+	"github.com/berth-runtime/berth/sandbox/podns"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -18,11 +20,32 @@ func portMappings(in []*runtimeapi.PortMapping) []network.PortMapping {
 	return out
 }
 
+// podInfo is what the network is told about the pod.
+func podInfo(pod *Pod) network.PodInfo {
+	md := pod.Config.GetMetadata()
+	return network.PodInfo{ID: pod.ID, Name: md.GetName(), Namespace: md.GetNamespace(), UID: md.GetUid(),
+		Annotations: pod.Config.GetAnnotations()}
+}
+
+// hasPodNetwork reports whether the pod was given a network namespace, and
+// so may hold an attachment to release (also when it got no IP).
+func hasPodNetwork(pod *Pod) bool {
+	return pod.IP != "" || pod.Pins[string(podns.Net)] != ""
+}
+
+func ipStrings(ips []net.IP) []string {
+	var out []string
+	for _, ip := range ips {
+		out = append(out, ip.String())
+	}
+	return out
+}
+
 func podIPs(pod *Pod) []string {
 	if pod.IP == "" {
 		return nil
 	}
-	return []string{pod.IP}
+	return append([]string{pod.IP}, pod.AdditionalIPs...)
 }
 
 // networkError sorts a network failure into the kind the CRI caller can act

@@ -89,12 +89,14 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	t.step("namespaces")
 
 	if !hostNet {
-		att, err := m.opts.Network.Attach(ctx, pod.ID, pins[podns.Net], portMappings(cfg.PortMappings))
+		att, err := m.opts.Network.Attach(ctx, podInfo(pod), pins[podns.Net], portMappings(cfg.PortMappings))
 		if err != nil {
 			return nil, networkError(err)
 		}
-		u.add("detach pod network", func() error { return m.opts.Network.Detach(context.WithoutCancel(ctx), pod.ID) })
-		pod.IP = att.IP.String()
+		u.add("detach pod network", func() error {
+			return m.opts.Network.Detach(context.WithoutCancel(ctx), podInfo(pod), pins[podns.Net])
+		})
+		pod.IP, pod.AdditionalIPs = att.IP.String(), ipStrings(att.AdditionalIPs)
 		t.step("network")
 	}
 
@@ -202,8 +204,8 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 	if err := m.killLeftovers(pod, ctrs); err != nil {
 		return err
 	}
-	if pod.IP != "" {
-		if err := m.opts.Network.Detach(ctx, pod.ID); err != nil {
+	if hasPodNetwork(pod) {
+		if err := m.opts.Network.Detach(ctx, podInfo(pod), pod.Pins[string(podns.Net)]); err != nil {
 			return err
 		}
 	}

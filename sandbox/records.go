@@ -31,12 +31,14 @@ type Pod struct {
 	State     runtimeapi.PodSandboxState   `json:"state"`
 	CreatedAt time.Time                    `json:"createdAt"`
 	Cgroup    string                       `json:"cgroup"`
-	IP        string                       `json:"ip,omitempty"`   // on the built-in network; kept after stop for status
-	Pins      map[string]string            `json:"pins,omitempty"` // namespace kind → pin file
-	PausePID  int                          `json:"pausePID,omitempty"`
-	Files     map[string]string            `json:"files,omitempty"` // hosts, resolv, hostname, shm
-	Timeline  []Step                       `json:"timeline,omitempty"`
-	RawConfig json.RawMessage              `json:"config"`
+	IP        string                       `json:"ip,omitempty"` // from the pod network; kept after stop for status
+	// AdditionalIPs are the pod's other addresses (CNI), after IP.
+	AdditionalIPs []string          `json:"additionalIPs,omitempty"`
+	Pins          map[string]string `json:"pins,omitempty"` // namespace kind → pin file
+	PausePID      int               `json:"pausePID,omitempty"`
+	Files         map[string]string `json:"files,omitempty"` // hosts, resolv, hostname, shm
+	Timeline      []Step            `json:"timeline,omitempty"`
+	RawConfig     json.RawMessage   `json:"config"`
 }
 
 // Container is the durable record of a container; its live state comes

@@ -3,7 +3,7 @@
 # that running it again is quick and changes nothing.
 set -euo pipefail
 
-packages=(busybox-static)
+packages=(busybox-static containernetworking-plugins)
 
 missing=()
 for p in "${packages[@]}"; do

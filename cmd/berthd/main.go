@@ -21,6 +21,7 @@ import (
 	"github.com/berth-runtime/berth/cri"
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
+	"github.com/berth-runtime/berth/network/cni"
 	"github.com/berth-runtime/berth/sandbox"
 )
 
@@ -90,18 +91,9 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	netCfg := network.DefaultConfig()
-	netCfg.Bridge, netCfg.Subnet, netCfg.MTU, netCfg.Masquerade = cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.MTU, cfg.Network.Masquerade
-	netCfg.StateDir = filepath.Join(cfg.Root, "network")
-	netCfg.TableName = cfg.Network.Bridge // one network: one bridge, one nftables table
-	podNet, err := network.New(netCfg, log.With("component", "network"))
+	podNet, err := newPodNetwork(cfg, log.With("component", "network"))
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
-	}
-	// A failed setup is reported as NetworkReady=false; every pod attach
-	// tries it again.
-	if err := podNet.Setup(); err != nil {
-		log.Warn("pod network is not ready", "err", err)
 	}
 	pods, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
@@ -130,7 +122,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
 	log.Info("berthd serving", "socket", cfg.Socket, "version", cri.RuntimeVersion,
-		"root", cfg.Root, "state", cfg.State, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
+		"root", cfg.Root, "state", cfg.State, "network", cfg.Network.Mode, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
 
 	select {
 	case sig := <-sigs:
@@ -143,6 +135,38 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		srv.Shutdown(stopTimeout)
 		return fmt.Errorf("serve: %w", err)
 	}
+}
+
+// newPodNetwork builds the network of [network] mode: the built-in bridge,
+// set up now, or the CNI plugins. Either reports NetworkReady=false with
+// the reason until it can take pods, and tries again at every pod.
+func newPodNetwork(cfg *config.Config, log *slog.Logger) (network.PodNetwork, error) {
+	if cfg.Network.Mode == config.NetworkCNI {
+		cniDir := filepath.Join(cfg.Root, "network", "cni")
+		cacheDir := cfg.Network.CNICacheDir
+		if cacheDir == "" {
+			cacheDir = filepath.Join(cniDir, "cache")
+		}
+		n, err := cni.New(cni.Config{ConfDir: cfg.Network.CNIConfDir, BinDirs: cfg.Network.CNIBinDirs,
+			CacheDir: cacheDir, StateDir: filepath.Join(cniDir, "pods")}, log)
+		if err != nil {
+			return nil, err
+		}
+		n.Ready() // logs what it found
+		return n, nil
+	}
+	netCfg := network.DefaultConfig()
+	netCfg.Bridge, netCfg.Subnet, netCfg.MTU, netCfg.Masquerade = cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.MTU, cfg.Network.Masquerade
+	netCfg.StateDir = filepath.Join(cfg.Root, "network")
+	netCfg.TableName = cfg.Network.Bridge // one network: one bridge, one nftables table
+	n, err := network.New(netCfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Setup(); err != nil {
+		log.Warn("pod network is not ready", "err", err)
+	}
+	return n, nil
 }
 
 // findShim returns the configured shim, else the berth-shim installed beside

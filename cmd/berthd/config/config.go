@@ -35,13 +35,29 @@ type Config struct {
 	Registries map[string]registry.Host `toml:"registry"`
 }
 
-// Network holds the [network] table: the built-in bridge network.
+// Network holds the [network] table: which pod network (Mode), the
+// built-in bridge network's settings and the CNI folders.
 type Network struct {
+	// Mode is "bridge" (the built-in network) or "cni".
+	Mode       string `toml:"mode"`
 	Bridge     string `toml:"bridge"`
 	Subnet     string `toml:"subnet"`
 	MTU        int    `toml:"mtu"`
 	Masquerade bool   `toml:"masquerade"`
+	// CNIConfDir holds the CNI network configurations; the first in
+	// lexical order is used.
+	CNIConfDir string `toml:"cni_conf_dir"`
+	// CNIBinDirs are searched in order for plugin binaries.
+	CNIBinDirs []string `toml:"cni_bin_dirs"`
+	// CNICacheDir is libcni's cache of results; empty means ROOT/network/cni/cache.
+	CNICacheDir string `toml:"cni_cache_dir"`
 }
+
+// Network modes.
+const (
+	NetworkBridge = "bridge"
+	NetworkCNI    = "cni"
+)
 
 // Image holds the [image] table.
 type Image struct {
@@ -77,7 +93,8 @@ func Default() *Config {
 		LogFormat:    "text",
 		CgroupDriver: "cgroupfs",
 		Image:        Image{PullProgressTimeout: Duration{time.Minute}},
-		Network:      Network{Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true},
+		Network: Network{Mode: NetworkBridge, Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
+			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 	}
 }
 

@@ -62,8 +62,9 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
 		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs",
-		Image:   Image{PullProgressTimeout: Duration{time.Minute}},
-		Network: Network{Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true},
+		Image: Image{PullProgressTimeout: Duration{time.Minute}},
+		Network: Network{Mode: "bridge", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
+			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults = %+v, want %+v", c, want)
@@ -97,6 +98,12 @@ cgroup_driver = "systemd"
 [image]
 pull_progress_timeout = "90s"
 
+[network]
+mode = "cni"
+cni_conf_dir = "/etc/berth/cni"
+cni_bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
+cni_cache_dir = "/var/cache/berth-cni"
+
 [registry."docker.io"]
 mirrors = ["https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"]
 username = "u"
@@ -116,8 +123,9 @@ skip_verify = false
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
-		Image:   Image{PullProgressTimeout: Duration{90 * time.Second}},
-		Network: Network{Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true},
+		Image: Image{PullProgressTimeout: Duration{90 * time.Second}},
+		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
+			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
 		Registries: map[string]registry.Host{
 			"docker.io": {
 				Mirrors:  []string{"https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"},
@@ -152,6 +160,14 @@ func TestBadFiles(t *testing.T) {
 		{"tiny subnet", "[network]\nsubnet = \"10.0.0.0/30\"", []string{`network.subnet`, "too small"}},
 		{"bad mtu", "[network]\nmtu = 100", []string{`network.mtu = "100"`}},
 		{"bad bridge", "[network]\nbridge = \"a/b\"", []string{`network.bridge = "a/b"`}},
+		{"network mode", "[network]\nmode = \"calico\"", []string{`network.mode = "calico"`, "bridge, cni"}},
+		{"empty network mode", "[network]\nmode = \"\"", []string{`network.mode = ""`, "bridge, cni"}},
+		{"unknown network key", "[network]\ncni_dir = \"/x\"", []string{`unknown key "network.cni_dir"`}},
+		{"relative cni conf dir", "[network]\ncni_conf_dir = \"net.d\"", []string{`network.cni_conf_dir = "net.d"`, "absolute"}},
+		{"relative cni bin dir", "[network]\ncni_bin_dirs = [\"/opt/cni/bin\", \"bin\"]", []string{`network.cni_bin_dirs[1] = "bin"`, "absolute"}},
+		{"no cni bin dir", "[network]\ncni_bin_dirs = []", []string{`network.cni_bin_dirs`, "at least one"}},
+		{"cni bin dirs not a list", "[network]\ncni_bin_dirs = \"/opt/cni/bin\"", []string{"cni_bin_dirs"}},
+		{"relative cni cache dir", "[network]\ncni_cache_dir = \"cache\"", []string{`network.cni_cache_dir = "cache"`, "absolute"}},
 		{"log level", `log_level = "verbose"`, []string{`log_level = "verbose"`, "debug, info, warn, error"}},
 		{"log format", `log_format = "xml"`, []string{`log_format = "xml"`, "text, json"}},
 		{"cgroup driver", `cgroup_driver = "cgroupv2"`, []string{`cgroup_driver = "cgroupv2"`, "cgroupfs, systemd"}},

@@ -23,6 +23,7 @@ var (
 	logLevels     = []string{"debug", "info", "warn", "error"}
 	logFormats    = []string{"text", "json"}
 	cgroupDrivers = []string{"cgroupfs", "systemd"}
+	networkModes  = []string{NetworkBridge, NetworkCNI}
 )
 
 // validate checks every value, naming the offending key as written in the file.
@@ -160,6 +161,25 @@ func caFile(p string) error {
 }
 
 func (n Network) validate() error {
+	if err := oneOf(networkModes)(n.Mode); err != nil {
+		return badValue("network.mode", n.Mode, err)
+	}
+	if err := absPath(n.CNIConfDir); err != nil {
+		return badValue("network.cni_conf_dir", n.CNIConfDir, err)
+	}
+	if len(n.CNIBinDirs) == 0 {
+		return badValue("network.cni_bin_dirs", "[]", errors.New("must name at least one folder"))
+	}
+	for i, d := range n.CNIBinDirs {
+		if err := absPath(d); err != nil {
+			return badValue(fmt.Sprintf("network.cni_bin_dirs[%d]", i), d, err)
+		}
+	}
+	if n.CNICacheDir != "" {
+		if err := absPath(n.CNICacheDir); err != nil {
+			return badValue("network.cni_cache_dir", n.CNICacheDir, err)
+		}
+	}
 	if n.Bridge == "" || len(n.Bridge) > 15 || strings.ContainsAny(n.Bridge, "/ :") {
 		return badValue("network.bridge", n.Bridge, errors.New("must be an interface name of 1 to 15 characters"))
 	}
