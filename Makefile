@@ -6,7 +6,7 @@ LDFLAGS   := -X github.com/berth-runtime/berth/cri.RuntimeVersion=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 
-.PHONY: build deps test test-unit test-integration lint run bench install start clean
+.PHONY: build deps test test-host test-unit test-integration deps-vm test-vm lint run bench install start clean
 
 # The shim is linked statically: in pause mode it runs inside an empty rootfs.
 build:
@@ -17,8 +17,11 @@ build:
 deps:
 	test/deps.sh
 
-# test is the README's test command and what CI runs.
-test: deps lint test-unit test-integration
+# test is the README's test command and what CI runs: the host tiers, then
+# the same privileged suite in a VM on unified cgroup v2.
+test: test-host test-vm
+
+test-host: deps lint test-unit test-integration
 
 test-unit:
 	$(GO) test -count=1 ./...
@@ -52,6 +55,18 @@ start:
 	else nohup $(PREFIX)/bin/berthd >>/var/log/berthd.log 2>&1 & \
 	  for i in $$(seq 50); do [ -S /run/berth/berth.sock ] && break; sleep 0.1; done; \
 	  [ -S /run/berth/berth.sock ] && echo "berthd is serving on /run/berth/berth.sock (log: /var/log/berthd.log)"; fi
+
+# deps-vm installs what the VM tier needs (qemu-system-x86, busybox-static,
+# cpio, e2fsprogs), only when missing, and unpacks Debian's kernel (never
+# installed: the host's boot is left alone) into /var/cache/berth-vm.
+deps-vm:
+	test/vm/deps.sh
+
+# test-vm: the privileged tests (cgroups, sandbox/shim, test/integration) in
+# a qemu VM (TCG) on Debian's kernel with cgroup v2 unified; see test/vm/run.sh
+# for its knobs (BERTH_VM_RUN filters the integration suite).
+test-vm: deps-vm
+	GO=$(GO) test/vm/run.sh
 
 clean:
 	rm -rf $(BIN)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -176,6 +177,18 @@ func (m *Manager) createFS(rel string, r *cgroups.Resources, set bool) (err erro
 			return err
 		}
 	}
+	return setV1(mgr, r)
+}
+
+// v1SetMu serializes Set on v1 managers (cgroupfs and systemd's legacy one):
+// the fs package's controllers are shared package-level values that cache
+// what they detect (blkio's weight file) without a lock, so two pods
+// starting at once raced.
+var v1SetMu sync.Mutex
+
+func setV1(mgr cgroups.Manager, r *cgroups.Resources) error {
+	v1SetMu.Lock()
+	defer v1SetMu.Unlock()
 	return mgr.Set(r)
 }
 
@@ -263,6 +276,9 @@ func (m *Manager) createSystemd(slice string, r *cgroups.Resources) error {
 	}
 	if err := mgr.Apply(-1); err != nil { // -1: start the slice with no process in it
 		return err
+	}
+	if m.mode == V1 {
+		return setV1(mgr, r)
 	}
 	return mgr.Set(r)
 }

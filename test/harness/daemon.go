@@ -31,16 +31,32 @@ var binaries struct {
 	dir string
 }
 
+// BinDirEnv names a folder of prebuilt berthd, berthctl and berth-shim that
+// Main uses instead of building them: the VM tier (test/vm) runs the test
+// binaries where there is no Go toolchain.
+const BinDirEnv = "BERTH_BIN_DIR"
+
 // Main is the TestMain of packages that run berthd. When the environment
 // variable env is "1" (BERTH_INTEGRATION, BERTH_BENCH) and the process is root,
 // it builds ./cmd/berthd and ./cmd/berthctl once (with -race when BERTH_RACE=1)
 // into a temp folder before running the tests; a build failure ends the run.
+// With BERTH_BIN_DIR set it builds nothing and runs the binaries found there.
 func Main(m *testing.M, env string) {
 	os.Exit(runMain(m, env))
 }
 
 func runMain(m *testing.M, env string) int {
 	if os.Getenv(env) == "1" && os.Geteuid() == 0 {
+		if dir := os.Getenv(BinDirEnv); dir != "" {
+			for _, name := range []string{"berthd", "berthctl", "berth-shim"} {
+				if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+					fmt.Fprintf(os.Stderr, "harness: %s: %v\n", BinDirEnv, err)
+					return 1
+				}
+			}
+			binaries.dir = dir
+			return m.Run()
+		}
 		dir, err := buildBinaries()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "harness: %v\n", err)

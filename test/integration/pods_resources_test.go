@@ -10,6 +10,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/cgroups"
 )
 
 // cgroupV2 reports whether the host runs the unified hierarchy only.
@@ -63,7 +65,8 @@ func TestContainerResources(t *testing.T) {
 				{"cpuset", "cpuset.cpus", "0"}, {"cpuset", "cpuset.mems", "0"},
 			},
 			v2: []file{
-				{"", "cpu.weight", "20"}, {"", "cpu.max", "50000 100000"}, {"", "memory.max", "67108864"},
+				// runc's (and the kubelet's) conversion: 512 shares → 59.
+				{"", "cpu.weight", strconv.FormatUint(cgroups.SharesToWeight(512), 10)}, {"", "cpu.max", "50000 100000"}, {"", "memory.max", "67108864"},
 				{"", "cpuset.cpus", "0"}, {"", "cpuset.mems", "0"},
 			},
 			memory: "67108864",

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# The VM tier (`make test-vm`, DESIGN.md "Tests" 3): the privileged tests on a
+# unified cgroup v2 kernel. It builds static test binaries (`go test -c`) and
+# berthd, berthctl, berth-shim; puts them with busybox-static on an ext4 disk
+# image; boots Debian's linux-image-amd64 (prepared by test/vm/deps.sh) in
+# qemu (TCG: no KVM here) with a small initramfs (test/vm/boot.sh) that
+# switches to that disk, whose init (test/vm/init.sh) mounts cgroup2 with
+# every controller delegated, runs the tests and prints a result marker.
+#
+# The console streams to stdout and to $BERTH_VM_OUT/console.log. The exit
+# status is the tests' (0 or 1); anything else fails too: a kernel panic or
+# oops, a hang past the timeout, qemu dying, no result marker (status 2).
+#
+# Knobs (environment):
+#   BERTH_VM_RUN      -test.run regexp of the integration suite (default: all
+#                     of it); "cgroup" selects the cgroup-sensitive tests only
+#                     ($cgroup_tests below), should the suite get too slow
+#   BERTH_VM_SKIP     -test.skip regexp of the integration suite (default: the
+#                     load tests that TCG is too slow for, see $tcg_too_slow;
+#                     "" skips nothing)
+#   BERTH_VM_TESTS    which binaries run, of: cgroups shim integration
+#                     (default: all three)
+#   BERTH_VM_TIMEOUT  seconds from qemu's start to its exit (default 1200)
+#   BERTH_VM_MEM, BERTH_VM_SMP, BERTH_VM_CPU   qemu -m, -smp, -cpu (2048, 2, max)
+#   BERTH_VM_APPEND   more kernel command line (loglevel=7, debugging)
+#   BERTH_VM_CACHE    where deps.sh keeps the kernel (default /var/cache/berth-vm)
+#   BERTH_VM_OUT      build output and console log (default bin/vm)
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+src=$(pwd)
+GO=${GO:-go}
+cache=${BERTH_VM_CACHE:-/var/cache/berth-vm}
+out=${BERTH_VM_OUT:-$src/bin/vm}
+timeout=${BERTH_VM_TIMEOUT:-1200}
+mem=${BERTH_VM_MEM:-2048}
+smp=${BERTH_VM_SMP:-2}
+cpu=${BERTH_VM_CPU:-max}
+tests=${BERTH_VM_TESTS:-cgroups shim integration}
+# The integration tests whose outcome depends on cgroups: pods and
+# containers (lifecycle, resources, OOM, stats, cleanup, restart), the
+# runtime's reported cgroup driver.
+cgroup_tests='^Test(Pod|Container|UpdateContainerResources|RuntimeVersionStatusConfig|SystemdDriver)'
+integration_run=${BERTH_VM_RUN:-.}
+[[ $integration_run == cgroup ]] && integration_run=$cgroup_tests
+# Load tests whose deadlines assume real CPUs: 50 pods started at once need
+# more than the shim's 10 s ready timeout on 2 emulated CPUs. Nothing in
+# them depends on the cgroup version; the host tier runs them.
+tcg_too_slow='^TestConcurrentPodsGetDistinctIPs$'
+integration_skip=${BERTH_VM_SKIP-$tcg_too_slow}
+
+kdir="$cache/kernel/current"
+if [[ ! -f $kdir/vmlinuz ]]; then
+	echo "test-vm: no kernel in $kdir: run test/vm/deps.sh (make deps-vm)" >&2
+	exit 2
+fi
+release=$(cat "$kdir/release")
+
+t_start=$(date +%s.%N)
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
+
+# --- the test disk's root ---------------------------------------------------
+rm -rf "$out/root" "$out/initrd"
+root="$out/root"
+mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,run,tmp,var/tmp,var/lib,root,lib/modules,berth/bin,berth/tests}
+
+echo "test-vm: building binaries"
+# Static, as in the harness (daemon.go) but without -race: there is no
+# libc in the VM, and no Go toolchain either (BERTH_BIN_DIR, see harness.Main).
+CGO_ENABLED=0 $GO build -trimpath -o "$root/berth/bin/" ./cmd/berthd ./cmd/berthctl
+CGO_ENABLED=1 $GO build -trimpath -tags netgo,osusergo -ldflags '-extldflags -static' \
+	-o "$root/berth/bin/berth-shim" ./cmd/berth-shim
+
+plan="$root/berth/plan"
+echo "# written by test/vm/run.sh; sourced by /sbin/berth-vm-init" >"$plan"
+for t in $tests; do
+	case $t in
+	cgroups) pkg=./cgroups args=(-test.v -test.count=1 -test.timeout=5m) ;;
+	shim) pkg=./sandbox/shim args=(-test.v -test.count=1 -test.timeout=5m) ;;
+	integration)
+		pkg=./test/integration
+		args=(-test.v -test.count=1 -test.timeout=15m -test.run="$integration_run" -test.skip="$integration_skip")
+		if [[ -n $integration_skip ]]; then
+			echo "test-vm: integration tests skipped in the VM: $integration_skip (BERTH_VM_SKIP)"
+		fi
+		;;
+	*)
+		echo "test-vm: unknown test binary $t in BERTH_VM_TESTS (want cgroups, shim, integration)" >&2
+		exit 2
+		;;
+	esac
+	CGO_ENABLED=0 $GO test -c -trimpath -o "$root/berth/tests/$t.test" "$pkg"
+	printf 'run_test %q %q' "$t" "/berth/tests/$t.test" >>"$plan"
+	printf ' %q' "${args[@]}" >>"$plan"
+	echo >>"$plan"
+done
+echo "test-vm: built in $(elapsed "$t_start")s"
+
+# busybox-static as /bin/busybox (the test images are made from it) and
+# every applet.
+cp /bin/busybox "$root/bin/busybox"
+for a in $(/bin/busybox --list-full); do
+	[[ -e $root/$a || -L $root/$a ]] || ln -s /bin/busybox "$root/$a"
+done
+cat >"$root/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/bin/sh
+nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+EOF
+cat >"$root/etc/group" <<'EOF'
+root:x:0:
+tty:x:5:
+nogroup:x:65534:
+EOF
+printf '127.0.0.1\tlocalhost berth-vm\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
+echo "hosts: files dns" >"$root/etc/nsswitch.conf"
+: >"$root/etc/resolv.conf"
+echo berth-vm >"$root/etc/hostname"
+cp -a "$kdir/lib/modules/$release" "$root/lib/modules/"
+install -m 0755 test/vm/init.sh "$root/sbin/berth-vm-init"
+
+# Host programs the tests run, with the shared libraries they load: the
+# reference CNI plugins (test/deps.sh installs them) and iptables (nft), which
+# the CNI tests and the portmap plugin call, with its extensions.
+copy_host_file() { # PATH: the file at the same path, symlinks resolved, plus its libraries
+	local f=$1 real lib
+	real=$(readlink -f "$f")
+	[[ -e $root$real ]] || install -D "$real" "$root$real"
+	if [[ $f != "$real" && ! -e $root$f ]]; then
+		mkdir -p "$root$(dirname "$f")"
+		ln -s "$real" "$root$f"
+	fi
+	for lib in $(ldd "$real" 2>/dev/null | grep -o '/[^ ]*' || true); do
+		[[ -e $root$lib ]] || install -D "$(readlink -f "$lib")" "$root$lib"
+	done
+}
+host_files=(/usr/lib/cni/* /usr/lib/x86_64-linux-gnu/xtables/*.so
+	/usr/sbin/{iptables,iptables-save,iptables-restore,ip6tables,ip6tables-save,ip6tables-restore})
+for f in "${host_files[@]}"; do
+	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
+done
+
+# --- the initramfs: busybox, the modules, boot.sh as /init -------------------
+ird="$out/initrd"
+mkdir -p "$ird"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,newroot,lib/modules}
+cp /bin/busybox "$ird/bin/busybox"
+for a in $(/bin/busybox --list-full); do
+	[[ -e $ird/$a || -L $ird/$a ]] || ln -s /bin/busybox "$ird/$a"
+done
+cp -a "$kdir/lib/modules/$release" "$ird/lib/modules/"
+cp test/vm/modules "$ird/etc/berth-vm-modules"
+install -m 0755 test/vm/boot.sh "$ird/init"
+(cd "$ird" && find . -print0 | cpio --null -o -H newc -R 0:0 --quiet) >"$out/initrd.cpio"
+
+# --- the disk: the root plus room for the tests' images and containers -------
+size_mb=$(($(du -sm "$root" | cut -f1) + 3072))
+rm -f "$out/disk.img"
+truncate -s "${size_mb}M" "$out/disk.img"
+mkfs.ext4 -q -F -L berth-vm -d "$root" "$out/disk.img"
+echo "test-vm: disk ${size_mb} MiB, initramfs $(du -h "$out/initrd.cpio" | cut -f1), ready after $(elapsed "$t_start")s"
+
+# --- boot ---------------------------------------------------------------------
+nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+log="$out/console.log"
+: >"$log"
+echo "test-vm: booting $release (qemu -accel tcg -smp $smp -m $mem -cpu $cpu), timeout ${timeout}s; console in $log"
+t_boot=$(date +%s.%N)
+qemu-system-x86_64 -nographic -no-reboot -accel tcg -cpu "$cpu" -m "$mem" -smp "$smp" \
+	-kernel "$kdir/vmlinuz" -initrd "$out/initrd.cpio" \
+	-append "console=ttyS0 panic=-1 loglevel=4 berth.nonce=$nonce ${BERTH_VM_APPEND:-}" \
+	-drive "file=$out/disk.img,format=raw,if=virtio,cache=unsafe" \
+	-device virtio-rng-pci -nic none \
+	</dev/null >"$log" 2>&1 &
+qpid=$!
+# Streamed without the firmware's terminal resets and escape sequences.
+tail -n +1 -f --pid="$qpid" "$log" | sed -u -e 's/\x1bc//g' -e 's/\x1b\[[0-9;?]*[A-Za-z]//g' -e 's/\r$//' &
+tpid=$!
+cleanup() {
+	kill "$qpid" 2>/dev/null || true
+	kill "$tpid" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT TERM
+
+marker="^BERTH-VM-RESULT $nonce: "
+deadline=$((SECONDS + timeout))
+why= seen_at= ready=
+while kill -0 "$qpid" 2>/dev/null; do
+	if [[ -z $ready ]] && grep -aq '^berth-vm: ready at' "$log"; then
+		ready=$(elapsed "$t_boot")
+	fi
+	if [[ -z $seen_at ]] && grep -aq "$marker" "$log"; then
+		seen_at=$SECONDS
+	fi
+	if [[ -n $seen_at ]] && ((SECONDS - seen_at > 30)); then
+		why="qemu still running 30 s after the result: killed"
+		break
+	fi
+	if ((SECONDS >= deadline)); then
+		why="timeout: no result within ${timeout}s: killed qemu"
+		break
+	fi
+	sleep 1
+done
+if kill -0 "$qpid" 2>/dev/null; then
+	kill "$qpid"
+	for _ in 1 2 3 4 5; do kill -0 "$qpid" 2>/dev/null || break; sleep 1; done
+	kill -9 "$qpid" 2>/dev/null || true
+fi
+wait "$qpid" && qrc=0 || qrc=$?
+wait "$tpid" 2>/dev/null || true
+trap - EXIT INT TERM
+total=$(elapsed "$t_start")
+
+result=$(tr -d '\r' <"$log" | sed -n "s/$marker\([0-9]*\)\$/\1/p" | tail -n 1)
+echo
+echo "test-vm: ---------------------------------------------------------------"
+tr -d '\r' <"$log" | grep -a -E '^berth-vm: <<< |^ *--- FAIL' | sed 's/^/test-vm: /' || true
+echo "test-vm: boot to tests ${ready:-?}s, VM ran $(elapsed "$t_boot")s, total (build+boot+tests) ${total}s"
+if tr -d '\r' <"$log" | grep -a -q -E '^\[ *[0-9]+\.[0-9]+\] (Kernel panic|BUG: |Oops: )'; then
+	echo "test-vm: FAIL: the kernel panicked or oopsed (see $log)"
+	exit 2
+fi
+if [[ -n $why && -z $result ]]; then
+	echo "test-vm: FAIL: $why"
+	exit 2
+fi
+if [[ -z $result ]]; then
+	echo "test-vm: FAIL: no result marker (qemu exit status $qrc)"
+	exit 2
+fi
+if [[ $result == 0 ]]; then
+	echo "test-vm: PASS"
+	exit 0
+fi
+echo "test-vm: FAIL: the tests in the VM exited with status $result"
+exit 1
