@@ -38,15 +38,14 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	case cfg.GetImage().GetImage() == "":
 		return nil, wrapf(ErrInvalid, "config.image.image is required")
 	}
-	pod, err := m.GetPod(podID)
-	if err != nil {
+	pod, unlock, err := m.lockPod(podID)
+	if pod == nil {
+		if err == nil {
+			err = wrapf(ErrNotFound, "pod %q", podID)
+		}
 		return nil, err
 	}
-	unlock := m.pods.lock(pod.ID)
 	defer unlock()
-	if pod, err = m.GetPod(pod.ID); err != nil {
-		return nil, err
-	}
 	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return nil, wrapf(ErrFailedPrecondition, "pod %s is not ready", pod.ID)
 	}

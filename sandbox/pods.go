@@ -169,16 +169,34 @@ func (m *Manager) reservePod(pod *Pod) error {
 // namespaces; the record stays (NOTREADY) until RemovePod. Stopping an
 // unknown or stopped pod is not an error.
 func (m *Manager) StopPod(ctx context.Context, id string) error {
-	pod, err := m.GetPod(id)
-	if errors.Is(err, ErrNotFound) {
-		return nil
-	}
-	if err != nil {
+	pod, unlock, err := m.lockPod(id)
+	if pod == nil {
 		return err
 	}
-	unlock := m.pods.lock(pod.ID)
 	defer unlock()
 	return m.stopPodLocked(ctx, pod)
+}
+
+// lockPod finds a pod, locks it and reads it again under the lock (another
+// call may have changed or removed it meanwhile). A missing pod is nil with
+// no error: stop and remove are idempotent.
+func (m *Manager) lockPod(id string) (*Pod, func(), error) {
+	pod, err := m.GetPod(id)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			err = nil
+		}
+		return nil, nil, err
+	}
+	unlock := m.pods.lock(pod.ID)
+	if pod, err = m.GetPod(pod.ID); err != nil {
+		unlock()
+		if errors.Is(err, ErrNotFound) {
+			err = nil
+		}
+		return nil, nil, err
+	}
+	return pod, unlock, nil
 }
 
 func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
@@ -242,14 +260,10 @@ func (m *Manager) killLeftovers(pod *Pod, ctrs []*Container) error {
 // RemovePod stops the pod if needed and removes it with its containers,
 // cgroup, files and record. Removing an unknown pod is not an error.
 func (m *Manager) RemovePod(ctx context.Context, id string) error {
-	pod, err := m.GetPod(id)
-	if errors.Is(err, ErrNotFound) {
-		return nil
-	}
-	if err != nil {
+	pod, unlock, err := m.lockPod(id)
+	if pod == nil {
 		return err
 	}
-	unlock := m.pods.lock(pod.ID)
 	defer unlock()
 	if err := m.stopPodLocked(ctx, pod); err != nil {
 		return err

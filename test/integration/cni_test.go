@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -513,45 +512,13 @@ func TestCNIConcurrentPods(t *testing.T) {
 	c.writeConf(t, "10-test.conflist", c.conflist())
 	e := startCNIEnv(t, c)
 	const n = 50
-	ids := make([]string, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			resp, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{
-				Config: noPodPid(e.podConfig(fmt.Sprint("cni-many-", i)))})
-			if err != nil {
-				t.Errorf("RunPodSandbox %d: %v", i, err)
-				return
-			}
-			ids[i] = resp.PodSandboxId
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-	seen := map[string]bool{}
-	for _, id := range ids {
-		ip := e.podIP(t, id)
-		if ip == "" || seen[ip] {
-			t.Errorf("pod %s got IP %q (empty or taken)", id, ip)
-		}
-		seen[ip] = true
-	}
+	ids := e.runPodsAtOnce(t, n, func(i int) *runtimeapi.PodSandboxConfig {
+		return noPodPid(e.podConfig(fmt.Sprint("cni-many-", i)))
+	})
 	if l := c.leases(t); len(l) != n {
 		t.Errorf("%d leases for %d pods", len(l), n)
 	}
-	for _, id := range ids {
-		wg.Go(func() {
-			if _, err := e.d.Runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-				t.Errorf("StopPodSandbox: %v", err)
-			}
-			if _, err := e.d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-				t.Errorf("RemovePodSandbox: %v", err)
-			}
-		})
-	}
-	wg.Wait()
+	e.removePodsAtOnce(t, ids)
 	e.assertNoPodLeft(t, c)
 }
 

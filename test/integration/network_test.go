@@ -238,22 +238,21 @@ func TestPodNetwork(t *testing.T) {
 	}
 }
 
-func TestConcurrentPodsGetDistinctIPs(t *testing.T) {
-	e := startPodEnv(t, v1.Config{})
-	const n = 50
+// runPodsAtOnce runs n pods concurrently, config(i) each, and checks that
+// every one got an address of its own.
+func (e *podEnv) runPodsAtOnce(t *testing.T, n int, config func(i int) *runtimeapi.PodSandboxConfig) []string {
+	t.Helper()
 	ids := make([]string, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: e.podConfig(fmt.Sprint("many-", i))})
+		wg.Go(func() {
+			resp, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: config(i)})
 			if err != nil {
 				t.Errorf("RunPodSandbox %d: %v", i, err)
 				return
 			}
 			ids[i] = resp.PodSandboxId
-		}()
+		})
 	}
 	wg.Wait()
 	if t.Failed() {
@@ -267,19 +266,30 @@ func TestConcurrentPodsGetDistinctIPs(t *testing.T) {
 		}
 		seen[ip] = true
 	}
+	return ids
+}
+
+// removePodsAtOnce stops and removes pods concurrently.
+func (e *podEnv) removePodsAtOnce(t *testing.T, ids []string) {
+	t.Helper()
+	var wg sync.WaitGroup
 	for _, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if _, err := e.d.Runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 				t.Errorf("StopPodSandbox: %v", err)
 			}
 			if _, err := e.d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 				t.Errorf("RemovePodSandbox: %v", err)
 			}
-		}()
+		})
 	}
 	wg.Wait()
+}
+
+func TestConcurrentPodsGetDistinctIPs(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	ids := e.runPodsAtOnce(t, 50, func(i int) *runtimeapi.PodSandboxConfig { return e.podConfig(fmt.Sprint("many-", i)) })
+	e.removePodsAtOnce(t, ids)
 	for _, id := range ids {
 		assertPodGone(t, e.d, id)
 	}
