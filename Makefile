@@ -6,7 +6,7 @@ LDFLAGS   := -X github.com/berth-runtime/berth/cri.RuntimeVersion=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 
-.PHONY: build deps test test-host test-unit test-integration deps-vm test-vm lint run bench install start clean
+.PHONY: build deps test test-host test-unit test-integration deps-vm test-vm test-kubelet lint run bench install start clean
 
 # The shim is linked statically: in pause mode it runs inside an empty rootfs.
 build:
@@ -17,9 +17,9 @@ build:
 deps:
 	test/deps.sh
 
-# test is the README's test command and what CI runs: the host tiers, then
-# the same privileged suite in a VM on unified cgroup v2.
-test: test-host test-vm
+# test is the README's test command and what CI runs: the host tiers, the
+# same privileged suite in a VM on unified cgroup v2, then a stock kubelet.
+test: test-host test-vm test-kubelet
 
 test-host: deps lint test-unit test-integration
 
@@ -30,6 +30,19 @@ test-unit:
 # driven through the CRI client against a loopback registry.
 test-integration:
 	BERTH_INTEGRATION=1 BERTH_RACE=1 $(GO) test -race -count=1 -timeout 25m ./test/integration/...
+
+# The kubelet end-to-end tier (privileged): a stock kubelet in standalone mode
+# runs static pods on a berthd of its own (test/kubelet, a module of its own so
+# that k8s.io/kubernetes stays out of berth's go.mod). bin/kubelet is built
+# from that module, and rebuilt only when its go.mod or go.sum changes.
+test-kubelet: deps build $(BIN)/kubelet
+	cd test/kubelet && BERTH_KUBELET=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) KUBELET=$(CURDIR)/$(BIN)/kubelet \
+		$(GO) test -count=1 -timeout 20m -v .
+
+KUBELET_VERSION = $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 }' test/kubelet/go.mod)
+$(BIN)/kubelet: test/kubelet/go.mod test/kubelet/go.sum
+	cd test/kubelet && $(GO) build -trimpath -ldflags '-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION)' \
+		-o $(CURDIR)/$(BIN)/kubelet k8s.io/kubernetes/cmd/kubelet
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -49,6 +49,9 @@ func (m *Manager) ListContainers(ctx context.Context, podID string) ([]*Containe
 	out := make([]*ContainerStatus, 0, len(ctrs))
 	for _, c := range ctrs {
 		st, err := m.status(ctx, c)
+		if errors.Is(err, ErrNotFound) {
+			continue // removed since it was listed
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -135,6 +138,7 @@ func (m *Manager) status(ctx context.Context, c *Container) (*ContainerStatus, e
 // killed shim, reboot) the container is reported as exited with what its
 // exit record holds.
 func (m *Manager) containerState(ctx context.Context, c *Container) (shim.State, error) {
+	shimAnswered := false
 	client, err := m.podShim(c.PodID)
 	if err == nil {
 		st, err := client.State(ctx, c.ID)
@@ -145,7 +149,22 @@ func (m *Manager) containerState(ctx context.Context, c *Container) (shim.State,
 			m.forgetShim(c.PodID)
 		case !shim.IsNotFound(err): // not found: deleted from the shim at pod stop
 			return st, fmt.Errorf("container %s: %w", c.ID, err)
+		default:
+			shimAnswered = true
 		}
 	}
-	return shim.ReadRecordedState(m.bundleDir(c.PodID, c.ID))
+	st, err := shim.ReadRecordedState(m.bundleDir(c.PodID, c.ID))
+	if !shim.IsNotFound(err) {
+		return st, err
+	}
+	// Nothing recorded at all: the container was removed since the caller
+	// read its record, or it is still being created (its record comes
+	// first), or its folder went with the state folder in a reboot.
+	if _, err := m.GetContainer(c.ID); err != nil {
+		return shim.State{}, err // ErrNotFound when removed
+	}
+	if shimAnswered {
+		return shim.State{ID: c.ID, Status: shim.StatusCreated}, nil
+	}
+	return shim.State{ID: c.ID, Status: shim.StatusStopped, ExitCode: shim.UnknownExitCode}, nil
 }
