@@ -36,5 +36,10 @@ done
 mkdir -p /newroot
 # noinit_itable: no background zeroing of inode tables competing with the tests.
 mount -t ext4 -o noatime,noinit_itable /dev/vda /newroot || fail "cannot mount /dev/vda"
+# berth.init=systemd (BERTH_VM_INIT=systemd in run.sh): Debian's systemd is
+# PID 1 and runs the tests as berth-vm-tests.service.
+init=/sbin/berth-vm-init
+grep -q 'berth\.init=systemd' /proc/cmdline && init=/lib/systemd/systemd
+[ -e "/newroot$init" ] || [ -L "/newroot$init" ] || fail "no $init on the test disk"
 umount /proc /sys /dev
-exec switch_root /newroot /sbin/berth-vm-init
+exec switch_root /newroot "$init"

@@ -4,6 +4,11 @@
 # systemd: the cgroupfs driver), runs the test binaries that test/vm/run.sh
 # listed in /berth/plan, prints the result marker the host waits for and
 # powers off.
+#
+# With --systemd it is not PID 1 but the oneshot berth-vm-tests.service under
+# Debian's systemd (BERTH_VM_INIT=systemd): systemd has mounted the API
+# filesystems and cgroup2 and owns the cgroup tree, so only the tests, the
+# marker and the power-off are left to do.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp LANG=C
 
 # The only line the host takes a result from: a test that prints something
@@ -11,16 +16,33 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp LANG=C
 finish() {
 	sync
 	echo "BERTH-VM-RESULT $nonce: $1"
+	if [ -n "$under_systemd" ]; then
+		# -ff: reboot(2) at once, as poweroff -f under busybox init.
+		systemctl poweroff -ff
+	fi
 	poweroff -f
 	sleep 10
 	echo o >/proc/sysrq-trigger
 }
 
 nonce=
+under_systemd=
+[ "${1:-}" = --systemd ] && under_systemd=1
 step() {
 	"$@" || { echo "berth-vm: setup failed: $*"; finish 100; }
 }
 
+cg=/sys/fs/cgroup
+if [ -n "$under_systemd" ]; then
+	nonce=$(sed -n 's/.*berth\.nonce=\([0-9a-f]*\).*/\1/p' /proc/cmdline)
+	[ -d /run/systemd/system ] || { echo "berth-vm: --systemd but no /run/systemd/system"; finish 100; }
+	mkdir -p /dev/mqueue
+	grep -q ' /dev/mqueue ' /proc/mounts || step mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue
+	chmod 1777 /tmp /var/tmp
+	ln -sf /proc/self/mounts /etc/mtab
+	echo 1 >/proc/sys/kernel/panic_on_oops
+	echo "berth-vm: systemd $(systemctl --version | head -n 1), in $(cat /proc/self/cgroup); cgroup2 controllers: $(cat $cg/cgroup.controllers)"
+else
 step mount -t proc -o nosuid,nodev,noexec proc /proc
 step mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
 nonce=$(sed -n 's/.*berth\.nonce=\([0-9a-f]*\).*/\1/p' /proc/cmdline)
@@ -36,7 +58,6 @@ chmod 1777 /tmp /var/tmp
 # cgroup v2, unified, mounted as systemd mounts it, with every controller
 # the kernel offers delegated from the root. PID 1 and the tests live in a
 # leaf (init.scope), so that the root holds no process, as on a real node.
-cg=/sys/fs/cgroup
 step mount -t cgroup2 -o nosuid,nodev,noexec,relatime,nsdelegate,memory_recursiveprot cgroup2 $cg
 for c in $(cat $cg/cgroup.controllers); do
 	echo "+$c" >$cg/cgroup.subtree_control || echo "berth-vm: cannot enable the $c controller"
@@ -51,6 +72,7 @@ ulimit -n 1048576
 ln -sf /proc/self/mounts /etc/mtab
 # A kernel oops ends the run (panic=-1 on the command line: no marker, a failure).
 echo 1 >/proc/sys/kernel/panic_on_oops
+fi
 
 echo "berth-vm: ready at $(cut -d' ' -f1 /proc/uptime)s uptime; $(nproc) CPUs, $(free -m | awk '/Mem:/ {print $2}') MiB"
 
@@ -70,10 +92,17 @@ run_test() {
 }
 
 export BERTH_VM=1 BERTH_INTEGRATION=1 BERTH_BIN_DIR=/berth/bin
+[ -n "$under_systemd" ] && export BERTH_VM_SYSTEMD=1
 . /berth/plan
 # Whatever the tests did, they must leave no cgroup behind: on v2 this is
 # the whole tree, checked once, independently of the tests' own checks.
-left=$(find $cg -mindepth 1 -type d ! -path "$cg/init.scope" ! -path "$cg/init.scope/*")
+# Under systemd the tree is systemd's: what the tests make is kubepods* and
+# berth* (slices and scopes) and the cgroupfs parents.
+if [ -n "$under_systemd" ]; then
+	left=$(find $cg -mindepth 1 -type d \( -name 'kubepods*' -o -name 'berth*' \) ! -name 'berth-vm-tests.service')
+else
+	left=$(find $cg -mindepth 1 -type d ! -path "$cg/init.scope" ! -path "$cg/init.scope/*")
+fi
 if [ -n "$left" ]; then
 	echo "berth-vm: cgroups left behind after the tests:"
 	echo "$left" | sed 's/^/berth-vm:   /'

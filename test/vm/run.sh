@@ -25,6 +25,12 @@
 #   BERTH_VM_APPEND   more kernel command line (loglevel=7, debugging)
 #   BERTH_VM_CACHE    where deps.sh keeps the kernel (default /var/cache/berth-vm)
 #   BERTH_VM_OUT      build output and console log (default bin/vm)
+#   BERTH_VM_INIT     busybox (default): init.sh is PID 1 and sets cgroup2 up
+#                     itself (the cgroupfs driver); systemd: the disk also
+#                     holds Debian's systemd (the host's files, see deps.sh),
+#                     boot.sh switches to /lib/systemd/systemd and the unit
+#                     berth-vm-tests.service runs init.sh --systemd, which
+#                     runs the systemd cgroup driver's tests ($systemd_tests)
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -48,6 +54,21 @@ integration_run=${BERTH_VM_RUN:-.}
 # them depends on the cgroup version; the host tier runs them.
 tcg_too_slow='^TestConcurrentPodsGetDistinctIPs$'
 integration_skip=${BERTH_VM_SKIP-$tcg_too_slow}
+vm_init=${BERTH_VM_INIT:-busybox}
+# Under systemd: the tests of the systemd driver (cgroups/systemd_test.go,
+# test/integration/systemd_test.go); the rest ran under busybox init.
+systemd_tests='Systemd'
+case $vm_init in
+busybox) ;;
+systemd)
+	tests=${BERTH_VM_TESTS:-cgroups integration}
+	integration_run=${BERTH_VM_RUN:-$systemd_tests}
+	;;
+*)
+	echo "test-vm: BERTH_VM_INIT=$vm_init: want busybox or systemd" >&2
+	exit 2
+	;;
+esac
 
 kdir="$cache/kernel/current"
 if [[ ! -f $kdir/vmlinuz ]]; then
@@ -75,7 +96,10 @@ plan="$root/berth/plan"
 echo "# written by test/vm/run.sh; sourced by /sbin/berth-vm-init" >"$plan"
 for t in $tests; do
 	case $t in
-	cgroups) pkg=./cgroups args=(-test.v -test.count=1 -test.timeout=5m) ;;
+	cgroups)
+		pkg=./cgroups args=(-test.v -test.count=1 -test.timeout=5m)
+		[[ $vm_init == systemd ]] && args+=(-test.run="$systemd_tests")
+		;;
 	shim) pkg=./sandbox/shim args=(-test.v -test.count=1 -test.timeout=5m) ;;
 	integration)
 		pkg=./test/integration
@@ -139,6 +163,46 @@ for f in "${host_files[@]}"; do
 	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
 done
 
+# Debian's systemd (deps.sh installs it on the host, where it need not run):
+# the files of its packages, less documentation, and the libraries of its
+# programs. No dbus: as root, the systemd cgroup manager falls back to
+# systemd's private socket (/run/systemd/private) without a bus.
+if [[ $vm_init == systemd ]]; then
+	while IFS= read -r f; do
+		[[ -L $f || -f $f ]] || continue
+		case $f in /usr/share/doc/* | /usr/share/man/* | /usr/share/locale/* | /usr/share/zsh/* | /usr/share/bash-completion/*) continue ;; esac
+		if [[ -L $f ]]; then
+			[[ -e $root$f || -L $root$f ]] || { mkdir -p "$root$(dirname "$f")" && cp -P "$f" "$root$f"; }
+		elif [[ $(head -c4 "$f" | od -An -c | tr -d ' ') == 177ELF ]]; then
+			copy_host_file "$f"
+		else
+			[[ -e $root$f ]] || install -D -m "$(stat -c %a "$f")" "$f" "$root$f"
+		fi
+	done < <(dpkg -L systemd libsystemd-shared)
+	[[ -x $root/lib/systemd/systemd ]] || { echo "test-vm: no /lib/systemd/systemd in the image: run test/vm/deps.sh" >&2; exit 2; }
+	# The one unit the boot starts (systemd.unit= on the command line), with
+	# no default dependencies: nothing else starts, no getty, udev, journald
+	# or network. PID 1 mounts the API filesystems and brings lo up itself.
+	mkdir -p "$root/etc/systemd/system"
+	cat >"$root/etc/systemd/system/berth-vm-tests.service" <<'EOF'
+[Unit]
+Description=berth VM tier tests
+DefaultDependencies=no
+
+[Service]
+Type=oneshot
+ExecStart=/sbin/berth-vm-init --systemd
+StandardInput=null
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/console
+TimeoutStartSec=infinity
+LimitNOFILE=1048576
+EOF
+	: >"$root/etc/machine-id"
+	printf 'NAME="berth VM"\nID=debian\n' >"$root/etc/os-release"
+fi
+
 # --- the initramfs: busybox, the modules, boot.sh as /init -------------------
 ird="$out/initrd"
 mkdir -p "$ird"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,newroot,lib/modules}
@@ -159,14 +223,18 @@ mkfs.ext4 -q -F -L berth-vm -d "$root" "$out/disk.img"
 echo "test-vm: disk ${size_mb} MiB, initramfs $(du -h "$out/initrd.cpio" | cut -f1), ready after $(elapsed "$t_start")s"
 
 # --- boot ---------------------------------------------------------------------
+init_append=
+if [[ $vm_init == systemd ]]; then
+	init_append="berth.init=systemd systemd.unit=berth-vm-tests.service systemd.show_status=error systemd.log_level=notice systemd.firstboot=0"
+fi
 nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 log="$out/console.log"
 : >"$log"
-echo "test-vm: booting $release (qemu -accel tcg -smp $smp -m $mem -cpu $cpu), timeout ${timeout}s; console in $log"
+echo "test-vm: booting $release, init $vm_init (qemu -accel tcg -smp $smp -m $mem -cpu $cpu), timeout ${timeout}s; console in $log"
 t_boot=$(date +%s.%N)
 qemu-system-x86_64 -nographic -no-reboot -accel tcg -cpu "$cpu" -m "$mem" -smp "$smp" \
 	-kernel "$kdir/vmlinuz" -initrd "$out/initrd.cpio" \
-	-append "console=ttyS0 panic=-1 loglevel=4 berth.nonce=$nonce ${BERTH_VM_APPEND:-}" \
+	-append "console=ttyS0 panic=-1 loglevel=4 berth.nonce=$nonce $init_append ${BERTH_VM_APPEND:-}" \
 	-drive "file=$out/disk.img,format=raw,if=virtio,cache=unsafe" \
 	-device virtio-rng-pci -nic none \
 	</dev/null >"$log" 2>&1 &
