@@ -6,7 +6,7 @@ LDFLAGS   := -X github.com/berth-runtime/berth/cri.RuntimeVersion=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 
-.PHONY: build deps test test-host test-unit test-integration deps-vm test-vm test-vm-systemd lint run bench install start clean
+.PHONY: build deps test test-host test-unit test-integration deps-vm test-vm test-vm-systemd test-kubelet lint run bench install start clean
 
 # The shim is linked statically: in pause mode it runs inside an empty rootfs.
 build:
@@ -17,9 +17,10 @@ build:
 deps:
 	test/deps.sh
 
-# test is the README's test command and what CI runs: the host tiers, then
-# the same privileged suite in a VM on unified cgroup v2.
-test: test-host test-vm
+# test is the README's test command and what CI runs: the host tiers, the
+# same privileged suite in a VM on unified cgroup v2 (with busybox, then
+# systemd, as init), then a stock kubelet.
+test: test-host test-vm test-kubelet
 
 test-host: deps lint test-unit test-integration
 
@@ -35,7 +36,6 @@ test-integration:
 # runs static pods on a berthd of its own (test/kubelet, a module of its own so
 # that k8s.io/kubernetes stays out of berth's go.mod). bin/kubelet is built
 # from that module, and rebuilt only when its go.mod or go.sum changes.
-.PHONY: test-kubelet
 test-kubelet: deps build $(BIN)/kubelet
 	cd test/kubelet && BERTH_KUBELET=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) KUBELET=$(CURDIR)/$(BIN)/kubelet \
 		$(GO) test -count=1 -timeout 20m -v .
