@@ -121,21 +121,7 @@ func (c *cniNet) leases(t *testing.T) []string {
 // veths counts the links attached to the bridge (0 when it does not exist).
 func (c *cniNet) veths(t *testing.T) int {
 	t.Helper()
-	br, err := netlink.LinkByName(c.bridge)
-	if err != nil {
-		return 0
-	}
-	links, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, l := range links {
-		if l.Attrs().MasterIndex == br.Attrs().Index {
-			n++
-		}
-	}
-	return n
+	return linksOn(t, c.bridge)
 }
 
 // natRules is the nat table's rules that mention any of words (portmap

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -121,11 +122,25 @@ func (e *podEnv) network(t *testing.T) (bridge string, subnet *net.IPNet) {
 func (e *podEnv) bridgePorts(t *testing.T) int {
 	t.Helper()
 	name, _ := e.network(t)
-	br, err := netlink.LinkByName(name)
-	if err != nil {
+	if _, err := netlink.LinkByName(name); err != nil {
 		t.Fatal(err)
 	}
+	return linksOn(t, name)
+}
+
+// linksOn counts the links attached to bridge (0 when it does not exist).
+// Other tests add and remove links meanwhile: a dump they interrupted is
+// repeated.
+func linksOn(t *testing.T, bridge string) int {
+	t.Helper()
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return 0
+	}
 	links, err := netlink.LinkList()
+	for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 10; i++ {
+		links, err = netlink.LinkList()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
