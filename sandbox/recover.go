@@ -6,7 +6,6 @@ import (
 
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
-	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -46,20 +45,7 @@ func (m *Manager) recover() error {
 			continue
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
-		ctrs, err := m.listContainers(pod.ID)
-		if err != nil {
-			return err
-		}
-		// Its containers are reported EXITED: make it so.
-		if err := m.killLeftovers(pod, ctrs); err != nil {
-			return err
-		}
-		if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
-			return err
-		}
-		pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
-		pod.PausePID = 0
-		if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+		if err := m.shimLost(pod); err != nil {
 			return err
 		}
 	}

@@ -8,7 +8,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	bolt "go.etcd.io/bbolt"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // shimCallTimeout bounds calls that must not hang on a wedged shim.
@@ -28,6 +31,48 @@ func (m *Manager) setShim(podID string, c *shim.Client) {
 		old.Close()
 	}
 	m.shims[podID] = c
+	go m.watchShim(podID, c)
+}
+
+// watchShim waits for the shim to go away. When it goes while berthd still
+// counts on it (no stop or replacement meanwhile), the pod is made NOTREADY
+// at once, so that the kubelet recreates it, instead of at berthd's next
+// start.
+func (m *Manager) watchShim(podID string, c *shim.Client) {
+	<-c.Gone()
+	unlock := m.pods.lock(podID) // a stop in progress finishes first
+	defer unlock()
+	if m.shim(podID) != c {
+		return // berthd stopped or replaced it
+	}
+	m.forgetShim(podID)
+	pod, err := m.GetPod(podID)
+	if err != nil || pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return
+	}
+	m.log.Warn("pod shim exited: pod is not ready", "pod", podID)
+	if err := m.shimLost(pod); err != nil {
+		m.log.Error("clean up after a lost shim", "pod", podID, "err", err)
+	}
+}
+
+// shimLost makes a pod whose shim is gone NOTREADY: what still runs of its
+// containers and pause is killed (their exit records say EXITED: make it
+// so), and its namespace pins are released.
+func (m *Manager) shimLost(pod *Pod) error {
+	ctrs, err := m.listContainers(pod.ID)
+	if err != nil {
+		return err
+	}
+	if err := m.killLeftovers(pod, ctrs); err != nil {
+		return err
+	}
+	if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
+		return err
+	}
+	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	pod.PausePID = 0
+	return m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) })
 }
 
 // podShim returns a client of the pod's shim, dialing it when berthd has

@@ -29,6 +29,18 @@ func Dial(podDir string) (*Client, error) {
 // Close closes the connection; the shim keeps running.
 func (c *Client) Close() error { return c.rpc.Close() }
 
+// Gone is closed when the shim goes away: it quit, it died, or this client
+// was closed.
+func (c *Client) Gone() <-chan struct{} {
+	gone := make(chan struct{})
+	call := c.rpc.Go(ServiceName+".Park", &Empty{}, &Empty{}, make(chan *rpc.Call, 1))
+	go func() {
+		<-call.Done
+		close(gone)
+	}()
+	return gone
+}
+
 // PodDir is the pod folder this client was dialed for.
 func (c *Client) PodDir() string { return c.podDir }
 

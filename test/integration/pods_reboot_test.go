@@ -3,8 +3,10 @@ package integration
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
@@ -48,6 +50,38 @@ func TestPodsAfterReboot(t *testing.T) {
 	}
 	if st := e.status(t, ctr); st.ExitCode != 255 || st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
 		t.Errorf("container after the reboot: %s, exit %d; want EXITED with the unknown exit code 255", st.State, st.ExitCode)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// A shim that dies while berthd runs makes its pod NOTREADY at once (the
+// kubelet then recreates it), with nothing of the pod left running.
+func TestShimDeathMakesPodNotReady(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	cfg := e.podConfig("shim-death") // POD-scoped PID namespace: a pause runs too
+	pod := e.runPod(t, cfg)
+	ctr := e.createContainer(t, pod, cfg, "sleeper", "/bin/sleep", "1000")
+	e.start(t, ctr)
+	e.waitState(t, ctr, runtimeapi.ContainerState_CONTAINER_RUNNING)
+	ctrPID := e.ctrPID(t, ctr)
+
+	if err := syscall.Kill(e.shimPID(t, pod), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(5*time.Second, func() bool {
+		return e.podStatus(t, pod).State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	}) {
+		t.Fatal("the pod of a dead shim is still READY after 5 s")
+	}
+	if st := e.status(t, ctr); st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("container of a dead shim is %s, want EXITED", st.State)
+	}
+	if !eventually(5*time.Second, func() bool { return !alive(ctrPID) }) {
+		t.Errorf("container process %d still runs after its shim died", ctrPID)
+	}
+	if !strings.Contains(e.d.Logs(), "pod shim exited") {
+		t.Error("berthd did not log the lost shim")
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)

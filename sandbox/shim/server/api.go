@@ -56,6 +56,14 @@ func (a *API) ReopenLog(req *shim.IDRequest, _ *shim.Empty) error {
 	return a.s.reopenLog(req.ID)
 }
 
+// Park returns when the shim quits. A client keeps one parked so that it
+// learns at once when the shim goes away: on quit, or when a death breaks
+// the connection.
+func (a *API) Park(_ *shim.Empty, _ *shim.Empty) error {
+	<-a.s.quit
+	return nil
+}
+
 func (a *API) Shutdown(_ *shim.Empty, _ *shim.Empty) error {
 	return a.s.shutdown(50 * time.Millisecond)
 }
