@@ -91,6 +91,20 @@ func (h *helper) start(t *testing.T) {
 	}
 }
 
+// waitOOMKilled waits for the helper to exit and checks that the kernel
+// killed it (SIGKILL); detail says more on failure.
+func (h *helper) waitOOMKilled(t *testing.T, detail string) {
+	t.Helper()
+	select {
+	case <-h.exited:
+	case <-time.After(time.Minute):
+		t.Fatal("helper neither died nor finished")
+	}
+	if ws, _ := h.cmd.ProcessState.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Errorf("helper: %v %s, want killed by SIGKILL", h.err, detail)
+	}
+}
+
 // moveTo puts pid into the cgroup in every hierarchy, as runc does for a container.
 func moveTo(t *testing.T, m *Manager, cgroupPath string, pid int) {
 	t.Helper()
@@ -263,15 +277,7 @@ func TestOOMKill(t *testing.T) {
 	moveTo(t, m, ctr, h.cmd.Process.Pid)
 	h.start(t)
 	line, _ := h.out.ReadString('\n') // EOF when killed; a deadline error if it hangs
-	select {
-	case <-h.exited:
-	case <-time.After(time.Minute):
-		t.Fatal("helper neither died nor finished")
-	}
-	ws, _ := h.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Errorf("helper: %v (output %q), want killed by SIGKILL", h.err, line)
-	}
+	h.waitOOMKilled(t, fmt.Sprintf("(output %q)", line))
 	oom, err := m.OOMKilled(ctr)
 	if err != nil || !oom {
 		t.Errorf("OOMKilled after = %v, %v", oom, err)

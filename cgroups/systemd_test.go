@@ -7,9 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/systemd"
@@ -164,14 +162,7 @@ func TestSystemdPodSliceAndContainerScope(t *testing.T) {
 	oomDir := filepath.Join(podDir, "berth-oom.scope")
 	checkFiles(t, oomDir, map[string]string{"memory.max": strconv.Itoa(8 << 20)})
 	a.start(t)
-	select {
-	case <-a.exited:
-	case <-time.After(time.Minute):
-		t.Fatal("alloc helper neither died nor finished")
-	}
-	if ws, _ := a.cmd.ProcessState.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Errorf("alloc helper: %v, want killed by SIGKILL", a.err)
-	}
+	a.waitOOMKilled(t, "(alloc in the oom scope)")
 	// The scope may be gone already (its only process died): the slice keeps the count.
 	if oom, err := m.OOMKilled(pod); err != nil || !oom {
 		t.Errorf("OOMKilled(%s) = %v, %v", pod, oom, err)

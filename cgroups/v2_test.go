@@ -6,9 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -201,14 +199,7 @@ func TestV2OOMKillFromMemoryEvents(t *testing.T) {
 	h := startHelper(t, "alloc")
 	moveTo(t, m, ctr, h.cmd.Process.Pid)
 	h.start(t)
-	select {
-	case <-h.exited:
-	case <-time.After(time.Minute):
-		t.Fatal("helper neither died nor finished")
-	}
-	if ws, _ := h.cmd.ProcessState.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Errorf("helper: %v, want killed by SIGKILL", h.err)
-	}
+	h.waitOOMKilled(t, "")
 	for _, d := range []string{ctrDir, filepath.Join(defaultRoot, pod)} {
 		if n := eventCount(t, filepath.Join(d, "memory.events"), "oom_kill"); n < 1 {
 			t.Errorf("%s/memory.events oom_kill = %d, want ≥ 1", d, n)

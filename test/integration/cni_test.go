@@ -512,19 +512,7 @@ func TestCNISurvivesRestart(t *testing.T) {
 	c := newCNINet(t)
 	c.writeConf(t, "10-test.conflist", c.conflist())
 	e := startCNIEnv(t, c)
-	hostPort := freeHostPort(t)
-	pod, _, ip := e.runWebPod(t, "cni-restart", hostPort)
-	e.d.Kill()
-	e.d.Restart()
-	if got := e.podIP(t, pod); got != ip {
-		t.Errorf("pod IP after restart %q, want %q", got, ip)
-	}
-	want := "hello from cni-restart\n"
-	for _, url := range []string{fmt.Sprintf("http://%s:8080/", ip), fmt.Sprintf("http://127.0.0.1:%d/", hostPort)} {
-		if got := httpGet(t, url); got != want {
-			t.Errorf("after restart GET %s = %q", url, got)
-		}
-	}
+	pod, ip := e.webPodAcrossRestart(t, "cni-restart")
 	if l := c.leases(t); len(l) != 1 || l[0] != ip {
 		t.Errorf("leases after restart: %v", l)
 	}

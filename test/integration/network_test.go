@@ -316,21 +316,30 @@ func TestConcurrentPodsGetDistinctIPs(t *testing.T) {
 	}
 }
 
-func TestPodNetworkSurvivesRestart(t *testing.T) {
-	e := startPodEnv(t, v1.Config{})
+// webPodAcrossRestart runs a web pod published on a host port, SIGKILLs
+// and restarts berthd, and checks the pod keeps its IP and answers on it and
+// on the host port.
+func (e *podEnv) webPodAcrossRestart(t *testing.T, name string) (pod, ip string) {
+	t.Helper()
 	hostPort := freeHostPort(t)
-	pod, _, ip := e.runWebPod(t, "net-restart", hostPort)
+	pod, _, ip = e.runWebPod(t, name, hostPort)
 	e.d.Kill()
 	e.d.Restart()
 	if got := e.podIP(t, pod); got != ip {
 		t.Errorf("pod IP after restart %q, want %q", got, ip)
 	}
-	want := "hello from net-restart\n"
+	want := "hello from " + name + "\n"
 	for _, url := range []string{fmt.Sprintf("http://%s:8080/", ip), fmt.Sprintf("http://127.0.0.1:%d/", hostPort)} {
 		if got := httpGet(t, url); got != want {
 			t.Errorf("after restart GET %s = %q", url, got)
 		}
 	}
+	return pod, ip
+}
+
+func TestPodNetworkSurvivesRestart(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	pod, _ := e.webPodAcrossRestart(t, "net-restart")
 	if l := e.leases(t); len(l) != 1 {
 		t.Errorf("leases after restart: %v", l)
 	}
