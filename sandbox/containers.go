@@ -56,7 +56,11 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err != nil {
 		return nil, wrapf(ErrInvalid, "config.image.image: %v", err)
 	}
-	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image, CreatedAt: time.Now()}
+	if _, err := spec.StopSignal(img.Config.Config.StopSignal); err != nil {
+		return nil, wrapf(ErrInvalid, "image %s: StopSignal: %v", img.ID, err)
+	}
+	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
+		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now()}
 	if dir, p := pod.Config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && p != "" {
 		c.LogPath = filepath.Join(dir, p)
 	}
@@ -205,11 +209,9 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 		return err
 	}
 	if timeout > 0 {
-		sig := syscall.SIGTERM
-		if img, err := m.opts.Images.Get(c.ImageID); err == nil {
-			if s, err := spec.StopSignal(img.Config.Config.StopSignal); err == nil {
-				sig = s
-			}
+		sig, err := spec.StopSignal(c.StopSignal)
+		if err != nil {
+			sig = syscall.SIGTERM // checked at create; a record from before cannot be worse
 		}
 		if err := client.Kill(ctx, c.ID, sig, false); err != nil {
 			return err

@@ -52,7 +52,10 @@ type Container struct {
 	ImageRef  string                      `json:"imageRef"` // what the kubelet asked for
 	CreatedAt time.Time                   `json:"createdAt"`
 	LogPath   string                      `json:"logPath"`
-	Timeline  []Step                      `json:"timeline,omitempty"`
+	// StopSignal is the image's, kept here: the image may be removed
+	// while the container still runs.
+	StopSignal string `json:"stopSignal,omitempty"`
+	Timeline   []Step `json:"timeline,omitempty"`
 }
 
 func marshalRecord(v any, cfg proto.Message, raw *json.RawMessage) ([]byte, error) {

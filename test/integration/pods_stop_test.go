@@ -34,12 +34,17 @@ func TestContainerStop(t *testing.T) {
 		code     int32
 		reason   string
 		logged   string // what the container said, if anything
+		// removeImage removes the container's image before the stop: the
+		// stop signal must not depend on it.
+		removeImage bool
 	}{
 		{name: "ignores-term", script: `trap "" TERM; ` + loop, timeout: 2,
 			min: 2 * time.Second, max: 4 * time.Second, code: 137, reason: "Error", logged: "ready"},
 		{name: "handles-term", script: traps + loop, timeout: 10,
 			max: 3 * time.Second, code: 0, reason: "Completed", logged: "ready\ngot TERM"},
 		{name: "image-stop-signal", image: usr1, script: traps + loop, timeout: 10,
+			max: 3 * time.Second, code: 0, reason: "Completed", logged: "ready\ngot USR1"},
+		{name: "image-stop-signal-after-image-removal", image: usr1, removeImage: true, script: traps + loop, timeout: 10,
 			max: 3 * time.Second, code: 0, reason: "Completed", logged: "ready\ngot USR1"},
 		{name: "timeout-0-kills", script: traps + loop, timeout: 0,
 			max: 2 * time.Second, code: 137, reason: "Error", logged: "ready"},
@@ -55,6 +60,14 @@ func TestContainerStop(t *testing.T) {
 			path := e.status(t, ctr).LogPath
 			if !eventually(10*time.Second, func() bool { b, _ := os.ReadFile(path); return strings.Contains(string(b), " ready\n") }) {
 				t.Fatal("the container did not set its traps")
+			}
+			if c.removeImage {
+				if _, err := e.d.Images.RemoveImage(t.Context(), &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: c.image}}); err != nil {
+					t.Fatal(err)
+				}
+				if st, err := e.d.Images.ImageStatus(t.Context(), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: c.image}}); err != nil || st.Image != nil {
+					t.Fatalf("image still there after RemoveImage: %v %v", st.GetImage(), err)
+				}
 			}
 			begin := time.Now()
 			e.stop(t, ctr, c.timeout)
