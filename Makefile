@@ -9,11 +9,15 @@ PREFIX    ?= /usr/local
 .PHONY: build deps test test-host test-unit test-integration deps-vm test-vm test-vm-systemd test-kubelet lint run bench install start clean
 
 # The shim is linked statically: in pause mode it runs inside an empty rootfs.
-build:
+# The seccomp tag links libcontainer's seccomp support with Debian's static
+# libseccomp (libseccomp-dev, installed by deps); without it every container
+# asking for a seccomp profile would fail to start.
+build: deps
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berthd ./cmd/berthctl
-	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo -ldflags '$(LDFLAGS) -s -w -extldflags -static' -o $(BIN)/berth-shim ./cmd/berth-shim
+	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo,seccomp -ldflags '$(LDFLAGS) -s -w -extldflags -static' -o $(BIN)/berth-shim ./cmd/berth-shim
 
-# deps installs what the tests need (Debian packages), only when missing.
+# deps installs what building (libseccomp-dev, a C compiler) and the tests
+# need (Debian packages), only when missing.
 deps:
 	test/deps.sh
 

@@ -30,7 +30,8 @@ func (r *RuntimeService) StartContainer(ctx context.Context, req *runtimeapi.Sta
 	return &runtimeapi.StartContainerResponse{}, nil
 }
 
-// StopContainer returns within the timeout (seconds); 0 kills at once.
+// StopContainer returns within the timeout (seconds); 0 kills at once. It is
+// idempotent: an unknown container is OK.
 func (r *RuntimeService) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
 	if req.GetTimeout() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "timeout %d: must not be negative", req.Timeout)

@@ -189,9 +189,13 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 }
 
 // StopContainer signals the container's stop signal, then SIGKILL once
-// timeout has passed, and returns when it has exited.
+// timeout has passed, and returns when it has exited. It is idempotent, as
+// the CRI asks: an unknown container is OK.
 func (m *Manager) StopContainer(ctx context.Context, id string, timeout time.Duration) error {
 	c, unlock, err := m.lockContainer(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

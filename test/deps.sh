@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages berth's tests need, only those missing, so
-# that running it again is quick and changes nothing.
+# Installs the Debian packages berth's build and tests need, only those
+# missing, so that running it again is quick and changes nothing. The shim
+# links libseccomp statically (libseccomp-dev ships libseccomp.a), through cgo
+# (gcc, pkg-config).
 set -euo pipefail
 
-packages=(busybox-static containernetworking-plugins)
+packages=(gcc libc6-dev pkg-config libseccomp-dev busybox-static containernetworking-plugins)
 
 missing=()
 for p in "${packages[@]}"; do

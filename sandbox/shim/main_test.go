@@ -52,7 +52,8 @@ func setup(tmp string) error {
 		return makeRootfs(rootfs, shimBin)
 	}
 	shimBin = filepath.Join(tmp, "berth-shim")
-	args := []string{"build", "-o", shimBin}
+	// seccomp: libcontainer's seccomp support, as the Makefile builds the shim.
+	args := []string{"build", "-tags", "seccomp", "-o", shimBin}
 	if os.Getenv("BERTH_RACE") != "" {
 		args = append(args, "-race") // races are reported in shim.log, checked by cleanup
 	}

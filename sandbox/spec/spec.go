@@ -128,6 +128,9 @@ func Generate(in Input) (*specs.Spec, error) {
 		s.Linux.MaskedPaths = maskedPaths(sc)
 		s.Linux.ReadonlyPaths = readonlyPaths(sc)
 	}
+	if s.Linux.Seccomp, err = buildSeccomp(sc, s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

@@ -106,6 +106,11 @@ func ModuleRoot() (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
+// ShimBuildTags are the build tags of berth-shim: the Makefile's, and what
+// every test that builds its own shim uses (seccomp links libcontainer's
+// seccomp support with libseccomp).
+const ShimBuildTags = "netgo,osusergo,seccomp"
+
 func buildBinaries() (string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
@@ -121,9 +126,9 @@ func buildBinaries() (string, error) {
 	}
 	args = append(args, "./cmd/berthd", "./cmd/berthctl")
 	// The shim runs as the pods' pause process inside an empty rootfs, so it
-	// is linked statically, as the Makefile builds it (and without -race,
-	// which static cgo binaries do not support).
-	shimArgs := []string{"build", "-o", dir + "/", "-tags", "netgo,osusergo", "-ldflags", "-extldflags -static", "./cmd/berth-shim"}
+	// is linked statically, with libseccomp, as the Makefile builds it (and
+	// without -race, which static cgo binaries do not support).
+	shimArgs := []string{"build", "-o", dir + "/", "-tags", ShimBuildTags, "-ldflags", "-extldflags -static", "./cmd/berth-shim"}
 	for _, a := range [][]string{args, shimArgs} {
 		cmd := exec.Command(goTool(), a...)
 		cmd.Dir = root

@@ -360,6 +360,12 @@ func TestPodLifecycle(t *testing.T) {
 	} else {
 		assertCode(t, err, one(codes.NotFound), "")
 	}
+	// StopContainer is idempotent too, as StopPodSandbox: an unknown ID is OK.
+	for _, id := range []string{sleeper, "0123456789abcdef-unknown"} {
+		if _, err := e.d.Runtime.StopContainer(t.Context(), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+			t.Errorf("StopContainer of unknown %s: %v", id, err)
+		}
+	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }

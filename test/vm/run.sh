@@ -89,7 +89,7 @@ echo "test-vm: building binaries"
 # Static, as in the harness (daemon.go) but without -race: there is no
 # libc in the VM, and no Go toolchain either (BERTH_BIN_DIR, see harness.Main).
 CGO_ENABLED=0 $GO build -trimpath -o "$root/berth/bin/" ./cmd/berthd ./cmd/berthctl
-CGO_ENABLED=1 $GO build -trimpath -tags netgo,osusergo -ldflags '-extldflags -static' \
+CGO_ENABLED=1 $GO build -trimpath -tags netgo,osusergo,seccomp -ldflags '-extldflags -static' \
 	-o "$root/berth/bin/berth-shim" ./cmd/berth-shim
 
 plan="$root/berth/plan"
