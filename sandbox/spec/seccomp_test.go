@@ -86,7 +86,9 @@ func TestSeccompRuntimeDefaultCapabilities(t *testing.T) {
 	if len(clone) != 1 || len(clone[0].Args) != 0 {
 		t.Fatalf("clone rules %+v, want one without argument filter", clone)
 	}
-	if slices.ContainsFunc(p.Syscalls, func(r specs.LinuxSyscall) bool { return slices.Contains(r.Names, "clone3") && r.Action != specs.ActAllow }) {
+	if slices.ContainsFunc(p.Syscalls, func(r specs.LinuxSyscall) bool {
+		return slices.Contains(r.Names, "clone3") && r.Action != specs.ActAllow
+	}) {
 		t.Fatal("clone3 still answers ENOSYS with CAP_SYS_ADMIN")
 	}
 }
