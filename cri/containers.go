@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -95,11 +96,14 @@ func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.Co
 	return resp, nil
 }
 
+// containerUser is the identity the container's process has: uid, gid and
+// its supplementary groups, sorted (as the kernel keeps them).
 func containerUser(u specs.User) *runtimeapi.ContainerUser {
 	groups := make([]int64, len(u.AdditionalGids))
 	for i, g := range u.AdditionalGids {
 		groups[i] = int64(g)
 	}
+	slices.Sort(groups)
 	return &runtimeapi.ContainerUser{Linux: &runtimeapi.LinuxContainerUser{Uid: int64(u.UID), Gid: int64(u.GID), SupplementalGroups: groups}}
 }
 

@@ -77,13 +77,16 @@ func (r *RuntimeService) Version(context.Context, *runtimeapi.VersionRequest) (*
 	}, nil
 }
 
-// Status reports the runtime ready and whether the pod network is.
+// Status reports the runtime ready, whether the pod network is, and the
+// features of berth's one runtime handler ("") that the kernel allows.
 func (r *RuntimeService) Status(_ context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
 	resp := &runtimeapi.StatusResponse{
 		Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
 			{Type: runtimeapi.RuntimeReady, Status: true},
 			r.networkCondition(),
 		}},
+		RuntimeHandlers: []*runtimeapi.RuntimeHandler{r.runtimeHandler()},
+		Features:        &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true},
 	}
 	if req.GetVerbose() {
 		b, err := json.Marshal(r.verboseConfig())
@@ -93,6 +96,18 @@ func (r *RuntimeService) Status(_ context.Context, req *runtimeapi.StatusRequest
 		resp.Info = map[string]string{"config": string(b)}
 	}
 	return resp, nil
+}
+
+// runtimeHandler is the default handler with the features this kernel has
+// (none without a pod manager: unit tests).
+func (r *RuntimeService) runtimeHandler() *runtimeapi.RuntimeHandler {
+	var f sandbox.KernelFeatures
+	if r.pods != nil {
+		f = r.pods.Features()
+	}
+	return &runtimeapi.RuntimeHandler{Name: "", Features: &runtimeapi.RuntimeHandlerFeatures{
+		RecursiveReadOnlyMounts: f.RecursiveReadOnlyMounts,
+	}}
 }
 
 // RuntimeConfig tells the kubelet which cgroup driver to use, so the two agree.

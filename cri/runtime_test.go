@@ -58,6 +58,13 @@ func TestStatus(t *testing.T) {
 		t.Errorf("NetworkReady = %v, want false with reason NoNetwork", c)
 	}
 
+	if !resp.GetFeatures().GetSupplementalGroupsPolicy() {
+		t.Error("Status does not advertise supplemental_groups_policy")
+	}
+	if h := resp.GetRuntimeHandlers(); len(h) != 1 || h[0].Name != "" || h[0].GetFeatures() == nil {
+		t.Errorf("runtime handlers %v, want the default one with its features", h)
+	}
+
 	resp, err = rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)

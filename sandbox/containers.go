@@ -38,6 +38,9 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	case cfg.GetImage().GetImage() == "":
 		return nil, wrapf(ErrInvalid, "config.image.image is required")
 	}
+	if err := m.checkFeatures(cfg); err != nil {
+		return nil, err
+	}
 	pod, unlock, err := m.lockPod(podID)
 	if pod == nil {
 		if err == nil {

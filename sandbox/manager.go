@@ -43,6 +43,8 @@ type Manager struct {
 	shims map[string]*shim.Client // by pod ID
 
 	cpu cpuSamples
+
+	features KernelFeatures
 }
 
 // New opens the manager and reconnects to the shims of the pods it had.
@@ -50,7 +52,7 @@ func New(opts Options) (*Manager, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{}}
+	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{}, features: probeKernelFeatures()}
 	for _, d := range []string{m.podsDir(), filepath.Join(opts.Root, "containers")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, err

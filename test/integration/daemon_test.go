@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -65,6 +66,7 @@ func TestRuntimeVersionStatusConfig(t *testing.T) {
 				if verbose && len(st.Info) == 0 {
 					t.Error("verbose Status has no info")
 				}
+				assertFeatures(t, st)
 			}
 
 			rc, err := d.Runtime.RuntimeConfig(ctx(t), &runtimeapi.RuntimeConfigRequest{})
@@ -77,6 +79,39 @@ func TestRuntimeVersionStatusConfig(t *testing.T) {
 			harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
 		})
 	}
+}
+
+// assertFeatures checks what Status advertises against this kernel:
+// recursive read-only mounts need mount_setattr, new in Linux 5.12.
+func assertFeatures(t *testing.T, st *runtimeapi.StatusResponse) {
+	t.Helper()
+	if !st.GetFeatures().GetSupplementalGroupsPolicy() {
+		t.Error("Status does not advertise supplemental_groups_policy")
+	}
+	h := st.GetRuntimeHandlers()
+	if len(h) != 1 || h[0].GetName() != "" {
+		t.Fatalf("runtime handlers %v, want the default one", h)
+	}
+	if got, want := h[0].GetFeatures().GetRecursiveReadOnlyMounts(), kernelAtLeast(t, 5, 12); got != want {
+		t.Errorf("recursive_read_only_mounts = %v on Linux %s, want %v", got, kernelRelease(t), want)
+	}
+}
+
+func kernelRelease(t *testing.T) string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// kernelAtLeast tells whether the running kernel is major.minor or later.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	var maj, min int
+	if _, err := fmt.Sscanf(kernelRelease(t), "%d.%d", &maj, &min); err != nil {
+		t.Fatalf("kernel release %q: %v", kernelRelease(t), err)
+	}
+	return maj > major || maj == major && min >= minor
 }
 
 // The systemd driver needs a running systemd: without one berthd must

@@ -51,12 +51,18 @@ func TestContainerUsers(t *testing.T) {
 			uid: 33, gid: 1004, groups: []int64{1004}},
 		{name: "supplemental-groups", sc: &runtimeapi.LinuxContainerSecurityContext{RunAsUser: i64(1002), SupplementalGroups: []int64{3000, 2000, 1004}},
 			uid: 1002, gid: 1002, groups: []int64{1002, 1004, 3000, 2000}},
+		{name: "merge-policy", imageUser: "1002", sc: &runtimeapi.LinuxContainerSecurityContext{SupplementalGroups: []int64{3000},
+			SupplementalGroupsPolicy: runtimeapi.SupplementalGroupsPolicy_Merge}, uid: 1002, gid: 1002, groups: []int64{1002, 1004, 3000}},
+		{name: "strict-policy", imageUser: "1002", sc: &runtimeapi.LinuxContainerSecurityContext{SupplementalGroups: []int64{3000},
+			SupplementalGroupsPolicy: runtimeapi.SupplementalGroupsPolicy_Strict}, uid: 1002, gid: 1002, groups: []int64{1002, 3000}},
+		{name: "strict-policy-run-as-username", sc: &runtimeapi.LinuxContainerSecurityContext{RunAsUsername: "berth",
+			SupplementalGroupsPolicy: runtimeapi.SupplementalGroupsPolicy_Strict}, uid: 1002, gid: 1002, groups: []int64{1002}},
 		{name: "group-without-user", imageUser: "1002", sc: &runtimeapi.LinuxContainerSecurityContext{RunAsGroup: i64(1004)}, err: "run_as_group"},
 		{name: "unknown-username", sc: &runtimeapi.LinuxContainerSecurityContext{RunAsUsername: "nobody-here"}, err: "nobody-here"},
 		{name: "unknown-image-user", imageUser: "ghost", err: "ghost"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cc := e.ctrConfig(c.name, "/bin/sh", "-c", "id -u; id -g; grep ^Groups: /proc/self/status")
+			cc := e.ctrConfig(c.name, "/bin/sh", "-c", "id -u; id -g; grep ^Groups: /proc/self/status; id -G")
 			cc.Image.Image = images[c.imageUser]
 			cc.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: c.sc}
 			if c.err != "" {
@@ -73,18 +79,24 @@ func TestContainerUsers(t *testing.T) {
 			}
 			// The kernel keeps the groups sorted.
 			groups := slices.Sorted(slices.Values(c.groups))
-			want := strconv.FormatInt(c.uid, 10) + "\n" + strconv.FormatInt(c.gid, 10) + "\nGroups:\t" + joinIDs(groups) + " \n"
+			want := strconv.FormatInt(c.uid, 10) + "\n" + strconv.FormatInt(c.gid, 10) + "\nGroups:\t" + joinIDs(groups) + " \n" +
+				idG(c.gid, groups) + "\n"
 			if out != want {
 				t.Errorf("inside: uid, gid, groups =\n%q\nwant\n%q", out, want)
 			}
 			u := st.GetUser().GetLinux()
-			if u.GetUid() != c.uid || u.GetGid() != c.gid || !slices.Equal(slices.Sorted(slices.Values(u.GetSupplementalGroups())), groups) {
+			if u.GetUid() != c.uid || u.GetGid() != c.gid || !slices.Equal(u.GetSupplementalGroups(), groups) {
 				t.Errorf("ContainerStatus user = %v, want uid %d gid %d groups %v", u, c.uid, c.gid, c.groups)
 			}
 		})
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
+}
+
+// idG is what busybox's id -G prints: the gid, then the other groups.
+func idG(gid int64, groups []int64) string {
+	return joinIDs(append([]int64{gid}, slices.DeleteFunc(slices.Clone(groups), func(g int64) bool { return g == gid })...))
 }
 
 func joinIDs(ids []int64) string {
