@@ -143,6 +143,9 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
 		Resources:   res,
 	}
+	if m.apparmor.Enabled() {
+		in.AppArmor = m.apparmor
+	}
 	if pod.PausePID > 0 {
 		in.PIDNS = pidNamespace(pod.PausePID)
 	}

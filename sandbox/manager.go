@@ -13,6 +13,7 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
+	"github.com/berth-runtime/berth/sandbox/apparmor"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	bolt "go.etcd.io/bbolt"
 )
@@ -45,6 +46,7 @@ type Manager struct {
 	cpu cpuSamples
 
 	features KernelFeatures
+	apparmor *apparmor.Host
 }
 
 // New opens the manager and reconnects to the shims of the pods it had.
@@ -52,7 +54,8 @@ func New(opts Options) (*Manager, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{}, features: probeKernelFeatures()}
+	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{}, features: probeKernelFeatures(),
+		apparmor: apparmor.Setup(filepath.Join(opts.Root, "apparmor"), opts.Logger)}
 	for _, d := range []string{m.podsDir(), filepath.Join(opts.Root, "containers")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, err

@@ -56,6 +56,8 @@ type Input struct {
 
 	CgroupsPath string                // linux.cgroupsPath, given by the cgroups package
 	Resources   *specs.LinuxResources // from the cgroups package (may be nil)
+
+	AppArmor AppArmorHost // nil: the host has no AppArmor
 }
 
 // Generate builds the OCI runtime spec for one CRI container. Errors name the
@@ -81,6 +83,9 @@ func Generate(in Input) (*specs.Spec, error) {
 	}
 	process.User = user
 	process.NoNewPrivileges = sc.GetNoNewPrivs()
+	if process.ApparmorProfile, err = buildAppArmor(sc, in.AppArmor); err != nil {
+		return nil, err
+	}
 	if process.Capabilities, err = capabilities(sc); err != nil {
 		return nil, err
 	}
