@@ -52,7 +52,8 @@ func TestKubelet(t *testing.T) {
 	e.writeManifest("hostnet", strings.ReplaceAll(hostNetPod, "HOSTPORT", strconv.Itoa(hostPort)))
 	e.writeManifest("limits", limitsPod)
 	e.writeManifest("guaranteed", guaranteedPod)
-	all := []string{"web", "probes", "crash", "init", "hostnet", "limits", "guaranteed"}
+	e.writeManifest("seccomp", seccompPod)
+	all := []string{"web", "probes", "crash", "init", "hostnet", "limits", "guaranteed", "seccomp"}
 
 	// Numbered as in the issue; run in this order because scenario 5 needs
 	// every pod up, and scenario 4 takes them all down (so it is also how
@@ -68,6 +69,7 @@ func TestKubelet(t *testing.T) {
 	step("6-InitContainer", func(t *testing.T) { e.initContainer(t) })
 	step("6-HostNetwork", func(t *testing.T) { e.hostNetwork(t, hostPort) })
 	step("6-Resources", func(t *testing.T) { e.resources(t) })
+	step("6-Seccomp", func(t *testing.T) { e.seccomp(t) })
 	step("5-BerthdKilled", func(t *testing.T) { e.berthdKilled(t) })
 	step("4-ManifestRemoved", func(t *testing.T) { e.manifestRemoved(t, all) })
 	if body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthz)); err != nil || body != "ok" {
@@ -370,6 +372,19 @@ func (e *env) initContainer(t *testing.T) {
 		b, err := os.ReadFile(e.logFile(p, "main", 0))
 		return err == nil && strings.Contains(string(b), " stdout F prepared-by-init\n"), fmt.Sprintf("%q %v", b, err)
 	})
+}
+
+// seccomp checks the filter each container runs under, as its process
+// sees it: seccompProfile RuntimeDefault is berth's default profile (mode 2,
+// filter), no profile is none.
+func (e *env) seccomp(t *testing.T) {
+	p := e.waitPod(t, "seccomp", startTimeout, "Running", running)
+	for name, want := range map[string]string{"confined": "Seccomp:\t2\n", "plain": "Seccomp:\t0\n"} {
+		c := e.runningContainer(t, string(p.UID), name)
+		if got := e.exec(t, c.Id, "grep", "^Seccomp:", "/proc/self/status"); got != want {
+			t.Errorf("container %s: %q, want %q", name, got, want)
+		}
+	}
 }
 
 func (e *env) hostNetwork(t *testing.T, port int) {

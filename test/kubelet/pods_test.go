@@ -98,6 +98,27 @@ spec:
     emptyDir: {}
 `
 
+// seccompPod (scenario 6): one container under the runtime's default
+// seccomp profile, one with none (the kubelet's default without
+// seccompDefault).
+const seccompPod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: seccomp
+  namespace: e2e
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: confined
+    image: IMAGE
+    command: ["sleep", "3600"]
+    securityContext:
+      seccompProfile: {type: RuntimeDefault}
+  - name: plain
+    image: IMAGE
+    command: ["sleep", "3600"]
+`
+
 // hostNetPod (scenario 6): an httpd in the host's network namespace, on loopback.
 const hostNetPod = `apiVersion: v1
 kind: Pod
