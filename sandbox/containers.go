@@ -141,10 +141,7 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 		HostPID:   ns.Pid == runtimeapi.NamespaceMode_NODE,
 		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
 		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
-		Resources:   res,
-	}
-	if m.apparmor.Enabled() {
-		in.AppArmor = m.apparmor
+		Resources:   res, AppArmor: m.apparmor,
 	}
 	if pod.PausePID > 0 {
 		in.PIDNS = pidNamespace(pod.PausePID)

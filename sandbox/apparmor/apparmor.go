@@ -28,19 +28,29 @@ var (
 // Host is the host's AppArmor as berth found it at start.
 type Host struct {
 	enabled    bool
-	defaultErr error // why DefaultProfile is not loaded; nil when it is
+	why        string // why AppArmor is not usable, when it is not
+	defaultErr error  // why DefaultProfile is not loaded; nil when it is
 }
 
-// Setup looks whether AppArmor is enabled and, if it is, writes berth's
-// default profile into dir and loads it with apparmor_parser (replacing an
-// older version). A failed load is logged and kept: containers that ask for
-// the default profile are then refused with its cause, never run unconfined.
+// Setup looks whether AppArmor is usable: the kernel enforces it and
+// apparmor_parser is installed (without the parser, other runtimes too run
+// containers as on a host without AppArmor). If it is, Setup writes berth's
+// default profile into dir and loads it, replacing an older version. A failed
+// load is logged and kept: containers that ask for the default profile are
+// then refused with its cause, never run unconfined.
 func Setup(dir string, log *slog.Logger) *Host {
+	h := &Host{}
 	b, err := os.ReadFile(enabledParam)
-	h := &Host{enabled: err == nil && bytes.HasPrefix(b, []byte("Y"))}
-	if !h.enabled {
+	if err != nil || !bytes.HasPrefix(b, []byte("Y")) {
+		h.why = "AppArmor is not enabled: the kernel does not enforce it"
 		return h
 	}
+	if _, err := exec.LookPath(parser); err != nil {
+		h.why = "AppArmor is not enabled: the kernel enforces it but " + parser + " is not installed"
+		log.Info("AppArmor profiles are not applied", "why", h.why)
+		return h
+	}
+	h.enabled = true
 	if h.defaultErr = loadDefault(dir); h.defaultErr != nil {
 		log.Warn("AppArmor is enabled but berth's default profile could not be loaded; containers asking for it are refused",
 			"profile", DefaultProfile, "err", h.defaultErr)
@@ -64,8 +74,11 @@ func loadDefault(dir string) error {
 	return nil
 }
 
-// Enabled tells whether the kernel enforces AppArmor.
+// Enabled tells whether berth can confine containers with AppArmor.
 func (h *Host) Enabled() bool { return h != nil && h.enabled }
+
+// Why says why AppArmor is not usable ("" when it is).
+func (h *Host) Why() string { return h.why }
 
 // Default returns the name of berth's default profile, or why it cannot be
 // used.

@@ -35,11 +35,22 @@ func fakeKernel(t *testing.T, enabled string, fail bool) (dir string) {
 func TestSetupDisabled(t *testing.T) {
 	dir := fakeKernel(t, "N\n", false)
 	h := Setup(filepath.Join(dir, "state"), slog.Default())
-	if h.Enabled() {
-		t.Fatal("enabled with N in the module parameter")
+	if h.Enabled() || !strings.Contains(h.Why(), "does not enforce") {
+		t.Fatalf("enabled %v (%q) with N in the module parameter", h.Enabled(), h.Why())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "parser-args")); err == nil {
 		t.Fatal("apparmor_parser ran on a host without AppArmor")
+	}
+}
+
+// Without apparmor_parser a host is as one without AppArmor, as for other
+// runtimes.
+func TestSetupWithoutParser(t *testing.T) {
+	dir := fakeKernel(t, "Y\n", false)
+	parser = filepath.Join(dir, "no-such-parser")
+	h := Setup(filepath.Join(dir, "state"), slog.Default())
+	if h.Enabled() || !strings.Contains(h.Why(), "no-such-parser is not installed") {
+		t.Fatalf("enabled %v (%q) without apparmor_parser", h.Enabled(), h.Why())
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 // sandbox/apparmor package's Host). A nil one is a host without AppArmor.
 type AppArmorHost interface {
 	Enabled() bool
+	Why() string                      // why it is not enabled
 	Default() (string, error)         // berth's RuntimeDefault profile, or why it is not loaded
 	Loaded(name string) (bool, error) // whether the kernel has that profile
 }
@@ -33,7 +34,11 @@ func buildAppArmor(sc *runtimeapi.LinuxContainerSecurityContext, host AppArmorHo
 	enabled := host != nil && host.Enabled()
 	switch {
 	case kind == profileLocalhost && !enabled:
-		return "", fmt.Errorf("apparmor: localhost profile %q: AppArmor is not enabled on this host", name)
+		why := "AppArmor is not enabled on this host"
+		if host != nil {
+			why = host.Why()
+		}
+		return "", fmt.Errorf("apparmor: localhost profile %q: %s", name, why)
 	case kind == profileLocalhost:
 		loaded, err := host.Loaded(name)
 		if err != nil {

@@ -17,6 +17,7 @@ type fakeAppArmor struct {
 }
 
 func (f fakeAppArmor) Enabled() bool { return true }
+func (f fakeAppArmor) Why() string   { return "" }
 func (f fakeAppArmor) Default() (string, error) {
 	return "berth-default", f.defaultErr
 }

@@ -19,9 +19,10 @@ cache=${BERTH_VM_CACHE:-/var/cache/berth-vm}
 export DEBIAN_FRONTEND=noninteractive
 
 # containernetworking-plugins and iptables are copied into the VM for the CNI
-# tests, systemd (with libsystemd-shared) for BERTH_VM_INIT=systemd (see
-# run.sh): installed here, not run on the host.
-packages=(qemu-system-x86 busybox-static cpio e2fsprogs containernetworking-plugins iptables systemd libsystemd-shared)
+# tests, systemd (with libsystemd-shared) for BERTH_VM_INIT=systemd, apparmor
+# (apparmor_parser) for the AppArmor tests (see run.sh): installed here, not
+# run on the host.
+packages=(qemu-system-x86 busybox-static cpio e2fsprogs containernetworking-plugins iptables systemd libsystemd-shared apparmor)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

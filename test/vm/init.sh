@@ -45,6 +45,9 @@ if [ -n "$under_systemd" ]; then
 else
 step mount -t proc -o nosuid,nodev,noexec proc /proc
 step mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
+# AppArmor's interface (the kernel boots with apparmor=1): profiles load and
+# are listed there.
+step mount -t securityfs -o nosuid,nodev,noexec securityfs /sys/kernel/security
 nonce=$(sed -n 's/.*berth\.nonce=\([0-9a-f]*\).*/\1/p' /proc/cmdline)
 step mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev
 mkdir -p /dev/pts /dev/shm /dev/mqueue
@@ -74,7 +77,7 @@ ln -sf /proc/self/mounts /etc/mtab
 echo 1 >/proc/sys/kernel/panic_on_oops
 fi
 
-echo "berth-vm: ready at $(cut -d' ' -f1 /proc/uptime)s uptime; $(nproc) CPUs, $(free -m | awk '/Mem:/ {print $2}') MiB"
+echo "berth-vm: ready at $(cut -d' ' -f1 /proc/uptime)s uptime; $(nproc) CPUs, $(free -m | awk '/Mem:/ {print $2}') MiB; AppArmor enabled: $(cat /sys/module/apparmor/parameters/enabled 2>/dev/null || echo no)"
 
 # run_test NAME BINARY ARGS...: one test binary, from a fresh folder.
 status=0

@@ -144,7 +144,9 @@ install -m 0755 test/vm/init.sh "$root/sbin/berth-vm-init"
 
 # Host programs the tests run, with the shared libraries they load: the
 # reference CNI plugins (test/deps.sh installs them) and iptables (nft), which
-# the CNI tests and the portmap plugin call, with its extensions.
+# the CNI tests and the portmap plugin call, with its extensions; and
+# apparmor_parser, with which berthd loads its default AppArmor profile and
+# the AppArmor tests theirs (the kernel boots with AppArmor as its LSM).
 copy_host_file() { # PATH: the file at the same path, symlinks resolved, plus its libraries
 	local f=$1 real lib
 	real=$(readlink -f "$f")
@@ -158,7 +160,8 @@ copy_host_file() { # PATH: the file at the same path, symlinks resolved, plus it
 	done
 }
 host_files=(/usr/lib/cni/* /usr/lib/x86_64-linux-gnu/xtables/*.so
-	/usr/sbin/{iptables,iptables-save,iptables-restore,ip6tables,ip6tables-save,ip6tables-restore})
+	/usr/sbin/{iptables,iptables-save,iptables-restore,ip6tables,ip6tables-save,ip6tables-restore}
+	/usr/sbin/apparmor_parser)
 for f in "${host_files[@]}"; do
 	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
 done
@@ -234,7 +237,7 @@ echo "test-vm: booting $release, init $vm_init (qemu -accel tcg -smp $smp -m $me
 t_boot=$(date +%s.%N)
 qemu-system-x86_64 -nographic -no-reboot -accel tcg -cpu "$cpu" -m "$mem" -smp "$smp" \
 	-kernel "$kdir/vmlinuz" -initrd "$out/initrd.cpio" \
-	-append "console=ttyS0 panic=-1 loglevel=4 berth.nonce=$nonce $init_append ${BERTH_VM_APPEND:-}" \
+	-append "console=ttyS0 panic=-1 loglevel=4 apparmor=1 security=apparmor berth.nonce=$nonce $init_append ${BERTH_VM_APPEND:-}" \
 	-drive "file=$out/disk.img,format=raw,if=virtio,cache=unsafe" \
 	-device virtio-rng-pci -nic none \
 	</dev/null >"$log" 2>&1 &
