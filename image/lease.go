@@ -13,8 +13,7 @@ var leasesBucket = []byte("leases")
 // folders, bottom layer first. Garbage collection keeps leased layers even
 // after the image itself is removed, until Release.
 func (s *Service) Lease(owner string, img *Image) ([]string, error) {
-	s.gc.RLock()
-	defer s.gc.RUnlock()
+	defer s.hold(img.ChainIDs...)()
 	dirs := make([]string, 0, len(img.ChainIDs))
 	for _, c := range img.ChainIDs {
 		snap, ok, err := s.snaps.Get(c)
@@ -36,15 +35,16 @@ func (s *Service) Lease(owner string, img *Image) ([]string, error) {
 	return dirs, err
 }
 
-// Release drops owner's lease and collects what nothing uses any more.
-// Releasing an unknown owner is not an error.
+// Release drops owner's lease; what nothing uses any more is collected soon,
+// in the background. Releasing an unknown owner is not an error.
 func (s *Service) Release(owner string) error {
 	if err := s.opts.DB.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(leasesBucket).Delete([]byte(owner))
 	}); err != nil {
 		return err
 	}
-	return s.collectGarbage()
+	s.requestGC()
+	return nil
 }
 
 // leasedChainIDs lists every chain ID some owner holds.

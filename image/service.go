@@ -16,7 +16,6 @@ import (
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/snapshot"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/singleflight"
 )
@@ -44,10 +43,18 @@ type Service struct {
 	inflightMu sync.Mutex
 	inflight   map[string]*layerFlight // unpacks in progress, by chain ID
 
-	// gc is held shared by pulls and imports from their first snapshot to
-	// their image record, and exclusively by garbage collection, so that a
-	// collection never removes a layer a pull is about to reference.
-	gc sync.RWMutex
+	// Holds (gc.go) keep what pulls, imports and Lease are about to
+	// reference from collection; removing is what a collection is deleting.
+	holdMu   sync.Mutex
+	holdCond *sync.Cond
+	held     map[string]int
+	removing map[string]bool
+
+	gcMu      sync.Mutex // one collection at a time
+	gcWake    chan struct{}
+	gcStop    chan struct{}
+	gcDone    chan struct{}
+	closeOnce sync.Once
 }
 
 // New opens the stores under opts.Root, dropping what a crash left unfinished
@@ -85,11 +92,18 @@ func New(opts Options) (*Service, error) {
 		opts: opts, log: opts.Logger, content: cs, snaps: snaps, resolver: resolver,
 		platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
 		inflight: map[string]*layerFlight{},
+		held:     map[string]int{}, removing: map[string]bool{},
+		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
+	s.holdCond = sync.NewCond(&s.holdMu)
 	if err := s.dropBrokenImages(); err != nil {
 		return nil, err
 	}
-	return s, s.collectGarbage()
+	if err := s.collectGarbage(); err != nil {
+		return nil, err
+	}
+	go s.gcLoop()
+	return s, nil
 }
 
 // dropBrokenImages forgets images whose snapshots did not survive (a crash
@@ -141,7 +155,8 @@ func (s *Service) List() ([]*Image, error) {
 
 // Remove deletes what ref names: a tag of an image that has other names
 // only loses that tag; otherwise the whole image goes, and then every layer
-// and blob no image needs any more. A missing image is not an error.
+// and blob no image needs any more, soon, in the background. A missing
+// image is not an error.
 func (s *Service) Remove(ref string) error {
 	r, parseErr := reference.Parse(ref)
 	err := s.opts.DB.Update(func(tx *bolt.Tx) error {
@@ -158,55 +173,8 @@ func (s *Service) Remove(ref string) error {
 	if err != nil {
 		return err
 	}
-	return s.collectGarbage()
-}
-
-// collectGarbage removes snapshots and blobs that no image references.
-func (s *Service) collectGarbage() error {
-	s.gc.Lock()
-	defer s.gc.Unlock()
-	var all []*Image
-	var usedSnaps map[string]bool
-	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
-		if all, err = listImages(tx); err != nil {
-			return err
-		}
-		usedSnaps, err = leasedChainIDs(tx)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	usedBlobs := map[digest.Digest]bool{}
-	for _, img := range all {
-		for _, c := range img.ChainIDs {
-			usedSnaps[c] = true
-		}
-		usedBlobs[digest.Digest(img.ID)] = true
-		for _, m := range img.Manifests {
-			usedBlobs[digest.Digest(m)] = true
-		}
-	}
-	snaps, err := s.snaps.List()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, snap := range snaps {
-		if !usedSnaps[snap.ChainID] {
-			errs = append(errs, s.snaps.Remove(snap.ChainID))
-		}
-	}
-	blobs, err := s.content.List()
-	if err != nil {
-		return err
-	}
-	for _, d := range blobs {
-		if !usedBlobs[d] {
-			errs = append(errs, s.content.Delete(d))
-		}
-	}
-	return errors.Join(errs...)
+	s.requestGC()
+	return nil
 }
 
 // FsInfo reports the space the image filesystem uses.

@@ -33,7 +33,26 @@ func newTestService(t *testing.T) (*Service, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Close) // runs before db.Close
 	return s, root
+}
+
+// waitCollected waits for the background collector to leave n snapshots and
+// blobs blobs.
+func waitCollected(t *testing.T, s *Service, root string, n, blobs int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		entries, _ := os.ReadDir(filepath.Join(root, "snapshots"))
+		got, _ := s.content.List()
+		if len(entries) == n && len(got) == blobs {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s: snapshots %v, blobs %v; want %d and %d", entries, got, n, blobs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func pushRandom(t *testing.T, host, repo string, layers int64) string {
@@ -103,12 +122,7 @@ func TestPullStoreRemove(t *testing.T) {
 	if _, err := s.Get(id); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get after Remove: %v", err)
 	}
-	if entries, _ := os.ReadDir(filepath.Join(root, "snapshots")); len(entries) != 0 {
-		t.Errorf("snapshots left after Remove: %v", entries)
-	}
-	if blobs, _ := s.content.List(); len(blobs) != 0 {
-		t.Errorf("blobs left after Remove: %v", blobs)
-	}
+	waitCollected(t, s, root, 0, 0)
 }
 
 func TestPullErrors(t *testing.T) {
@@ -122,4 +136,26 @@ func TestPullErrors(t *testing.T) {
 	if _, err := s.Pull(context.Background(), "Bad Ref", nil); !errors.Is(err, ErrInvalidReference) {
 		t.Errorf("bad reference: %v", err)
 	}
+}
+
+func TestHeldSnapshotSurvivesCollection(t *testing.T) {
+	s, root := newTestService(t)
+	dir, err := s.snaps.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const chainID = "sha256:0000000000000000000000000000000000000000000000000000000000000001"
+	if _, err := s.snaps.Commit(chainID, dir, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	release := s.hold(chainID)
+	if err := s.collectGarbage(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := s.snaps.Get(chainID); !ok {
+		t.Fatal("a held snapshot was collected")
+	}
+	release()
+	s.requestGC()
+	waitCollected(t, s, root, 0, 0)
 }

@@ -33,21 +33,18 @@ type layerOpener func(v1.Layer) (io.ReadCloser, func() error, error)
 // go-containerregistry would compress every layer to compute one.)
 //
 // A failed store leaves nothing behind: layers it committed before the
-// failure are collected unless another image uses them.
+// failure are collected (in the background) unless another image uses them.
 func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
-	rec, err := s.storeLocked(ctx, img, n, keep, open, watch)
+	rec, err := s.storeHeld(ctx, img, n, keep, open, watch)
 	if err != nil {
-		if gcErr := s.collectGarbage(); gcErr != nil {
-			s.log.Error("collect layers of a failed pull", "err", gcErr)
-		}
+		s.requestGC()
 	}
 	return rec, err
 }
 
-func (s *Service) storeLocked(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
-	s.gc.RLock()
-	defer s.gc.RUnlock()
-
+// storeHeld holds the image's layers and blobs from the moment it knows them
+// until its image record references them.
+func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
 	cfgRaw, err := img.RawConfigFile()
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
@@ -72,6 +69,11 @@ func (s *Service) storeLocked(ctx context.Context, img v1.Image, n names, keep [
 		return nil, fmt.Errorf("image %s: %d layers but %d diff IDs in its config", id, len(layers), len(cfg.RootFS.DiffIDs))
 	}
 	chainIDs := chainIDs(cfg.RootFS.DiffIDs)
+	blobs := []string{id.String()}
+	for _, b := range keep {
+		blobs = append(blobs, digest.FromBytes(b).String())
+	}
+	defer s.hold(append(blobs, chainIDs...)...)()
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(parallelLayers)

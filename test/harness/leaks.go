@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
@@ -106,10 +107,21 @@ func Leaks(root string, opts ...LeakOption) []string {
 	return leaks
 }
 
-// AssertNoLeaks fails t for every leak Leaks finds in berthd's root.
+// collectWait bounds how long AssertNoLeaks gives berthd's background
+// collector (it runs a fraction of a second after a removal) to finish.
+const collectWait = 10 * time.Second
+
+// AssertNoLeaks fails t for every leak Leaks finds in berthd's root once
+// berthd's background collection had time to run.
 func AssertNoLeaks(t testing.TB, root string, opts ...LeakOption) {
 	t.Helper()
-	for _, l := range Leaks(root, opts...) {
+	deadline := time.Now().Add(collectWait)
+	leaks := Leaks(root, opts...)
+	for len(leaks) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		leaks = Leaks(root, opts...)
+	}
+	for _, l := range leaks {
 		t.Errorf("leak: %s", l)
 	}
 }
