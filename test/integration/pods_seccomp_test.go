@@ -64,6 +64,11 @@ func TestSeccomp(t *testing.T) {
 		{"runtime-default", &runtimeapi.LinuxContainerSecurityContext{Seccomp: runtimeDefault()},
 			seccompStatus + "; unshare -U true 2>&1 || echo unshare refused",
 			"Seccomp:\t2\nunshare: unshare(0x10000000): Operation not permitted\nunshare refused\n"},
+		// runc loads the filter before it drops root: what it does after must pass.
+		{"runtime-default-non-root", &runtimeapi.LinuxContainerSecurityContext{Seccomp: runtimeDefault(),
+			RunAsUser: &runtimeapi.Int64Value{Value: 1002}}, "id -u; " + seccompStatus, "1002\nSeccomp:\t2\n"},
+		{"runtime-default-no-new-privs", &runtimeapi.LinuxContainerSecurityContext{Seccomp: runtimeDefault(), NoNewPrivs: true,
+			RunAsUser: &runtimeapi.Int64Value{Value: 1002}}, "id -u; " + seccompStatus, "1002\nSeccomp:\t2\n"},
 		{"deprecated-docker-default", &runtimeapi.LinuxContainerSecurityContext{SeccompProfilePath: "docker/default"},
 			seccompStatus, "Seccomp:\t2\n"},
 		{"unset", nil, seccompStatus + "; chmod 400 / && echo chmod ok", "Seccomp:\t0\nchmod ok\n"},
