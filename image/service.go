@@ -26,6 +26,8 @@ type Options struct {
 	DB              *bolt.DB                 // meta.db, shared with the rest of berthd
 	Registries      map[string]registry.Host // from [registry."HOST"]
 	ProgressTimeout time.Duration            // cancel a pull that moves no byte for this long
+	MaxLayerBytes   int64                    // bound of a layer's uncompressed size (0: unbounded)
+	MaxLayerEntries int64                    // bound of a layer's tar entries (0: unbounded)
 	Logger          *slog.Logger
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -161,14 +162,21 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 			s.snaps.Abort(dir)
 		}
 	}()
+	var stream io.Reader = rc
+	if s.opts.MaxLayerBytes > 0 {
+		stream = unpack.Bound(rc, s.opts.MaxLayerBytes)
+	}
 	h := sha256.New()
-	tee := io.TeeReader(rc, h)
-	stats, err := unpack.Unpack(ctx, tee, dir, unpack.Options{})
+	tee := io.TeeReader(stream, h)
+	stats, err := unpack.Unpack(ctx, tee, dir, unpack.Options{MaxBytes: s.opts.MaxLayerBytes, MaxEntries: s.opts.MaxLayerEntries})
 	if err == nil {
 		_, err = io.Copy(io.Discard, tee) // the tar's padding still counts for the diff ID
 	}
 	if err == nil {
 		err = check()
+	}
+	if errors.Is(err, unpack.ErrTooLarge) {
+		return fmt.Errorf("layer %s: %w (bounded by [image] max_layer_bytes and max_layer_entries in berthd's config)", diffID, err)
 	}
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", diffID, err)

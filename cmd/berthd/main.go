@@ -77,6 +77,8 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		DB:              db,
 		Registries:      cfg.Registries,
 		ProgressTimeout: cfg.Image.PullProgressTimeout.Duration,
+		MaxLayerBytes:   cfg.Image.MaxLayerBytes,
+		MaxLayerEntries: cfg.Image.MaxLayerEntries,
 		Logger:          log.With("component", "image"),
 	})
 	if err != nil {

@@ -91,6 +91,9 @@ func (u *unpacker) mknod(p string, mode uint32, dev int) error {
 // file writes a regular file. O_EXCL|O_NOFOLLOW: never write through
 // something an earlier entry left at p.
 func (u *unpacker) file(p string, hdr *tar.Header) error {
+	if max := u.opts.MaxBytes; max > 0 && (hdr.Size > max || u.stats.Bytes+hdr.Size > max) {
+		return fmt.Errorf("%w: files of more than %d bytes in all", ErrTooLarge, max)
+	}
 	var fd int
 	err := u.replacing(p, func() (err error) {
 		fd, err = unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -116,12 +119,13 @@ func (u *unpacker) file(p string, hdr *tar.Header) error {
 }
 
 // fill copies the content, then sets owner and mode. The copy goes through
-// our buffer: the LimitedReader and fdWriter hide ReaderFrom/WriterTo.
+// our buffer (the readers and fdWriter hide ReaderFrom/WriterTo) and checks
+// the context at every buffer.
 func (u *unpacker) fill(fd int, hdr *tar.Header) error {
 	if hdr.Size > 0 {
 		u.w.fd = fd
 		u.lr.R, u.lr.N = u.tr, hdr.Size
-		n, err := io.CopyBuffer(&u.w, &u.lr, u.buf)
+		n, err := io.CopyBuffer(&u.w, ctxReader{u.ctx, &u.lr}, u.buf)
 		// tar.Reader reports a cut stream as ErrUnexpectedEOF; n is checked
 		// too in case a reader ends quietly.
 		if errors.Is(err, io.ErrUnexpectedEOF) || (err == nil && n < hdr.Size) {

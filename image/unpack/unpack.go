@@ -20,7 +20,17 @@ type Options struct {
 	// AllowDevices permits character and block device nodes (other than
 	// whiteouts). Off by default: such entries make Unpack fail.
 	AllowDevices bool
+	// MaxBytes bounds the sum of the file sizes a layer declares (sparse
+	// files count their full size, holes included); 0 means no bound. The
+	// caller bounds the tar stream itself with Bound.
+	MaxBytes int64
+	// MaxEntries bounds the tar entries of a layer; 0 means no bound.
+	MaxEntries int64
 }
+
+// ErrTooLarge is returned (wrapped) when a layer exceeds Options.MaxBytes,
+// Options.MaxEntries or the bound of a Bound reader.
+var ErrTooLarge = errors.New("layer too large")
 
 // Stats describes what was written.
 type Stats struct {
@@ -48,6 +58,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return
 
 // unpacker is the state of one Unpack call.
 type unpacker struct {
+	ctx   context.Context
 	root  string
 	opts  Options
 	stats Stats
@@ -79,7 +90,8 @@ func Unpack(ctx context.Context, r io.Reader, dir string, opts Options) (Stats, 
 	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
-	u := &unpacker{root: root, opts: opts, tr: tar.NewReader(r), buf: *bp, dirs: make(map[string]string)}
+	u := &unpacker{ctx: ctx, root: root, opts: opts, tr: tar.NewReader(r), buf: *bp, dirs: make(map[string]string)}
+	var entries int64
 
 	for {
 		if err := ctx.Err(); err != nil {
@@ -98,6 +110,9 @@ func Unpack(ctx context.Context, r io.Reader, dir string, opts Options) (Stats, 
 				err = errTruncated
 			}
 			return u.stats, fmt.Errorf("unpack: reading tar: %w", err)
+		}
+		if entries++; opts.MaxEntries > 0 && entries > opts.MaxEntries {
+			return u.stats, fmt.Errorf("unpack: %w: more than %d entries", ErrTooLarge, opts.MaxEntries)
 		}
 		if err := u.entry(hdr); err != nil {
 			return u.stats, fmt.Errorf("unpack: entry %q: %w", hdr.Name, err)
@@ -275,6 +290,45 @@ func (u *unpacker) remove(p string) error {
 	}
 	u.times = kept
 	return err
+}
+
+// Bound returns a reader of r that fails with ErrTooLarge once more than max
+// bytes were read from it.
+func Bound(r io.Reader, max int64) io.Reader { return &boundedReader{r: r, left: max, max: max} }
+
+type boundedReader struct {
+	r         io.Reader
+	left, max int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more tells a stream of exactly max bytes from a longer one.
+		var one [1]byte
+		if n, _ := b.r.Read(one[:]); n > 0 {
+			return 0, fmt.Errorf("%w: more than %d bytes uncompressed", ErrTooLarge, b.max)
+		}
+		return b.r.Read(p[:0])
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+// ctxReader stops a long file copy as soon as its context ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // fdWriter writes to a raw file descriptor, so copying uses our buffer and

@@ -894,3 +894,44 @@ func names(es []fs.DirEntry) []string {
 	}
 	return ns
 }
+
+// TestPullRefusesLayerBombs pulls layers over berthd's configured bounds: a
+// gzip and a zstd bomb (a few KiB that unpack to 32 MiB) and a layer of more
+// entries than allowed. Each pull fails naming the bound, and leaves nothing.
+func TestPullRefusesLayerBombs(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	zeros := string(make([]byte, 32<<20))
+	var many []harness.File
+	for i := range 301 {
+		many = append(many, harness.Reg(fmt.Sprintf("f%d", i), "", 0o644))
+	}
+	cases := []struct {
+		name  string
+		comp  harness.Compression
+		files []harness.File
+		want  string
+	}{
+		{"gzip-bomb", harness.Gzip, []harness.File{harness.Reg("zeros", zeros, 0o644)}, "more than 4194304 bytes"},
+		{"zstd-bomb", harness.Zstd, []harness.File{harness.Reg("zeros", zeros, 0o644)}, "more than 4194304 bytes"},
+		{"too-many-entries", harness.Gzip, many, "more than 300 entries"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			reg, d := start(t, "[image]\nmax_layer_bytes = 4194304\nmax_layer_entries = 300\n")
+			img := harness.BusyboxImage(t, harness.ImageSpec{Compression: c.comp, Layers: [][]harness.File{c.files}})
+			p := reg.Push(t, "berth/bomb:1", img)
+			if size := harness.BlobSize(t, img, topLayer(t, img)); size > 1<<20 {
+				t.Fatalf("the hostile layer is %d bytes compressed; the test wants a small one", size)
+			}
+			_, err := pull(t, d, p.Name, nil)
+			if err == nil || !strings.Contains(err.Error(), "layer too large") || !strings.Contains(err.Error(), c.want) ||
+				!strings.Contains(err.Error(), "max_layer_bytes") {
+				t.Fatalf("pull = %v; want a layer too large error with %q, naming the config keys", err, c.want)
+			}
+			assertAbsent(t, d, p.Name, p.ID)
+			harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+		})
+	}
+}

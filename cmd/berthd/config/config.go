@@ -63,7 +63,19 @@ const (
 type Image struct {
 	// PullProgressTimeout cancels a pull that receives no bytes for this long.
 	PullProgressTimeout Duration `toml:"pull_progress_timeout"`
+	// MaxLayerBytes bounds a layer's uncompressed tar stream, and the file
+	// sizes it declares (sparse files in full): a decompression bomb stops there.
+	MaxLayerBytes int64 `toml:"max_layer_bytes"`
+	// MaxLayerEntries bounds the tar entries (files, dirs, links) of a layer.
+	MaxLayerEntries int64 `toml:"max_layer_entries"`
 }
+
+// Default layer bounds: above any real image's layer, far below what would
+// fill a node's disk or inode table by surprise.
+const (
+	DefaultMaxLayerBytes   = 32 << 30
+	DefaultMaxLayerEntries = 500_000
+)
 
 // Duration is a time.Duration written as a Go duration string ("90s", "2m") in
 // TOML. A bare integer is refused: it would silently mean nanoseconds.
@@ -92,7 +104,8 @@ func Default() *Config {
 		LogLevel:     "info",
 		LogFormat:    "text",
 		CgroupDriver: "cgroupfs",
-		Image:        Image{PullProgressTimeout: Duration{time.Minute}},
+		Image: Image{PullProgressTimeout: Duration{time.Minute},
+			MaxLayerBytes: DefaultMaxLayerBytes, MaxLayerEntries: DefaultMaxLayerEntries},
 		Network: Network{Mode: NetworkBridge, Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 	}

@@ -62,7 +62,7 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
 		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs",
-		Image: Image{PullProgressTimeout: Duration{time.Minute}},
+		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000},
 		Network: Network{Mode: "bridge", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 	}
@@ -97,6 +97,8 @@ cgroup_driver = "systemd"
 
 [image]
 pull_progress_timeout = "90s"
+max_layer_bytes = 1073741824
+max_layer_entries = 1000
 
 [network]
 mode = "cni"
@@ -123,7 +125,7 @@ skip_verify = false
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
-		Image: Image{PullProgressTimeout: Duration{90 * time.Second}},
+		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
 		Registries: map[string]registry.Host{
@@ -179,6 +181,9 @@ func TestBadFiles(t *testing.T) {
 		{"integer duration", "[image]\npull_progress_timeout = 60", []string{"pull_progress_timeout"}},
 		{"zero duration", "[image]\npull_progress_timeout = \"0s\"", []string{`image.pull_progress_timeout = "0s"`, "greater than 0"}},
 		{"negative duration", "[image]\npull_progress_timeout = \"-1m\"", []string{`image.pull_progress_timeout = "-1m0s"`}},
+		{"zero layer bytes", "[image]\nmax_layer_bytes = 0", []string{`image.max_layer_bytes = "0"`, "greater than 0"}},
+		{"negative layer entries", "[image]\nmax_layer_entries = -5", []string{`image.max_layer_entries = "-5"`, "greater than 0"}},
+		{"layer bytes as a string", "[image]\nmax_layer_bytes = \"1GiB\"", []string{"max_layer_bytes"}},
 		{"mirror scheme", "[registry.\"docker.io\"]\nmirrors = [\"ftp://m.example\"]",
 			[]string{`registry."docker.io".mirrors[0] = "ftp://m.example"`, "http or https"}},
 		{"mirror no host", "[registry.\"docker.io\"]\nmirrors = [\"https://\"]", []string{`mirrors[0] = "https://"`, "no host"}},

@@ -55,6 +55,12 @@ func (c *Config) validate() error {
 	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
 		return badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0"))
 	}
+	if n := c.Image.MaxLayerBytes; n <= 0 {
+		return badValue("image.max_layer_bytes", strconv.FormatInt(n, 10), errors.New("must be greater than 0"))
+	}
+	if n := c.Image.MaxLayerEntries; n <= 0 {
+		return badValue("image.max_layer_entries", strconv.FormatInt(n, 10), errors.New("must be greater than 0"))
+	}
 	// Sorted so that the same bad file always reports the same key first.
 	hosts := make([]string, 0, len(c.Registries))
 	for h := range c.Registries {
