@@ -147,16 +147,12 @@ func (s *Service) pickGarbage(candidates []string) ([]string, error) {
 			return err
 		}
 		used = leased
-		all, err := listImages(tx)
-		if err != nil {
-			return err
-		}
-		for _, img := range all {
+		return forEachImageKeys(tx, func(img *imageKeys) error {
 			for _, k := range img.references() {
 				used[k] = true
 			}
-		}
-		return nil
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -169,10 +165,4 @@ func (s *Service) pickGarbage(candidates []string) ([]string, error) {
 		}
 	}
 	return doomed, nil
-}
-
-// references are the snapshots and blobs an image needs.
-func (img *Image) references() []string {
-	refs := append([]string{img.ID}, img.ChainIDs...)
-	return append(refs, img.Manifests...)
 }

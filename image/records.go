@@ -2,6 +2,7 @@ package image
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -49,6 +50,36 @@ func listImages(tx *bolt.Tx) ([]*Image, error) {
 	return out, err
 }
 
+// imageKeys is the part of an image record that lookups and collection
+// read: decoding only this skips building the config, which may be large.
+type imageKeys struct {
+	ID          string   `json:"id"`
+	RepoTags    []string `json:"repoTags,omitempty"`
+	RepoDigests []string `json:"repoDigests,omitempty"`
+	ChainIDs    []string `json:"chainIDs"`
+	Manifests   []string `json:"manifests,omitempty"`
+}
+
+// references are the snapshots and blobs an image needs.
+func (k *imageKeys) references() []string {
+	refs := append([]string{k.ID}, k.ChainIDs...)
+	return append(refs, k.Manifests...)
+}
+
+// forEachImageKeys calls fn with the keys of every stored image.
+func forEachImageKeys(tx *bolt.Tx, fn func(*imageKeys) error) error {
+	return tx.Bucket(imagesBucket).ForEach(func(k, v []byte) error {
+		var keys imageKeys
+		if err := json.Unmarshal(v, &keys); err != nil {
+			return fmt.Errorf("image record %s: %w", k, err)
+		}
+		return fn(&keys)
+	})
+}
+
+// errFound ends a forEachImageKeys walk early.
+var errFound = errors.New("found")
+
 // findImage resolves what a CRI caller may pass as an image: an ID (with or
 // without "sha256:"), a tag or a digest reference in any form users write.
 // It returns nil when nothing matches.
@@ -60,17 +91,19 @@ func findImage(tx *bolt.Tx, ref string) (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidReference, err)
 	}
-	all, err := listImages(tx)
-	if err != nil {
+	var id string
+	err = forEachImageKeys(tx, func(k *imageKeys) error {
+		if r.Digest != "" && slices.Contains(k.RepoDigests, r.DigestString(r.Digest)) ||
+			r.Digest == "" && slices.Contains(k.RepoTags, r.TagString()) {
+			id = k.ID
+			return errFound
+		}
+		return nil
+	})
+	if id == "" || !errors.Is(err, errFound) {
 		return nil, err
 	}
-	for _, img := range all {
-		if r.Digest != "" && slices.Contains(img.RepoDigests, r.DigestString(r.Digest)) ||
-			r.Digest == "" && slices.Contains(img.RepoTags, r.TagString()) {
-			return img, nil
-		}
-	}
-	return nil, nil
+	return getImage(tx, id)
 }
 
 // recordImage stores img under its names. A tag names one image only: it
@@ -88,27 +121,40 @@ func recordImage(tx *bolt.Tx, img *Image, n names) (*Image, error) {
 		img.Pinned = stored.Pinned
 		img.Manifests = union(stored.Manifests, img.Manifests)
 	}
-	if len(n.tags) > 0 {
-		others, err := listImages(tx)
-		if err != nil {
-			return nil, err
-		}
-		for _, o := range others {
-			if o.ID == img.ID {
-				continue
-			}
-			kept := slices.DeleteFunc(slices.Clone(o.RepoTags), func(t string) bool { return slices.Contains(n.tags, t) })
-			if len(kept) != len(o.RepoTags) {
-				o.RepoTags = kept
-				if err := putImage(tx, o); err != nil {
-					return nil, err
-				}
-			}
-		}
+	if err := untag(tx, img.ID, n.tags); err != nil {
+		return nil, err
 	}
 	img.RepoTags = union(img.RepoTags, n.tags)
 	img.RepoDigests = union(img.RepoDigests, n.digests)
 	return img, putImage(tx, img)
+}
+
+// untag removes tags from every image but id.
+func untag(tx *bolt.Tx, id string, tags []string) error {
+	if len(tags) == 0 {
+		return nil
+	}
+	var losers []string // changed after the walk: bbolt forbids writes during ForEach
+	err := forEachImageKeys(tx, func(k *imageKeys) error {
+		if k.ID != id && slices.ContainsFunc(k.RepoTags, func(t string) bool { return slices.Contains(tags, t) }) {
+			losers = append(losers, k.ID)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, l := range losers {
+		o, err := getImage(tx, l)
+		if err != nil {
+			return err
+		}
+		o.RepoTags = slices.DeleteFunc(o.RepoTags, func(t string) bool { return slices.Contains(tags, t) })
+		if err := putImage(tx, o); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // union appends the elements of b missing from a, keeping a's order.

@@ -24,6 +24,10 @@ import (
 // parallelLayers bounds the layers one pull fetches and unpacks at once.
 const parallelLayers = 4
 
+// maxConfigSize bounds an image config: real ones are kilobytes (history and
+// labels included), and each is decoded whenever its image is read.
+const maxConfigSize = 4 << 20
+
 // layerOpener returns a layer's uncompressed tar stream and a check to run
 // once the stream has been read to its end.
 type layerOpener func(v1.Layer) (io.ReadCloser, func() error, error)
@@ -46,7 +50,14 @@ func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byt
 // storeHeld holds the image's layers and blobs from the moment it knows them
 // until its image record references them.
 func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
-	cfgRaw, err := img.RawConfigFile()
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, fmt.Errorf("manifest: %w", err)
+	}
+	if size := m.Config.Size; size < 0 || size > maxConfigSize {
+		return nil, fmt.Errorf("config %s: its descriptor says %d bytes, more than the %d an image config may have", m.Config.Digest, size, maxConfigSize)
+	}
+	cfgRaw, err := img.RawConfigFile() // the fetch reads no more than the descriptor's size
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

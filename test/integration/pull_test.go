@@ -935,3 +935,28 @@ func TestPullRefusesLayerBombs(t *testing.T) {
 		})
 	}
 }
+
+// TestPullRefusesHugeConfig pulls an image whose config is over the bound:
+// berthd refuses it from the manifest's descriptor, never fetching the config.
+func TestPullRefusesHugeConfig(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg, d := start(t, "")
+	img := harness.BusyboxImage(t, harness.ImageSpec{})
+	p := reg.PushWithConfig(t, "berth/hugeconfig:1", img, func(cf *v1.ConfigFile) {
+		cf.Config.Labels = map[string]string{"big": strings.Repeat("x", 5<<20)}
+	})
+	cfg, err := v1.NewHash(p.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pull(t, d, p.Name, nil)
+	if err == nil || !strings.Contains(err.Error(), "more than the 4194304 an image config may have") {
+		t.Fatalf("pull = %v; want a refusal naming the config bound", err)
+	}
+	if n := reg.Fetches(cfg); n != 0 {
+		t.Errorf("the oversized config was fetched %d times", n)
+	}
+	assertAbsent(t, d, p.Name, p.ID)
+	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+}
