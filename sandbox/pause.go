@@ -10,21 +10,46 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/spec"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // pauseID names the pause container inside its pod's shim.
 const pauseID = "pause"
 
+// pauseConfinement is the seccomp filter and AppArmor profile the pod's
+// security context asks for its sandbox: they apply to the pause.
+type pauseConfinement struct {
+	seccomp  *specs.LinuxSeccomp
+	apparmor string
+}
+
+// pauseConfinementOf resolves the pod's seccomp and AppArmor fields (for
+// every pod, so that a bad profile is refused whether or not the pod has a
+// pause process).
+func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig) (pauseConfinement, error) {
+	sc := cfg.GetLinux().GetSecurityContext()
+	filter, err := spec.PauseSeccomp(sc)
+	if err != nil {
+		return pauseConfinement{}, wrapf(ErrInvalid, "linux.security_context: %v", err)
+	}
+	profile, err := spec.PauseAppArmor(sc, m.apparmor)
+	if err != nil {
+		return pauseConfinement{}, wrapf(ErrInvalid, "linux.security_context: %v", err)
+	}
+	return pauseConfinement{seccomp: filter, apparmor: profile}, nil
+}
+
 // startPause runs the built-in pause (the shim binary in pause mode) as PID 1
 // of the pod's shared PID namespace, in an empty read-only rootfs holding
 // only that binary, and returns its host PID.
-func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client) (int, error) {
+func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client, conf pauseConfinement) (int, error) {
 	bundle := shim.ContainerDir(m.podDir(pod.ID), pauseID)
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
 		return 0, err
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), m.pauseSpec(pod)); err != nil {
+	if err := writeJSON(filepath.Join(bundle, "config.json"), m.pauseSpec(pod, conf)); err != nil {
 		return 0, err
 	}
 	if err := client.Create(ctx, shim.CreateRequest{ID: pauseID, Bundle: bundle}); err != nil {
@@ -39,7 +64,7 @@ func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client)
 	return st.Pid, nil
 }
 
-func (m *Manager) pauseSpec(pod *Pod) *specs.Spec {
+func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
 	nss := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}
 	for kind, typ := range map[string]specs.LinuxNamespaceType{"net": specs.NetworkNamespace, "ipc": specs.IPCNamespace, "uts": specs.UTSNamespace} {
 		if pin := pod.Pins[kind]; pin != "" {
@@ -51,12 +76,13 @@ func (m *Manager) pauseSpec(pod *Pod) *specs.Spec {
 		Root:    &specs.Root{Path: "rootfs", Readonly: true},
 		Process: &specs.Process{
 			Args: []string{"/pause", "pause"}, Cwd: "/", NoNewPrivileges: true,
-			Env: []string{"PATH=/"},
+			Env: []string{"PATH=/"}, ApparmorProfile: conf.apparmor,
 		},
 		Mounts: []specs.Mount{{Destination: "/pause", Type: "bind", Source: m.opts.ShimBinary, Options: []string{"rbind", "ro"}}},
 		Linux: &specs.Linux{
 			Namespaces:  nss,
 			CgroupsPath: m.pauseCgroup(pod),
+			Seccomp:     conf.seccomp,
 		},
 	}
 }

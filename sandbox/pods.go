@@ -44,6 +44,10 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err := validatePodConfig(cfg); err != nil {
 		return nil, err
 	}
+	pauseConf, err := m.pauseConfinementOf(cfg)
+	if err != nil {
+		return nil, err
+	}
 	pod := &Pod{ID: newID(), Config: cfg, State: runtimeapi.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now()}
 	unlock := m.pods.lock(pod.ID)
 	defer unlock()
@@ -130,7 +134,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		u.add("kill pause", func() error {
 			return client.Kill(context.WithoutCancel(ctx), pauseID, syscall.SIGKILL, true)
 		})
-		if pod.PausePID, err = m.startPause(ctx, pod, client); err != nil {
+		if pod.PausePID, err = m.startPause(ctx, pod, client, pauseConf); err != nil {
 			return nil, fmt.Errorf("pause process: %w", err)
 		}
 		t.step("pause")

@@ -24,7 +24,17 @@ type AppArmorHost interface {
 // gets a profile only when it names one.
 func buildAppArmor(sc *runtimeapi.LinuxContainerSecurityContext, host AppArmorHost) (string, error) {
 	//lint:ignore SA1019 kubelets still send the deprecated field
-	kind, name, err := pickProfile("apparmor", sc.GetApparmor(), "apparmor_profile", sc.GetApparmorProfile(), profileRuntimeDefault)
+	return appArmorFor(sc.GetApparmor(), sc.GetApparmorProfile(), sc.GetPrivileged(), host)
+}
+
+// PauseAppArmor returns the AppArmor profile of a pod's pause process from
+// the pod's security context, by the rules of buildAppArmor.
+func PauseAppArmor(sc *runtimeapi.LinuxSandboxSecurityContext, host AppArmorHost) (string, error) {
+	return appArmorFor(sc.GetApparmor(), "", sc.GetPrivileged(), host)
+}
+
+func appArmorFor(p *runtimeapi.SecurityProfile, deprecated string, privileged bool, host AppArmorHost) (string, error) {
+	kind, name, err := pickProfile("apparmor", p, "apparmor_profile", deprecated, profileRuntimeDefault)
 	if err != nil {
 		return "", err
 	}
@@ -48,7 +58,7 @@ func buildAppArmor(sc *runtimeapi.LinuxContainerSecurityContext, host AppArmorHo
 			return "", fmt.Errorf("apparmor: localhost profile %q is not loaded", name)
 		}
 		return name, nil
-	case kind == profileRuntimeDefault && enabled && !sc.GetPrivileged():
+	case kind == profileRuntimeDefault && enabled && !privileged:
 		p, err := host.Default()
 		if err != nil {
 			return "", fmt.Errorf("apparmor: RuntimeDefault: %w", err)

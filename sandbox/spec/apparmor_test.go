@@ -80,3 +80,16 @@ func TestAppArmor(t *testing.T) {
 		})
 	}
 }
+
+func TestPauseAppArmor(t *testing.T) {
+	host := fakeAppArmor{loaded: []string{"berth-default"}}
+	if p, err := PauseAppArmor(nil, host); p != "berth-default" || err != nil {
+		t.Errorf("unset: %q, %v", p, err)
+	}
+	if p, err := PauseAppArmor(&runtimeapi.LinuxSandboxSecurityContext{Privileged: true}, host); p != "" || err != nil {
+		t.Errorf("privileged: %q, %v", p, err)
+	}
+	_, err := PauseAppArmor(&runtimeapi.LinuxSandboxSecurityContext{Apparmor: &runtimeapi.SecurityProfile{
+		ProfileType: runtimeapi.SecurityProfile_Localhost, LocalhostRef: "ghost"}}, nil)
+	wantErr(t, err, `"ghost"`, "not enabled")
+}

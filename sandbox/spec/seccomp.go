@@ -70,9 +70,21 @@ func pickProfile(field string, p *runtimeapi.SecurityProfile, deprecatedField, d
 // capabilities are resolved against the container's bounding set.
 func buildSeccomp(sc *runtimeapi.LinuxContainerSecurityContext, s *specs.Spec) (*specs.LinuxSeccomp, error) {
 	//lint:ignore SA1019 kubelets still send the deprecated field
-	kind, ref, err := pickProfile("seccomp", sc.GetSeccomp(), "seccomp_profile_path", sc.GetSeccompProfilePath(),
-		profileUnconfined, "docker/default")
-	if err != nil || sc.GetPrivileged() {
+	return seccompFor(sc.GetSeccomp(), sc.GetSeccompProfilePath(), sc.GetPrivileged(), s)
+}
+
+// PauseSeccomp returns the filter of a pod's pause process from the pod's
+// security context, by the rules of buildSeccomp, resolved for a process
+// without capabilities (the pause needs none of the calls they allow).
+func PauseSeccomp(sc *runtimeapi.LinuxSandboxSecurityContext) (*specs.LinuxSeccomp, error) {
+	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}}
+	//lint:ignore SA1019 kubelets still send the deprecated field
+	return seccompFor(sc.GetSeccomp(), sc.GetSeccompProfilePath(), sc.GetPrivileged(), s)
+}
+
+func seccompFor(p *runtimeapi.SecurityProfile, deprecated string, privileged bool, s *specs.Spec) (*specs.LinuxSeccomp, error) {
+	kind, ref, err := pickProfile("seccomp", p, "seccomp_profile_path", deprecated, profileUnconfined, "docker/default")
+	if err != nil || privileged {
 		return nil, err
 	}
 	switch kind {

@@ -164,3 +164,18 @@ func TestSeccompErrors(t *testing.T) {
 		wantErr(t, err, tc.err...)
 	}
 }
+
+// The pause's filter follows the pod's field, resolved without capabilities.
+func TestPauseSeccomp(t *testing.T) {
+	p, err := PauseSeccomp(&runtimeapi.LinuxSandboxSecurityContext{Seccomp: &runtimeapi.SecurityProfile{}})
+	if err != nil || p == nil || len(allowed(p, "read")) == 0 || len(allowed(p, "chroot")) != 0 {
+		t.Fatalf("RuntimeDefault for the pause: %+v, %v", p, err)
+	}
+	for _, sc := range []*runtimeapi.LinuxSandboxSecurityContext{nil, {Privileged: true, Seccomp: &runtimeapi.SecurityProfile{}}} {
+		if p, err := PauseSeccomp(sc); p != nil || err != nil {
+			t.Errorf("%v: %+v, %v; want no filter", sc, p, err)
+		}
+	}
+	_, err = PauseSeccomp(&runtimeapi.LinuxSandboxSecurityContext{SeccompProfilePath: "localhost/relative"})
+	wantErr(t, err, `"relative"`, "absolute")
+}

@@ -127,3 +127,39 @@ func TestSeccomp(t *testing.T) {
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
+
+// TestPodSeccomp checks the pod-level seccomp field: it confines the pod's
+// pause (PID 1 of a shared PID namespace, seen from a container), and a
+// missing Localhost profile fails RunPodSandbox, leaving nothing behind.
+func TestPodSeccomp(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	for _, c := range []struct {
+		name string
+		sc   *runtimeapi.LinuxSandboxSecurityContext
+		want string
+	}{
+		{"pod-runtime-default", &runtimeapi.LinuxSandboxSecurityContext{Seccomp: runtimeDefault()}, "Seccomp:\t2\n"},
+		{"pod-unset", &runtimeapi.LinuxSandboxSecurityContext{}, "Seccomp:\t0\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := e.podConfig(c.name)
+			c.sc.NamespaceOptions = &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_POD}
+			cfg.Linux.SecurityContext = c.sc
+			pod := e.runPod(t, cfg)
+			_, out := e.runToExit(t, pod, cfg, e.ctrConfig("look-"+c.name, "/bin/sh", "-c", "grep ^Seccomp: /proc/1/status"))
+			if out != c.want {
+				t.Errorf("the pause's seccomp status %q, want %q", out, c.want)
+			}
+			e.removePod(t, pod)
+		})
+	}
+	t.Run("refused-missing-profile", func(t *testing.T) {
+		missing := filepath.Join(t.TempDir(), "missing.json")
+		cfg := e.podConfig("pod-missing-profile")
+		cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{Seccomp: localhostProfile(missing)}
+		_, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+		assertCode(t, err, one(codes.InvalidArgument), "seccomp", missing, "no such file")
+	})
+	e.assertNoLeaks(t)
+}
