@@ -68,6 +68,9 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (*Image
 				return nil, cause
 			}
 			s.log.Debug("pull: endpoint failed", "ref", r.String(), "endpoint", ep.Host, "err", err)
+			if ep.CredentialsWithheld {
+				err = fmt.Errorf("credentials are never sent over plain HTTP to another machine: %w", err)
+			}
 			errs = append(errs, fmt.Errorf("%s: %w", ep.Host, err))
 			continue
 		}

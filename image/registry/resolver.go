@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -24,6 +25,9 @@ type Endpoint struct {
 	Mirror    bool
 	Transport http.RoundTripper
 	Auth      authn.Authenticator
+	// CredentialsWithheld is set when credentials exist for this endpoint
+	// but it is plain HTTP to another machine, so they are not sent.
+	CredentialsWithheld bool
 }
 
 // Repository names path inside this endpoint, in go-containerregistry terms.
@@ -61,44 +65,68 @@ func NewResolver(hosts map[string]Host) (*Resolver, error) {
 }
 
 // Endpoints lists where to fetch images of domain from: its mirrors in the
-// configured order, then the host itself. creds (from the CRI request) win
-// over credentials in the config file.
+// configured order, then the host itself. creds (from the CRI request) are
+// for domain only: a mirror gets its own configured credentials, never them.
 func (r *Resolver) Endpoints(domain string, creds *authn.AuthConfig) ([]Endpoint, error) {
 	var eps []Endpoint
 	for _, m := range r.hosts[domain].Mirrors {
 		host, plain, _ := ParseMirror(m)
-		ep, err := r.endpoint(host, plain || r.hosts[host].PlainHTTP, creds, domain)
+		ep, err := r.endpoint(host, plain || r.hosts[host].PlainHTTP, nil)
 		if err != nil {
 			return nil, err
 		}
 		ep.Mirror = true
 		eps = append(eps, ep)
 	}
-	ep, err := r.endpoint(domain, r.hosts[domain].PlainHTTP, creds, domain)
+	ep, err := r.endpoint(domain, r.hosts[domain].PlainHTTP, creds)
 	if err != nil {
 		return nil, err
 	}
 	return append(eps, ep), nil
 }
 
-func (r *Resolver) endpoint(host string, plain bool, creds *authn.AuthConfig, domain string) (Endpoint, error) {
+func (r *Resolver) endpoint(host string, plain bool, creds *authn.AuthConfig) (Endpoint, error) {
 	t, err := r.transport(host)
 	if err != nil {
 		return Endpoint{}, err
 	}
-	return Endpoint{Host: host, PlainHTTP: plain, Transport: t, Auth: r.auth(host, creds, domain)}, nil
+	ep := Endpoint{Host: host, PlainHTTP: plain, Transport: t, Auth: authn.Anonymous}
+	cfg, ok := r.credentials(host, creds)
+	switch {
+	case !ok:
+	case plain && !IsLoopback(host):
+		ep.CredentialsWithheld = true
+	default:
+		ep.Auth = authn.FromConfig(cfg)
+	}
+	return ep, nil
 }
 
-func (r *Resolver) auth(host string, creds *authn.AuthConfig, domain string) authn.Authenticator {
+// credentials are the request's creds if any, else host's own from the config.
+func (r *Resolver) credentials(host string, creds *authn.AuthConfig) (authn.AuthConfig, bool) {
 	if creds != nil && *creds != (authn.AuthConfig{}) {
-		return authn.FromConfig(*creds)
+		return *creds, true
 	}
-	for _, h := range []string{host, domain} {
-		if c := r.hosts[h]; c.Username != "" {
-			return authn.FromConfig(authn.AuthConfig{Username: c.Username, Password: c.Password})
-		}
+	if c := r.hosts[host]; c.Username != "" {
+		return authn.AuthConfig{Username: c.Username, Password: c.Password}, true
 	}
-	return authn.Anonymous
+	return authn.AuthConfig{}, false
+}
+
+// IsLoopback reports whether host[:port] names this machine. Credentials go
+// to such a host over plain HTTP too: the bytes never leave the node (and
+// go-containerregistry speaks HTTP to loopback registries whatever the
+// configuration says).
+func IsLoopback(hostport string) bool {
+	h := hostport
+	if host, _, err := net.SplitHostPort(hostport); err == nil {
+		h = host
+	}
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(h, "[]"))
+	return ip != nil && ip.IsLoopback()
 }
 
 // transport returns the shared transport for host, honouring ca_file and

@@ -38,9 +38,9 @@ func TestEndpointsMirrorsFirst(t *testing.T) {
 	}
 	creds := &authn.AuthConfig{Username: "cri", Password: "x"}
 	eps, _ = r.Endpoints("docker.io", creds)
-	for _, ep := range eps {
-		if a, _ := ep.Auth.Authorization(); a.Username != "cri" {
-			t.Errorf("%s: CRI credentials must win, got %+v", ep.Host, a)
+	for i, want := range []string{"", "m", "cri"} { // CRI credentials only to the host they are for
+		if a, _ := eps[i].Auth.Authorization(); a.Username != want {
+			t.Errorf("%s: credentials %+v, want user %q", eps[i].Host, a, want)
 		}
 	}
 	repo, err := eps[0].Repository("library/busybox")
@@ -60,6 +60,45 @@ func TestNewResolverRejects(t *testing.T) {
 	} {
 		if _, err := NewResolver(map[string]Host{"docker.io": h}); err == nil {
 			t.Errorf("NewResolver(%+v) succeeded; want error", h)
+		}
+	}
+}
+
+func TestCredentialsNeverOverPlainHTTPToAnotherMachine(t *testing.T) {
+	r, err := NewResolver(map[string]Host{
+		"reg.example":    {PlainHTTP: true, Mirrors: []string{"http://mirror.example", "http://127.0.0.1:5000"}},
+		"mirror.example": {Username: "m", Password: "p"},
+		"127.0.0.1:5000": {Username: "local", Password: "p"},
+		"docker.io":      {Username: "hub", Password: "p", Mirrors: []string{"https://open.example"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := r.Endpoints("reg.example", &authn.AuthConfig{Username: "cri", Password: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		user     string
+		withheld bool
+	}{{"", true}, {"local", false}, {"", true}} {
+		a, _ := eps[i].Auth.Authorization()
+		if a.Username != want.user || eps[i].CredentialsWithheld != want.withheld {
+			t.Errorf("%s: credentials %+v withheld %v; want user %q withheld %v", eps[i].Host, a, eps[i].CredentialsWithheld, want.user, want.withheld)
+		}
+	}
+	eps, _ = r.Endpoints("docker.io", nil)
+	if eps[0].Auth != authn.Anonymous {
+		t.Errorf("a mirror got the credentials of the registry it mirrors")
+	}
+	for _, h := range []string{"localhost:5000", "127.0.0.1", "[::1]:5000", "127.1.2.3:80"} {
+		if !IsLoopback(h) {
+			t.Errorf("IsLoopback(%q) = false", h)
+		}
+	}
+	for _, h := range []string{"10.0.0.1:5000", "localhost.example", "[2001:db8::1]:5000"} {
+		if IsLoopback(h) {
+			t.Errorf("IsLoopback(%q) = true", h)
 		}
 	}
 }

@@ -12,6 +12,8 @@ type HostConfig struct {
 	PlainHTTP  bool
 	CAFile     string
 	SkipVerify bool
+	Username   string
+	Password   string
 }
 
 // RegistryTOML renders [registry."HOST"] tables, sorted by host.
@@ -40,6 +42,9 @@ func RegistryTOML(hosts map[string]HostConfig) string {
 		}
 		if c.SkipVerify {
 			b.WriteString("skip_verify = true\n")
+		}
+		if c.Username != "" {
+			fmt.Fprintf(&b, "username = %q\npassword = %q\n", c.Username, c.Password)
 		}
 	}
 	return b.String()

@@ -56,6 +56,7 @@ type Registry struct {
 	tokens   map[string]bool  // bearer tokens that grant access
 	requests []string         // "GET /v2/… 200", in order
 	pushed   int              // len(requests) after the last Push: what the tests did starts there
+	users    []string         // user names of the basic credentials received, in order
 	inFlight int              // blob GETs being served now
 	maxIn    int              // the most blob GETs served at once since ResetFetches
 }
@@ -168,6 +169,14 @@ func (r *Registry) MaxInFlight() int {
 	return r.maxIn
 }
 
+// CredentialUsers lists the user names of the basic credentials the registry
+// received (on /v2/ or its token endpoint), one per request, in order.
+func (r *Registry) CredentialUsers() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.users...)
+}
+
 // Requests lists the requests served so far as "METHOD PATH STATUS".
 func (r *Registry) Requests() []string {
 	r.mu.Lock()
@@ -238,6 +247,11 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}()
 	w = rec
 
+	if u, _, ok := req.BasicAuth(); ok {
+		r.mu.Lock()
+		r.users = append(r.users, u)
+		r.mu.Unlock()
+	}
 	if req.URL.Path == "/token" {
 		r.serveToken(w, req)
 		return

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -959,4 +960,36 @@ func TestPullRefusesHugeConfig(t *testing.T) {
 	}
 	assertAbsent(t, d, p.Name, p.ID)
 	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+}
+
+// TestPullCredentialsStayHome pulls through two mirrors that require
+// credentials of their own: the kubelet's credentials go only to the
+// registry the image names, a mirror gets only what its own table configures.
+func TestPullCredentialsStayHome(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	home := harness.NewRegistry(t, harness.WithBasicAuth("alice", "s3cret"))
+	configured := harness.NewRegistry(t, harness.WithBasicAuth("mirror", "mpw"))
+	bare := harness.NewRegistry(t, harness.WithBasicAuth("other", "opw"))
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.RegistryTOML(map[string]harness.HostConfig{
+		home.Host():       {PlainHTTP: true, Mirrors: []string{configured.URL(), bare.URL()}},
+		configured.Host(): {PlainHTTP: true, Username: "mirror", Password: "mpw"},
+		bare.Host():       {PlainHTTP: true},
+	})})
+	img := harness.BusyboxImage(t, harness.ImageSpec{})
+	p := home.Push(t, "private/busybox:1", img) // on neither mirror: both are asked, then home
+	_, err := pull(t, d, p.Name, &runtimeapi.AuthConfig{Username: "alice", Password: "s3cret", ServerAddress: home.Host()})
+	if err != nil {
+		t.Fatalf("PullImage: %v", err)
+	}
+	if got := configured.CredentialUsers(); len(got) == 0 || slices.ContainsFunc(got, func(u string) bool { return u != "mirror" }) {
+		t.Errorf("the mirror with configured credentials received users %v, want only its own (mirror)", got)
+	}
+	if got := bare.CredentialUsers(); len(got) != 0 {
+		t.Errorf("the mirror without configured credentials received users %v, want none", got)
+	}
+	if got := home.CredentialUsers(); !slices.Contains(got, "alice") {
+		t.Errorf("the image's registry received users %v, want alice", got)
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
 }

@@ -120,6 +120,9 @@ func validateHost(host string, h registry.Host) error {
 			return badValue(key("ca_file"), h.CAFile, err)
 		}
 	}
+	if h.Username != "" && h.PlainHTTP && !registry.IsLoopback(host) {
+		return badValue(key("username"), h.Username, errors.New("credentials are never sent over plain HTTP to another machine (plain_http = true)"))
+	}
 	return nil
 }
 
