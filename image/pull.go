@@ -19,18 +19,72 @@ import (
 
 // Pull fetches ref from its registry (mirrors first) and stores it. auth may
 // be nil. Concurrent pulls of one reference with the same credentials share
-// one transfer.
+// one transfer, which runs on a context of its own: a caller that gives up
+// leaves the others waiting, and the transfer stops when the last one left.
 func (s *Service) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
 	r, err := reference.Parse(ref)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidReference, err)
 	}
-	key := r.String() + "\x00" + auth.fingerprint()
-	v, err, _ := s.pulls.Do(key, func() (any, error) { return s.pull(ctx, r, auth) })
-	if err != nil {
-		return nil, err
+	f := s.joinPull(ctx, r, auth)
+	select {
+	case <-f.done:
+		return f.img, f.err
+	case <-ctx.Done():
+		s.leavePull(f)
+		return nil, fmt.Errorf("pull %s: %w", r, context.Cause(ctx))
 	}
-	return v.(*Image), nil
+}
+
+// pullFlight is one shared transfer; img and err are set before done closes.
+type pullFlight struct {
+	key     string
+	done    chan struct{}
+	img     *Image
+	err     error
+	waiters int // callers still waiting, under pullsMu
+	cancel  context.CancelFunc
+}
+
+// joinPull returns the transfer of r with auth, starting it if none runs.
+// The transfer keeps the first caller's context values (logging, tracing)
+// but not its cancellation.
+func (s *Service) joinPull(ctx context.Context, r reference.Ref, auth *Auth) *pullFlight {
+	key := r.String() + "\x00" + auth.fingerprint()
+	s.pullsMu.Lock()
+	defer s.pullsMu.Unlock()
+	if f, ok := s.pulls[key]; ok {
+		f.waiters++
+		return f
+	}
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f := &pullFlight{key: key, done: make(chan struct{}), waiters: 1, cancel: cancel}
+	s.pulls[key] = f
+	go func() {
+		f.img, f.err = s.pull(pctx, r, auth)
+		cancel()
+		s.pullsMu.Lock()
+		if s.pulls[key] == f {
+			delete(s.pulls, key)
+		}
+		s.pullsMu.Unlock()
+		close(f.done)
+	}()
+	return f
+}
+
+// leavePull drops a caller that gave up; the last one cancels the transfer,
+// and a later caller starts a new one.
+func (s *Service) leavePull(f *pullFlight) {
+	s.pullsMu.Lock()
+	defer s.pullsMu.Unlock()
+	if f.waiters--; f.waiters > 0 {
+		return
+	}
+	f.cancel()
+	if s.pulls[f.key] == f {
+		delete(s.pulls, f.key)
+	}
 }
 
 func (a *Auth) fingerprint() string {

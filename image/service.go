@@ -17,7 +17,6 @@ import (
 	"github.com/berth-runtime/berth/image/snapshot"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sync/singleflight"
 )
 
 // Options configure the image service.
@@ -40,7 +39,8 @@ type Service struct {
 	resolver *registry.Resolver
 	platform v1.Platform
 
-	pulls singleflight.Group // one pull per reference and credentials at a time
+	pullsMu sync.Mutex
+	pulls   map[string]*pullFlight // one transfer per reference and credentials at a time
 
 	inflightMu sync.Mutex
 	inflight   map[string]*layerFlight // unpacks in progress, by chain ID
@@ -93,8 +93,8 @@ func New(opts Options) (*Service, error) {
 	s := &Service{
 		opts: opts, log: opts.Logger, content: cs, snaps: snaps, resolver: resolver,
 		platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
-		inflight: map[string]*layerFlight{},
-		held:     map[string]int{}, removing: map[string]bool{},
+		inflight: map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
+		held: map[string]int{}, removing: map[string]bool{},
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.holdCond = sync.NewCond(&s.holdMu)

@@ -3,11 +3,13 @@ package image
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,5 +159,84 @@ func TestHeldSnapshotSurvivesCollection(t *testing.T) {
 	}
 	release()
 	s.requestGC()
+	waitCollected(t, s, root, 0, 0)
+}
+
+// slowBlobs delays every blob GET by delay and counts those whose client
+// went away before the response.
+type slowBlobs struct {
+	next      http.Handler
+	delay     time.Duration
+	abandoned atomic.Int32
+}
+
+func (h *slowBlobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+		select {
+		case <-time.After(h.delay):
+		case <-r.Context().Done():
+			h.abandoned.Add(1)
+			return
+		}
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+func TestSharedPullSurvivesACancelledCaller(t *testing.T) {
+	s, _ := newTestService(t)
+	slow := &slowBlobs{next: ggcrregistry.New(), delay: time.Second}
+	reg := httptest.NewServer(slow)
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	id := pushRandom(t, host, "app:v1", 2)
+
+	quitter, quit := context.WithCancel(context.Background())
+	quitErr := make(chan error, 1)
+	go func() {
+		_, err := s.Pull(quitter, host+"/app:v1", nil)
+		quitErr <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // both callers share the transfer
+	stayErr := make(chan error, 1)
+	go func() {
+		img, err := s.Pull(context.Background(), host+"/app:v1", nil)
+		if err == nil && img.ID != id {
+			err = errors.New("wrong image " + img.ID)
+		}
+		stayErr <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	quit()
+	if err := <-quitErr; !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled caller got %v, want context.Canceled", err)
+	}
+	if err := <-stayErr; err != nil {
+		t.Errorf("the caller that stayed got %v", err)
+	}
+}
+
+func TestSharedPullStopsWhenAllCallersLeft(t *testing.T) {
+	s, root := newTestService(t)
+	slow := &slowBlobs{next: ggcrregistry.New(), delay: time.Minute}
+	reg := httptest.NewServer(slow)
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	pushRandom(t, host, "app:v1", 1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { s.Pull(ctx, host+"/app:v1", nil) })
+	}
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for slow.abandoned.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if slow.abandoned.Load() == 0 {
+		t.Fatal("the transfer went on after every caller left")
+	}
 	waitCollected(t, s, root, 0, 0)
 }
