@@ -470,6 +470,12 @@ func TestFetchCounter(t *testing.T) {
 	if n := reg.MaxInFlight(); n != 2 {
 		t.Errorf("MaxInFlight = %d, want 2", n)
 	}
+	// The handler counts a GET done once it returns, just after the client
+	// read the last byte.
+	deadline := time.Now().Add(2 * time.Second)
+	for reg.InFlight() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := reg.InFlight(); n != 0 {
 		t.Errorf("InFlight = %d after all GETs ended", n)
 	}
