@@ -100,26 +100,41 @@ func listLinks() ([]netlink.Link, error) {
 	return nil, fmt.Errorf("network: list links: %w (links kept changing)", netlink.ErrDumpInterrupted)
 }
 
-// enableSysctls turns on forwarding (pods reach beyond the bridge) and
+// setSysctls turns on forwarding (pods reach beyond the bridge) and
 // route_localnet on the bridge (127.0.0.1:hostPort is DNATed to a pod and
-// leaves through the bridge with a loopback source before masquerade).
-func (n *Network) enableSysctls() error {
-	for _, key := range []string{
-		"net/ipv4/ip_forward",
-		"net/ipv4/conf/" + n.cfg.Bridge + "/route_localnet",
+// leaves through the bridge with a loopback source before masquerade), and
+// turns off router advertisements on the bridge: a pod must not give the
+// node IPv6 routes or addresses. On a node without IPv6 the last is moot.
+func (n *Network) setSysctls() error {
+	for _, s := range []struct{ key, value string }{
+		{"net/ipv4/ip_forward", "1"},
+		{"net/ipv4/conf/" + n.cfg.Bridge + "/route_localnet", "1"},
+		{"net/ipv6/conf/" + n.cfg.Bridge + "/accept_ra", "0"},
 	} {
-		p := "/proc/sys/" + key
-		cur, err := os.ReadFile(p)
+		changed, err := setSysctl(s.key, s.value)
+		if errors.Is(err, os.ErrNotExist) && strings.HasPrefix(s.key, "net/ipv6/") {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("network: sysctl: %w", err)
 		}
-		if strings.TrimSpace(string(cur)) == "1" {
-			continue
+		if changed {
+			n.log.Info("set sysctl for the pod network", "sysctl", strings.ReplaceAll(s.key, "/", "."), "value", s.value)
 		}
-		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
-			return fmt.Errorf("network: sysctl: %w", err)
-		}
-		n.log.Info("enabled sysctl for the pod network", "sysctl", strings.ReplaceAll(key, "/", "."), "value", 1)
 	}
 	return nil
+}
+
+// setSysctl writes value to /proc/sys/key unless it holds it already, in
+// the network namespace of the calling thread.
+func setSysctl(key, value string) (changed bool, err error) {
+	p := "/proc/sys/" + key
+	cur, err := os.ReadFile(p)
+	if err != nil {
+		return false, err
+	}
+	if strings.TrimSpace(string(cur)) == value {
+		return false, nil
+	}
+	return true, os.WriteFile(p, []byte(value), 0o644)
 }

@@ -85,11 +85,13 @@ func cleanupNet(tb testing.TB, cfg Config) {
 		}
 	}
 	if c, err := nftables.New(); err == nil {
-		t := &nftables.Table{Name: cfg.TableName, Family: nftables.TableFamilyIPv4}
-		c.AddTable(t)
-		c.DelTable(t)
-		if err := c.Flush(); err != nil {
-			tb.Errorf("cleanup: delete table: %v", err)
+		for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+			t := &nftables.Table{Name: cfg.TableName, Family: f}
+			c.AddTable(t)
+			c.DelTable(t)
+			if err := c.Flush(); err != nil {
+				tb.Errorf("cleanup: delete table: %v", err)
+			}
 		}
 	}
 }

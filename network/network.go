@@ -162,7 +162,7 @@ func (n *Network) setup() error {
 	if err != nil {
 		return err
 	}
-	if err := n.enableSysctls(); err != nil {
+	if err := n.setSysctls(); err != nil {
 		return err
 	}
 	all, err := n.leases.all()
@@ -172,7 +172,10 @@ func (n *Network) setup() error {
 	if err := reattach(br, all); err != nil {
 		return err
 	}
-	return n.writeTable(all)
+	if err := n.writeTable(all); err != nil {
+		return err
+	}
+	return n.writeGuard()
 }
 
 // Ready reports the NetworkReady condition, with the reason when false.

@@ -16,11 +16,14 @@ import (
 // podIfName is the pod's end of its veth.
 const podIfName = "eth0"
 
+// vethPrefix starts the name of every host veth of a pod.
+const vethPrefix = "bv"
+
 // vethName derives the host end's name from the pod ID, so Detach and
 // Reconcile find it without the lease. IFNAMSIZ allows 15 bytes.
 func vethName(podID string) string {
 	sum := sha256.Sum256([]byte(podID))
-	return "bv" + hex.EncodeToString(sum[:6])
+	return vethPrefix + hex.EncodeToString(sum[:6])
 }
 
 // addVeth creates the pair with its pod end directly in the pod's
@@ -70,11 +73,18 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	return podns.DoInNetNS(netnsPath, func() error { return configurePodEnd(addr, gw) })
 }
 
-// configurePodEnd runs in the pod's namespace.
+// configurePodEnd runs in the pod's namespace. The pod takes no router
+// advertisement: its routes are the ones set here, whatever another pod
+// announces (the bridge drops RAs from pods too; this holds if it did not).
 func configurePodEnd(addr *netlink.Addr, gw net.IP) error {
 	link, err := netlink.LinkByName(podIfName)
 	if err != nil {
 		return fmt.Errorf("network: %s in pod: %w", podIfName, err)
+	}
+	for _, key := range []string{"net/ipv6/conf/default/accept_ra", "net/ipv6/conf/" + podIfName + "/accept_ra"} {
+		if _, err := setSysctl(key, "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("network: sysctl in pod: %w", err)
+		}
 	}
 	if err := netlink.AddrAdd(link, addr); err != nil {
 		return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, podIfName, err)

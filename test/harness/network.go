@@ -24,8 +24,10 @@ func testNetworkTOML(t testing.TB) string {
 			netlink.LinkDel(link)
 		}
 		if c, err := nftables.New(); err == nil {
-			c.DelTable(&nftables.Table{Name: bridge, Family: nftables.TableFamilyIPv4})
-			c.Flush() // fails when the daemon never made the table: nothing to remove
+			for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+				c.DelTable(&nftables.Table{Name: bridge, Family: f})
+				c.Flush() // fails when the daemon never made the table: nothing to remove
+			}
 		}
 	})
 	return fmt.Sprintf("\n[network]\nbridge = %q\nsubnet = %q\n", bridge, subnet)

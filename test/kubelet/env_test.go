@@ -339,8 +339,10 @@ func (e *env) teardownBerth() {
 	if out, err := exec.Command("ip", "link", "del", e.bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("Cannot find device")) {
 		t.Logf("teardown: ip link del %s: %v %s", e.bridge, err, out)
 	}
-	if out, err := exec.Command("nft", "delete", "table", "ip", e.bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("No such file")) {
-		t.Logf("teardown: nft delete table ip %s: %v %s", e.bridge, err, out)
+	for _, family := range []string{"ip", "bridge"} {
+		if out, err := exec.Command("nft", "delete", "table", family, e.bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("No such file")) {
+			t.Logf("teardown: nft delete table %s %s: %v %s", family, e.bridge, err, out)
+		}
 	}
 	if t.Failed() {
 		t.Logf("berthd log (last 150 lines of %s):\n%s", e.berthd.log, e.berthd.tail(150))

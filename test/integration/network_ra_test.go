@@ -1,0 +1,145 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
+)
+
+// ICMPv6 types the test sends from a pod.
+const (
+	icmpv6EchoRequest  = 128
+	icmpv6RouterAdvert = 134
+)
+
+// TestPodCannotAdvertiseRoutes sends, from inside one pod's network
+// namespace, IPv6 router advertisements and (as a control) echo requests to
+// all nodes on the link: a neighbour pod sees the echo requests but no
+// advertisement, and neither the pods nor the bridge accept advertisements.
+func TestPodCannotAdvertiseRoutes(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		t.Fatalf("this kernel has no IPv6, which the test needs (the VM tier has it): %v", err)
+	}
+	bridge, _ := e.network(t)
+	if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + bridge + "/accept_ra"); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("accept_ra on the bridge %s = %q, %v; want 0", bridge, b, err)
+	}
+
+	var nets []string
+	var ctrs []string
+	for _, name := range []string{"ra-sender", "ra-listener"} {
+		cfg := e.podConfig(name)
+		pod := e.runPod(t, cfg)
+		ctr := e.runContainer(t, pod, cfg, e.ctrConfig("c", sleeper...))
+		ctrs = append(ctrs, ctr)
+		nets = append(nets, fmt.Sprintf("/proc/%d/ns/net", e.ctrPID(t, ctr)))
+		defer e.removePod(t, pod)
+	}
+	for _, ctr := range ctrs {
+		if got := strings.TrimSpace(e.sh(t, ctr, "cat /proc/sys/net/ipv6/conf/eth0/accept_ra /proc/sys/net/ipv6/conf/default/accept_ra")); got != "0\n0" {
+			t.Errorf("accept_ra in the pod (eth0, default) = %q, want 0 and 0", got)
+		}
+	}
+
+	sender, listener := icmpv6Socket(t, nets[0]), icmpv6Socket(t, nets[1])
+	eth0 := ifIndexIn(t, nets[0], "eth0")
+	if err := unix.SetsockoptInt(sender, unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_HOPS, 255); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetsockoptTimeval(listener, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200_000}); err != nil {
+		t.Fatal(err)
+	}
+	allNodes := &unix.SockaddrInet6{Addr: [16]byte(net.ParseIP("ff02::1").To16()), ZoneId: uint32(eth0)}
+	ra := []byte{icmpv6RouterAdvert, 0, 0, 0, 64, 0, 0x07, 0x08, 0, 0, 0, 0, 0, 0, 0, 0} // router lifetime 1800 s
+	echo := []byte{icmpv6EchoRequest, 0, 0, 0, 0x12, 0x34, 0, 1}
+
+	var seen []byte
+	buf := make([]byte, 1500)
+	deadline := time.Now().Add(15 * time.Second) // the link-local address may still be tentative
+	for time.Now().Before(deadline) && !slices.Contains(seen, icmpv6EchoRequest) {
+		// Errors are expected while eth0 has no usable source address yet.
+		_ = unix.Sendto(sender, ra, 0, allNodes)
+		_ = unix.Sendto(sender, echo, 0, allNodes)
+		for {
+			n, _, err := unix.Recvfrom(listener, buf, 0)
+			if err != nil {
+				break
+			}
+			if n > 0 {
+				seen = append(seen, buf[0])
+			}
+		}
+	}
+	if !slices.Contains(seen, icmpv6EchoRequest) {
+		t.Fatalf("the neighbour pod received no echo request from the sender pod (ICMPv6 types seen: %v): the test proves nothing", seen)
+	}
+	// The advertisements went out before the echo requests: give a late one a moment.
+	for range 5 {
+		if n, _, err := unix.Recvfrom(listener, buf, 0); err == nil && n > 0 {
+			seen = append(seen, buf[0])
+		}
+	}
+	if slices.Contains(seen, icmpv6RouterAdvert) {
+		t.Errorf("a router advertisement from one pod reached another (ICMPv6 types seen: %v)", seen)
+	}
+}
+
+// inNetns runs fn on a thread in the network namespace at path.
+func inNetns(t *testing.T, path string, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(orig)
+	target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			panic("cannot return to the test's network namespace: " + err.Error())
+		}
+	}()
+	fn()
+}
+
+// icmpv6Socket opens a raw ICMPv6 socket in the network namespace at path.
+func icmpv6Socket(t *testing.T, path string) int {
+	t.Helper()
+	var fd int
+	var err error
+	inNetns(t, path, func() { fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMPV6) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+func ifIndexIn(t *testing.T, path, name string) int {
+	t.Helper()
+	var ifi *net.Interface
+	var err error
+	inNetns(t, path, func() { ifi, err = net.InterfaceByName(name) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ifi.Index
+}
