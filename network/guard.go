@@ -34,14 +34,11 @@ func (n *Network) guardTable() *nftables.Table {
 
 // writeGuard replaces the bridge-family table in one transaction.
 func (n *Network) writeGuard() error {
-	c, err := nftables.New()
+	t := n.guardTable()
+	c, err := replaceTable(t)
 	if err != nil {
 		return err
 	}
-	t := n.guardTable()
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
 	ch := c.AddChain(&nftables.Chain{Name: chainPodPorts, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter})
 	for _, typ := range forbiddenICMPv6 {

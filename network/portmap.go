@@ -172,17 +172,27 @@ func elements(leases ...*lease) (anyIP, oneIP []nftables.SetElement) {
 // port is a port in a register: big endian, padded to 4 bytes.
 func port(p int32) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
 
-// writeTable replaces the table in one transaction: adding then deleting
-// it first makes the delete succeed whether or not it existed.
-func (n *Network) writeTable(all map[string]*lease) error {
+// replaceTable starts a transaction that replaces t with an empty table:
+// adding then deleting it first makes the delete succeed whether or not it
+// existed. The caller adds the content and flushes.
+func replaceTable(t *nftables.Table) (*nftables.Conn, error) {
 	c, err := nftables.New()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	t := n.table()
 	c.AddTable(t)
 	c.DelTable(t)
 	c.AddTable(t)
+	return c, nil
+}
+
+// writeTable replaces the table in one transaction.
+func (n *Network) writeTable(all map[string]*lease) error {
+	t := n.table()
+	c, err := replaceTable(t)
+	if err != nil {
+		return err
+	}
 
 	var leases []*lease
 	for _, l := range all {
