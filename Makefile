@@ -1,8 +1,9 @@
 # berth — build, test, lint, run. See README.md.
 GO        ?= go
 BIN       := bin
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X github.com/berth-runtime/berth/cri.RuntimeVersion=$(VERSION)
+# berthd reports cri/VERSION with this as semver build metadata (0.2.0-dev+3ce7510).
+COMMIT    ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS   := -X github.com/berth-runtime/berth/cri.buildCommit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 

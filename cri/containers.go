@@ -1,6 +1,7 @@
 package cri
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"slices"
@@ -11,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/sandbox"
 )
 
 func (r *RuntimeService) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
@@ -64,9 +67,10 @@ func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.Lis
 			!labelsMatch(c.Config.Labels, f.GetLabelSelector()) {
 			continue
 		}
+		image, ref := containerImage(c.Container)
 		resp.Containers = append(resp.Containers, &runtimeapi.Container{
 			Id: c.ID, PodSandboxId: c.PodID, Metadata: c.Config.Metadata,
-			Image: c.Config.Image, ImageRef: c.ImageID, ImageId: c.ImageID, State: c.State,
+			Image: image, ImageRef: ref, ImageId: c.ImageID, State: c.State,
 			CreatedAt: c.CreatedAt.UnixNano(), Labels: c.Config.Labels, Annotations: c.Config.Annotations,
 		})
 	}
@@ -78,10 +82,11 @@ func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.Co
 	if err != nil {
 		return nil, sandboxError(err)
 	}
+	image, ref := containerImage(c.Container)
 	st := &runtimeapi.ContainerStatus{
 		Id: c.ID, Metadata: c.Config.Metadata, State: c.State, CreatedAt: c.CreatedAt.UnixNano(),
 		StartedAt: unixNano(c.StartedAt), FinishedAt: unixNano(c.FinishedAt), ExitCode: c.ExitCode,
-		Image: c.Config.Image, ImageRef: c.ImageID, ImageId: c.ImageID, Reason: c.Reason, Message: c.Message,
+		Image: image, ImageRef: ref, ImageId: c.ImageID, Reason: c.Reason, Message: c.Message,
 		Labels: c.Config.Labels, Annotations: c.Config.Annotations, Mounts: c.Config.Mounts, LogPath: c.LogPath,
 		User: containerUser(c.User),
 	}
@@ -146,4 +151,18 @@ func (r *RuntimeService) UpdateContainerResources(ctx context.Context, req *runt
 		return nil, sandboxError(err)
 	}
 	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
+}
+
+// containerImage is a container's image as the kubelet shows it (kubectl get
+// pod: image, imageID): the name the user wrote, and the repo digest as its
+// ref, or the image ID for an image that came without one. Records written
+// before berth kept the name show the image as the kubelet asked for it.
+func containerImage(c *sandbox.Container) (*runtimeapi.ImageSpec, string) {
+	spec := &runtimeapi.ImageSpec{
+		Image:              cmp.Or(c.ImageName, c.Config.GetImage().GetImage()),
+		Annotations:        c.Config.GetImage().GetAnnotations(),
+		UserSpecifiedImage: c.Config.GetImage().GetUserSpecifiedImage(),
+		RuntimeHandler:     c.Config.GetImage().GetRuntimeHandler(),
+	}
+	return spec, cmp.Or(c.RepoDigest, c.ImageID)
 }

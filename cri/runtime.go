@@ -13,10 +13,6 @@ import (
 	"github.com/berth-runtime/berth/sandbox"
 )
 
-// RuntimeVersion is berth's own version, reported by the CRI Version call. Release
-// builds set it with -ldflags "-X github.com/berth-runtime/berth/cri.RuntimeVersion=…".
-var RuntimeVersion = "0.1.0-dev"
-
 const (
 	// kubeAPIVersion is the "version" field of VersionResponse: the version of
 	// the kubelet runtime API, which every upstream runtime reports as 0.1.0.
@@ -161,4 +157,13 @@ func (r *RuntimeService) verboseConfig() verboseConfig {
 		}
 	}
 	return v
+}
+
+// UpdateRuntimeConfig takes the node's pod CIDR, which the kubelet sends once
+// the control plane has given the node one, for the pod network.
+func (r *RuntimeService) UpdateRuntimeConfig(_ context.Context, req *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
+	if err := r.pods.SetPodCIDR(req.GetRuntimeConfig().GetNetworkConfig().GetPodCidr()); err != nil {
+		return nil, sandboxError(err)
+	}
+	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -158,41 +159,89 @@ func (s *Server) Shutdown(timeout time.Duration) {
 }
 
 func unaryLogger(log *slog.Logger) grpc.UnaryServerInterceptor {
+	calls := newCallLog(log)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		resp, err := h(ctx, req)
-		logCall(ctx, log, info.FullMethod, start, err)
+		calls.record(ctx, info.FullMethod, start, err)
 		return resp, err
 	}
 }
 
 func streamLogger(log *slog.Logger) grpc.StreamServerInterceptor {
+	calls := newCallLog(log)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		start := time.Now()
 		err := h(srv, ss)
-		logCall(ss.Context(), log, info.FullMethod, start, err)
+		calls.record(ss.Context(), info.FullMethod, start, err)
 		return err
 	}
 }
 
-// logCall logs every call at debug and failures higher: the caller's mistakes
-// (NotFound, InvalidArgument, …) at info, our own failures at warn.
-func logCall(ctx context.Context, log *slog.Logger, method string, start time.Time, err error) {
+// warnEvery is how often one method's Unimplemented or Internal answers
+// are logged at warn: the kubelet repeats such calls every few seconds.
+const warnEvery = time.Minute
+
+// callLog logs every call at debug and failures higher: the caller's
+// mistakes (NotFound, InvalidArgument, …) at info, calls berth does not have
+// and its own failures at warn, at most once per warnEvery per method and
+// code, with the count of those left out in between.
+type callLog struct {
+	log *slog.Logger
+
+	mu     sync.Mutex
+	warned map[string]*warnWindow // method + code
+}
+
+type warnWindow struct {
+	at         time.Time
+	suppressed int
+}
+
+func newCallLog(log *slog.Logger) *callLog {
+	return &callLog{log: log, warned: map[string]*warnWindow{}}
+}
+
+func (c *callLog) record(ctx context.Context, method string, start time.Time, err error) {
 	st := status.Convert(err)
 	attrs := []any{"method", method, "duration", time.Since(start), "code", st.Code().String()}
 	level := slog.LevelDebug
 	switch st.Code() {
 	case codes.OK:
-	case codes.Unimplemented, codes.Canceled:
-		// The kubelet polls calls berth does not have yet every few seconds,
-		// and cancels calls routinely; neither is news for an operator.
+	case codes.Canceled:
+		// The kubelet cancels calls routinely: no news for an operator.
 		attrs = append(attrs, "err", st.Message())
-	case codes.Internal, codes.Unknown, codes.DataLoss, codes.Unavailable, codes.ResourceExhausted:
-		level = slog.LevelWarn
+	case codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss, codes.Unavailable, codes.ResourceExhausted:
+		suppressed, ok := c.mayWarn(method + " " + st.Code().String())
+		if ok {
+			level = slog.LevelWarn
+		}
 		attrs = append(attrs, "err", st.Message())
+		if suppressed > 0 {
+			attrs = append(attrs, "suppressed", suppressed)
+		}
 	default:
 		level = slog.LevelInfo
 		attrs = append(attrs, "err", st.Message())
 	}
-	log.Log(ctx, level, "cri call", attrs...)
+	c.log.Log(ctx, level, "cri call", attrs...)
+}
+
+// mayWarn reports whether key may be logged at warn now, and how many of its
+// warnings were held back since the last one.
+func (c *callLog) mayWarn(key string) (suppressed int, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.warned[key]
+	now := time.Now()
+	if w != nil && now.Sub(w.at) < warnEvery {
+		w.suppressed++
+		return 0, false
+	}
+	if w == nil {
+		w = &warnWindow{}
+		c.warned[key] = w
+	}
+	suppressed, w.at, w.suppressed = w.suppressed, now, 0
+	return suppressed, true
 }

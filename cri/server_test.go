@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -268,5 +269,35 @@ func TestCallLogging(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("calls not logged: %v\nlogs:\n%s", want, logs.String())
+	}
+}
+
+// The kubelet repeats a call berth lacks every few seconds: the operator sees
+// it at warn once per window, with the count held back, not every time.
+func TestUnimplementedWarnsOncePerWindow(t *testing.T) {
+	logs := &lockedBuffer{}
+	calls := newCallLog(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	unimplemented := status.Error(codes.Unimplemented, "method CheckpointContainer not implemented")
+	const method = "/runtime.v1.RuntimeService/CheckpointContainer"
+	for range 3 {
+		calls.record(context.Background(), method, time.Now(), unimplemented)
+	}
+	calls.warned[method+" Unimplemented"].at = time.Now().Add(-warnEvery) // the window has passed
+	calls.record(context.Background(), method, time.Now(), unimplemented)
+
+	var levels []string
+	var suppressed []int
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct {
+			Level      string
+			Suppressed int
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		levels, suppressed = append(levels, rec.Level), append(suppressed, rec.Suppressed)
+	}
+	if !slices.Equal(levels, []string{"WARN", "DEBUG", "DEBUG", "WARN"}) || suppressed[3] != 2 {
+		t.Errorf("levels %v, suppressed %v; want WARN DEBUG DEBUG WARN with 2 held back\n%s", levels, suppressed, logs.String())
 	}
 }

@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/berth-runtime/berth/sandbox"
 	"google.golang.org/grpc/codes"
@@ -127,6 +128,9 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 		st.Linux.Cpu, st.Linux.Memory = cpuUsage(u), memoryUsage(u)
 		st.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: u.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: u.Pids}}
 	}
+	if st.Linux.Network, err = r.podNetworkStats(pod); err != nil {
+		return nil, err
+	}
 	ctrs, err := r.pods.ListContainers(ctx, pod.ID)
 	if err != nil {
 		return nil, err
@@ -141,4 +145,26 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 		}
 	}
 	return st, nil
+}
+
+// podNetworkStats is the pod's interfaces for the kubelet's summary: its own
+// interface (eth0) as the default, any others after it; nil for a pod with
+// no network namespace of its own.
+func (r *RuntimeService) podNetworkStats(pod *sandbox.Pod) (*runtimeapi.NetworkUsage, error) {
+	ifaces, ok, err := r.pods.PodNetworkUsage(pod)
+	if !ok || err != nil || len(ifaces) == 0 {
+		return nil, err
+	}
+	u := &runtimeapi.NetworkUsage{Timestamp: time.Now().UnixNano()}
+	for i, s := range ifaces {
+		iface := &runtimeapi.NetworkInterfaceUsage{Name: s.Name,
+			RxBytes: &runtimeapi.UInt64Value{Value: s.RxBytes}, RxErrors: &runtimeapi.UInt64Value{Value: s.RxErrors},
+			TxBytes: &runtimeapi.UInt64Value{Value: s.TxBytes}, TxErrors: &runtimeapi.UInt64Value{Value: s.TxErrors}}
+		if i == 0 {
+			u.DefaultInterface = iface
+		} else {
+			u.Interfaces = append(u.Interfaces, iface)
+		}
+	}
+	return u, nil
 }

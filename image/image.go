@@ -5,9 +5,12 @@ package image
 
 import (
 	"errors"
+	"strings"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/berth-runtime/berth/image/reference"
 )
 
 // Image is one stored image, identified by its config digest.
@@ -64,3 +67,25 @@ var ErrUnauthorized = errors.New("unauthorized")
 // ErrNoProgress is returned (wrapped) when a pull moved no byte for longer
 // than its progress timeout.
 var ErrNoProgress = errors.New("no progress")
+
+// Names returns how a container made from img should show its image to the
+// kubelet: name is the reference the user wrote (asked, or the first repo tag
+// when asked is an image ID), and repoDigest the repo digest of the same
+// repository ("" when the image came without one, e.g. imported).
+func (img *Image) Names(asked string) (name, repoDigest string) {
+	name = asked
+	if reference.IsID(asked) && len(img.RepoTags) > 0 {
+		name = img.RepoTags[0]
+	}
+	if len(img.RepoDigests) == 0 {
+		return name, ""
+	}
+	if ref, err := reference.Parse(name); err == nil {
+		for _, d := range img.RepoDigests {
+			if strings.HasPrefix(d, ref.Name()+"@") {
+				return name, d
+			}
+		}
+	}
+	return name, img.RepoDigests[0]
+}

@@ -38,7 +38,7 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 	if link.Type() != "bridge" {
 		return nil, fmt.Errorf("network: %s exists and is a %s, not a bridge", name, link.Type())
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(n.gateway.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
+	addr := n.gatewayAddr()
 	if err := netlink.AddrReplace(link, addr); err != nil {
 		return nil, fmt.Errorf("network: address %s on %s: %w", addr.IPNet, name, err)
 	}
@@ -46,6 +46,26 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 		return nil, fmt.Errorf("network: bring %s up: %w", name, err)
 	}
 	return link, nil
+}
+
+func (n *Network) gatewayAddr() *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(n.gateway.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
+}
+
+// dropGateway takes the current gateway address off the bridge, before the
+// subnet changes; a bridge that is not there has none.
+func (n *Network) dropGateway() error {
+	link, err := netlink.LinkByName(n.cfg.Bridge)
+	if errors.As(err, new(netlink.LinkNotFoundError)) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
+	}
+	if err := netlink.AddrDel(link, n.gatewayAddr()); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return fmt.Errorf("network: remove gateway %s from %s: %w", n.gateway, n.cfg.Bridge, err)
+	}
+	return nil
 }
 
 // reattach puts the leases' host veths back on the bridge, for when the

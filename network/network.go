@@ -28,6 +28,9 @@ type Config struct {
 	Masquerade bool   // NAT egress from the pod subnet to anywhere else
 	StateDir   string // lease files; required (e.g. /var/lib/berth/network)
 	TableName  string // nftables table (family ip), default "berth"
+	// SubnetFixed says the operator chose Subnet: the kubelet's pod CIDR
+	// (SetPodCIDR) does not replace it.
+	SubnetFixed bool
 }
 
 // DefaultConfig is the configuration berthd uses unless told otherwise.
@@ -76,6 +79,8 @@ type Network struct {
 	stateMu  sync.Mutex
 	ready    bool
 	notReady string
+
+	fixedLogged sync.Once // SetPodCIDR's conflict with a configured subnet
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
@@ -125,15 +130,69 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 	if subnet.Bits() > 30 {
 		return nil, fmt.Errorf("network: subnet %s is too small (at most /30)", subnet)
 	}
-	gw := subnet.Addr().Next()
-	return &Network{
-		cfg:      cfg,
-		log:      log,
-		subnet:   subnet,
-		gateway:  gw,
-		leases:   newLeaseStore(cfg.StateDir, subnet),
-		notReady: "network not set up yet",
-	}, nil
+	if !cfg.SubnetFixed {
+		saved, err := LoadPodCIDR(cfg.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		if saved != "" {
+			if subnet, err = ParsePodCIDR(saved); err != nil {
+				return nil, err
+			}
+		}
+	}
+	n := &Network{cfg: cfg, log: log, notReady: "network not set up yet"}
+	n.useSubnet(subnet)
+	return n, nil
+}
+
+// useSubnet makes subnet the one pods get addresses from; its first host
+// address is the gateway.
+func (n *Network) useSubnet(subnet netip.Prefix) {
+	n.subnet, n.gateway = subnet, subnet.Addr().Next()
+	n.leases = newLeaseStore(n.cfg.StateDir, subnet)
+}
+
+// SetPodCIDR makes the kubelet's pod CIDR the subnet of new pods, kept across
+// restarts. A subnet set in the configuration wins (the conflict is logged
+// once). The bridge has one gateway, so the subnet changes only while no pod
+// holds an address: until then the answer is ErrSubnetInUse, running pods
+// keep their addresses, and the kubelet sends the CIDR again at its next
+// node status sync.
+func (n *Network) SetPodCIDR(cidr string) error {
+	p, err := ParsePodCIDR(cidr)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if p == n.subnet {
+		return nil
+	}
+	if n.cfg.SubnetFixed {
+		n.fixedLogged.Do(func() {
+			n.log.Warn("the kubelet's pod CIDR is not used: network.subnet is set in the configuration",
+				"podCIDR", p, "subnet", n.subnet)
+		})
+		return nil
+	}
+	all, err := n.leases.all()
+	if err != nil {
+		return err
+	}
+	if len(all) > 0 {
+		return fmt.Errorf("%w: %d pods have addresses in %s; pod CIDR %s applies once they are gone",
+			ErrSubnetInUse, len(all), n.subnet, p)
+	}
+	if err := SavePodCIDR(n.cfg.StateDir, p.String()); err != nil {
+		return err
+	}
+	if err := n.dropGateway(); err != nil {
+		return err
+	}
+	n.log.Info("pod subnet set from the kubelet's pod CIDR", "subnet", p, "was", n.subnet)
+	n.useSubnet(p)
+	return n.setupLocked()
 }
 
 // Setup creates or repairs the bridge (with the pods' veths on it), enables
@@ -351,6 +410,8 @@ func (n *Network) Lookup(podID string) (*Attachment, bool) {
 	if checkPodID(podID) != nil {
 		return nil, false
 	}
+	n.mu.RLock() // the gateway changes with SetPodCIDR
+	defer n.mu.RUnlock()
 	l, err := n.leases.get(podID)
 	if err != nil {
 		if !errors.Is(err, errNoLease) {

@@ -31,6 +31,9 @@ type PodNetwork interface {
 	Reconcile(ctx context.Context, live map[string]bool) error
 	// Ready is the NetworkReady condition, with the reason when false.
 	Ready() (bool, string)
+	// SetPodCIDR takes the node's pod CIDR from the kubelet for the pods
+	// attached after it; a bad one is ErrBadPodCIDR.
+	SetPodCIDR(cidr string) error
 }
 
 var _ PodNetwork = (*Network)(nil)

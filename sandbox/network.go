@@ -59,3 +59,19 @@ func networkError(err error) error {
 	}
 	return fmt.Errorf("pod network: %w", err)
 }
+
+// SetPodCIDR hands the kubelet's pod CIDR to the pod network. An empty CIDR
+// changes nothing (the CRI says to omit it).
+func (m *Manager) SetPodCIDR(cidr string) error {
+	if cidr == "" {
+		return nil
+	}
+	err := m.opts.Network.SetPodCIDR(cidr)
+	switch {
+	case errors.Is(err, network.ErrBadPodCIDR):
+		return fmt.Errorf("%w: runtime_config.network_config.pod_cidr: %v", ErrInvalid, err)
+	case errors.Is(err, network.ErrSubnetInUse):
+		return fmt.Errorf("%w: %v", ErrFailedPrecondition, err)
+	}
+	return err
+}

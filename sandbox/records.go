@@ -50,8 +50,12 @@ type Container struct {
 	RawConfig json.RawMessage             `json:"config"`
 	ImageID   string                      `json:"imageID"`
 	ImageRef  string                      `json:"imageRef"` // what the kubelet asked for
-	CreatedAt time.Time                   `json:"createdAt"`
-	LogPath   string                      `json:"logPath"`
+	// ImageName and RepoDigest are what status shows as the image and its
+	// ref: the name the user wrote and the registry's digest for it.
+	ImageName  string    `json:"imageName,omitempty"`
+	RepoDigest string    `json:"repoDigest,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
+	LogPath    string    `json:"logPath"`
 	// StopSignal is the image's, kept here: the image may be removed
 	// while the container still runs.
 	StopSignal string `json:"stopSignal,omitempty"`

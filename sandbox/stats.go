@@ -8,6 +8,9 @@ import (
 	"sync"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/network"
+	"github.com/berth-runtime/berth/sandbox/podns"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Usage is what one container or pod uses.
@@ -105,4 +108,16 @@ func diskUsage(dir string) (bytes, inodes uint64, err error) {
 		err = nil
 	}
 	return bytes, inodes, err
+}
+
+// PodNetworkUsage reads the counters of the pod's interfaces from inside its
+// network namespace. A pod on the host network, or one whose namespace is
+// gone (stopped), has none of its own: ok is false.
+func (m *Manager) PodNetworkUsage(pod *Pod) (ifaces []network.InterfaceStats, ok bool, err error) {
+	pin := pod.Pins[string(podns.Net)]
+	if pin == "" || pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return nil, false, nil
+	}
+	ifaces, err = network.PodInterfaceStats(pin)
+	return ifaces, err == nil, err
 }

@@ -160,6 +160,7 @@ func newPodNetwork(cfg *config.Config, log *slog.Logger) (network.PodNetwork, er
 	}
 	netCfg := network.DefaultConfig()
 	netCfg.Bridge, netCfg.Subnet, netCfg.MTU, netCfg.Masquerade = cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.MTU, cfg.Network.Masquerade
+	netCfg.SubnetFixed = cfg.Network.SubnetSet
 	netCfg.StateDir = filepath.Join(cfg.Root, "network")
 	netCfg.TableName = cfg.Network.Bridge // one network: one bridge, one nftables table
 	n, err := network.New(netCfg, log)

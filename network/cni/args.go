@@ -56,10 +56,13 @@ type bandwidth struct {
 // passes each only to the plugins that declare the capability. The CRI's
 // DNS config is not offered (dns): berth writes the pod's resolv.conf
 // itself.
-func capabilityArgs(annotations map[string]string, pms []portMapping) (map[string]any, error) {
+func capabilityArgs(annotations map[string]string, pms []portMapping, podCIDR []string) (map[string]any, error) {
 	caps := map[string]any{}
 	if len(pms) > 0 {
 		caps["portMappings"] = pms
+	}
+	if len(podCIDR) > 0 {
+		caps["ipRanges"] = ipRanges(podCIDR)
 	}
 	bw, err := podBandwidth(annotations)
 	if err != nil {
@@ -154,4 +157,14 @@ func parseQuantity(s string) (uint64, error) {
 		return 0, fmt.Errorf("too large")
 	}
 	return q.Uint64(), nil
+}
+
+// ipRanges is the node's pod CIDR as the ipRanges capability (host-local
+// reads it): one range set per address family.
+func ipRanges(podCIDR []string) [][]map[string]string {
+	var sets [][]map[string]string
+	for _, c := range podCIDR {
+		sets = append(sets, []map[string]string{{"subnet": c}})
+	}
+	return sets
 }

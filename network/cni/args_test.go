@@ -66,21 +66,23 @@ func TestPortMappingsCapability(t *testing.T) {
 }
 
 func TestCapabilityArgs(t *testing.T) {
-	caps, err := capabilityArgs(nil, nil)
+	caps, err := capabilityArgs(nil, nil, nil)
 	if err != nil || len(caps) != 0 {
 		t.Errorf("no ports, no annotations: %v, %v", caps, err)
 	}
 	caps, err = capabilityArgs(map[string]string{IngressBandwidthAnnotation: "10M", "other": "x"},
-		[]portMapping{{ContainerPort: 80, HostPort: 81, Protocol: "tcp"}})
+		[]portMapping{{ContainerPort: 80, HostPort: 81, Protocol: "tcp"}}, []string{"10.244.1.0/24", "fd00:1::/64"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(caps)
-	want := `{"bandwidth":{"ingressRate":10000000,"ingressBurst":4294967295},"portMappings":[{"hostPort":81,"containerPort":80,"protocol":"tcp"}]}`
+	want := `{"bandwidth":{"ingressRate":10000000,"ingressBurst":4294967295},` +
+		`"ipRanges":[[{"subnet":"10.244.1.0/24"}],[{"subnet":"fd00:1::/64"}]],` +
+		`"portMappings":[{"hostPort":81,"containerPort":80,"protocol":"tcp"}]}`
 	if string(b) != want {
 		t.Errorf("caps %s\nwant %s", b, want)
 	}
-	if _, err := capabilityArgs(map[string]string{EgressBandwidthAnnotation: "fast"}, nil); err == nil ||
+	if _, err := capabilityArgs(map[string]string{EgressBandwidthAnnotation: "fast"}, nil, nil); err == nil ||
 		!strings.Contains(err.Error(), EgressBandwidthAnnotation) {
 		t.Errorf("bad annotation: %v", err)
 	}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,7 +31,7 @@ type Config struct {
 	ConfDir  string   // network configurations; default /etc/cni/net.d
 	BinDirs  []string // plugin binaries, searched in order; default /opt/cni/bin
 	CacheDir string   // libcni's cache (results); required
-	StateDir string   // one record per attached pod; required, persistent
+	StateDir string   // one record per attached pod; required, persistent; its parent keeps the pod CIDR
 	IfName   string   // the pod's interface; default eth0
 }
 
@@ -52,6 +54,9 @@ type Network struct {
 
 	stateMu sync.Mutex
 	last    string // the last configuration (file and bytes) or error, to log changes once
+
+	cidrMu  sync.Mutex
+	podCIDR []string // the kubelet's, one range per address family; nil until it sent one
 }
 
 var _ network.PodNetwork = (*Network)(nil)
@@ -79,11 +84,53 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 		RawExec:       &invoke.RawExec{Stderr: logWriter{log}},
 		PluginDecoder: version.PluginDecoder{},
 	}
-	return &Network{
+	n := &Network{
 		cfg: cfg,
 		log: log,
 		cni: libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, cfg.CacheDir, exec),
-	}, nil
+	}
+	saved, err := network.LoadPodCIDR(n.podCIDRDir())
+	if err != nil {
+		return nil, fmt.Errorf("cni: %w", err)
+	}
+	if saved != "" {
+		n.podCIDR = strings.Split(saved, ",")
+	}
+	return n, nil
+}
+
+func (n *Network) podCIDRDir() string { return filepath.Dir(n.cfg.StateDir) }
+
+// SetPodCIDR passes the kubelet's pod CIDR on to the plugins of pods
+// attached from now on, as the ipRanges capability (host-local allocates
+// from it where its configuration declares the capability), and keeps it
+// across restarts: the kubelet sends it again only when it changes.
+func (n *Network) SetPodCIDR(cidr string) error {
+	var ranges []string
+	for _, part := range strings.Split(cidr, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(part))
+		if err != nil || p != p.Masked() {
+			return fmt.Errorf("%w %q: %s is not a network address", network.ErrBadPodCIDR, cidr, part)
+		}
+		ranges = append(ranges, p.String())
+	}
+	n.cidrMu.Lock()
+	defer n.cidrMu.Unlock()
+	if slices.Equal(ranges, n.podCIDR) {
+		return nil
+	}
+	if err := network.SavePodCIDR(n.podCIDRDir(), strings.Join(ranges, ",")); err != nil {
+		return err
+	}
+	n.log.Info("pod CIDR from the kubelet passed to CNI plugins as ipRanges", "podCIDR", ranges)
+	n.podCIDR = ranges
+	return nil
+}
+
+func (n *Network) currentPodCIDR() []string {
+	n.cidrMu.Lock()
+	defer n.cidrMu.Unlock()
+	return n.podCIDR
 }
 
 // logWriter logs what plugins print on stderr (after a success; after a
@@ -153,7 +200,7 @@ func (n *Network) Attach(ctx context.Context, pod network.PodInfo, netnsPath str
 	if err != nil {
 		return nil, fmt.Errorf("cni: %w", err)
 	}
-	caps, err := capabilityArgs(pod.Annotations, pms)
+	caps, err := capabilityArgs(pod.Annotations, pms, n.currentPodCIDR())
 	if err != nil {
 		return nil, fmt.Errorf("cni: %w", err)
 	}

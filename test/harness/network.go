@@ -16,19 +16,25 @@ var networkSeq atomic.Uint32
 // nftables table and /24 subnet), so that daemons running in parallel never
 // share one, and removes it when the test ends.
 func testNetworkTOML(t testing.TB) string {
+	bridge, subnet := TestNetwork(t)
+	return fmt.Sprintf("\n[network]\nbridge = %q\nsubnet = %q\n", bridge, subnet)
+}
+
+// TestNetwork names a bridge (and nftables table) and a /24 subnet no other
+// test daemon uses, and removes the bridge and table when the test ends; for
+// tests that write their own [network] table.
+func TestNetwork(t testing.TB) (bridge, subnet string) {
 	n := networkSeq.Add(1)
-	bridge := fmt.Sprintf("bt%d-%d", os.Getpid()%10000, n)
-	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+os.Getpid()%50, n%256)
+	bridge = fmt.Sprintf("bt%d-%d", os.Getpid()%10000, n)
+	subnet = fmt.Sprintf("10.%d.%d.0/24", 200+os.Getpid()%50, n%256)
 	t.Cleanup(func() {
 		if link, err := netlink.LinkByName(bridge); err == nil {
 			netlink.LinkDel(link)
 		}
 		if c, err := nftables.New(); err == nil {
-			for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
-				c.DelTable(&nftables.Table{Name: bridge, Family: f})
-				c.Flush() // fails when the daemon never made the table: nothing to remove
-			}
+			c.DelTable(&nftables.Table{Name: bridge, Family: nftables.TableFamilyIPv4})
+			c.Flush() // fails when the daemon never made the table: nothing to remove
 		}
 	})
-	return fmt.Sprintf("\n[network]\nbridge = %q\nsubnet = %q\n", bridge, subnet)
+	return bridge, subnet
 }

@@ -29,7 +29,13 @@ type podEnv struct {
 
 func startPodEnv(t *testing.T, cfg v1.Config) *podEnv {
 	t.Helper()
-	reg, d := start(t, "")
+	return startPodEnvTOML(t, cfg, "")
+}
+
+// startPodEnvTOML is startPodEnv with extraTOML appended to berthd's config.
+func startPodEnvTOML(t *testing.T, cfg v1.Config, extraTOML string) *podEnv {
+	t.Helper()
+	reg, d := start(t, extraTOML)
 	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
 	// Registered after the daemon's own cleanups, so it runs before them.
 	t.Cleanup(func() { e.teardown(t) })

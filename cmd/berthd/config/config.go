@@ -39,11 +39,14 @@ type Config struct {
 // built-in bridge network's settings and the CNI folders.
 type Network struct {
 	// Mode is "bridge" (the built-in network) or "cni".
-	Mode       string `toml:"mode"`
-	Bridge     string `toml:"bridge"`
-	Subnet     string `toml:"subnet"`
-	MTU        int    `toml:"mtu"`
-	Masquerade bool   `toml:"masquerade"`
+	Mode   string `toml:"mode"`
+	Bridge string `toml:"bridge"`
+	Subnet string `toml:"subnet"`
+	// SubnetSet says the file set Subnet: then the kubelet's pod CIDR does
+	// not replace it.
+	SubnetSet  bool `toml:"-"`
+	MTU        int  `toml:"mtu"`
+	Masquerade bool `toml:"masquerade"`
 	// CNIConfDir holds the CNI network configurations; the first in
 	// lexical order is used.
 	CNIConfDir string `toml:"cni_conf_dir"`
@@ -133,6 +136,7 @@ func Load(path string, mustExist bool) (*Config, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	c.Network.SubnetSet = md.IsDefined("network", "subnet")
 	return c, nil
 }
 

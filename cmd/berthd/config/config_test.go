@@ -286,3 +286,19 @@ func TestSlogLevel(t *testing.T) {
 		}
 	}
 }
+
+// Only a subnet the file names outranks the kubelet's pod CIDR.
+func TestSubnetSet(t *testing.T) {
+	for body, want := range map[string]bool{
+		"[network]\nmtu = 1400\n":                false,
+		"[network]\nsubnet = \"10.89.0.0/16\"\n": true,
+	} {
+		c, err := Load(writeConfig(t, body), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Network.SubnetSet != want {
+			t.Errorf("%q: SubnetSet = %v, want %v", body, c.Network.SubnetSet, want)
+		}
+	}
+}
