@@ -7,7 +7,7 @@ LDFLAGS   := -X github.com/berth-runtime/berth/cri.buildCommit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 
-.PHONY: build deps test test-host test-unit test-integration deps-vm test-vm test-vm-systemd test-kubelet lint run bench install start clean
+.PHONY: build deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet lint run bench install start clean
 
 # The shim is linked statically: in pause mode it runs inside an empty rootfs.
 # The seccomp tag links libcontainer's seccomp support with Debian's static
@@ -27,10 +27,29 @@ deps:
 # systemd, as init), then a stock kubelet.
 test: test-host test-vm test-kubelet
 
-test-host: deps lint test-unit test-integration
+test-host: deps lint test-unit test-fuzz test-integration
 
 test-unit:
 	$(GO) test -count=1 ./...
+
+# The fuzzers (package:FuzzName). Their seeds (f.Add and testdata/fuzz) run
+# in test-unit; fuzz runs each for FUZZTIME, test-fuzz (CI) for 5 s each.
+# FUZZMINIMIZE bounds how long a worker shrinks a new input (a minute by
+# default, which stalls the unpack fuzzer); CI does not shrink at all, since
+# a fuzz time ending during a shrink fails the run.
+FUZZ_TARGETS := image/unpack:FuzzUnpack image/reference:FuzzParse image:FuzzDecodeImageBlobs \
+	cmd/berthd/config:FuzzLoad sandbox/spec:FuzzSysctls sandbox/spec:FuzzCRIMount sandbox/podfiles:FuzzPodFiles
+FUZZTIME ?= 30s
+FUZZMINIMIZE ?= 100x
+
+fuzz:
+	@start=$$(date +%s); for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; echo "fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) ./$$pkg || exit 1; \
+	done; echo "fuzz: $(words $(FUZZ_TARGETS)) fuzzers, $(FUZZTIME) each, $$(( $$(date +%s) - start )) s in all"
+
+test-fuzz:
+	$(MAKE) fuzz FUZZTIME=5s FUZZMINIMIZE=0s
 
 # Privileged: a real berthd (built with -race) on a temp root and socket,
 # driven through the CRI client against a loopback registry.

@@ -69,18 +69,14 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	if id.String() != cfgName.String() {
 		return nil, fmt.Errorf("config: digest mismatch: manifest names %s, content is %s", cfgName, id)
 	}
-	var cfg ocispec.Image
-	if err := json.Unmarshal(cfgRaw, &cfg); err != nil {
-		return nil, fmt.Errorf("config %s: %w", id, err)
-	}
 	layers, err := img.Layers()
 	if err != nil {
 		return nil, err
 	}
-	if len(layers) != len(cfg.RootFS.DiffIDs) {
-		return nil, fmt.Errorf("image %s: %d layers but %d diff IDs in its config", id, len(layers), len(cfg.RootFS.DiffIDs))
+	cfg, chainIDs, err := decodeConfig(cfgRaw, len(layers))
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", id, err)
 	}
-	chainIDs := chainIDs(cfg.RootFS.DiffIDs)
 	blobs := []string{id.String()}
 	for _, b := range keep {
 		blobs = append(blobs, digest.FromBytes(b).String())
@@ -119,6 +115,25 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 		return err
 	})
 	return rec, err
+}
+
+// decodeConfig decodes an image config for an image of the given number of
+// layers and returns it with the chain IDs of its layers. Diff IDs must be
+// sha256 digests: that is what unpacking checks them against.
+func decodeConfig(raw []byte, layers int) (ocispec.Image, []string, error) {
+	var cfg ocispec.Image
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return cfg, nil, err
+	}
+	if layers != len(cfg.RootFS.DiffIDs) {
+		return cfg, nil, fmt.Errorf("%d layers but %d diff IDs", layers, len(cfg.RootFS.DiffIDs))
+	}
+	for i, d := range cfg.RootFS.DiffIDs {
+		if err := d.Validate(); err != nil || d.Algorithm() != digest.SHA256 {
+			return cfg, nil, fmt.Errorf("diff ID %d %q is not a sha256 digest", i, d)
+		}
+	}
+	return cfg, chainIDs(cfg.RootFS.DiffIDs), nil
 }
 
 // ensureLayer makes sure the snapshot chainID exists, unpacking l if not.

@@ -3,6 +3,7 @@ package spec
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -71,6 +72,14 @@ func bindMount(src, dst, propagation string, readonly bool) specs.Mount {
 	return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", propagation, rw}}
 }
 
+// restrictingMountOptions are the CRI mount_options accepted: the CRI means
+// them to narrow a volume (noexec, nodev, nosuid). Anything else ("rw" on a
+// read-only mount, "shared", "suid") would loosen what the other fields ask.
+var restrictingMountOptions = map[string]bool{
+	"ro": true, "noexec": true, "nodev": true, "nosuid": true, "nosymfollow": true,
+	"noatime": true, "nodiratime": true, "relatime": true, "strictatime": true,
+}
+
 // criMount turns one CRI mount into a bind mount of its (symlink-resolved)
 // host path, and returns the rootfs propagation it needs ("" for none).
 func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
@@ -115,6 +124,12 @@ func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
 		}
 		if propagation != "rprivate" {
 			return specs.Mount{}, "", fmt.Errorf("mount %s: recursive_read_only needs private propagation", dst)
+		}
+	}
+	for _, o := range m.GetMountOptions() {
+		if !restrictingMountOptions[o] {
+			return specs.Mount{}, "", fmt.Errorf("mount %s: mount_options %q: only options that restrict a bind mount are accepted (%s)",
+				dst, o, strings.Join(slices.Sorted(maps.Keys(restrictingMountOptions)), ", "))
 		}
 	}
 	bm := bindMount(resolved, dst, propagation, m.GetReadonly())

@@ -43,6 +43,18 @@ func normalizeSysctl(key string) string {
 	}, key)
 }
 
+// validSysctlName checks a dotted name part by part: a '/' in a part stands
+// for a '.' in the file name (an interface "eth0.100"), so a part of "/" or
+// "//" would be the path "." or ".." and climb out of its namespace's folder.
+func validSysctlName(key string) bool {
+	for _, part := range strings.Split(key, ".") {
+		if part == "" || part == "/" || part == "//" {
+			return false
+		}
+	}
+	return !strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r == 0x7f })
+}
+
 // buildSysctls keeps the pod's sysctls, each of which must belong to a
 // namespace the container does not share with the host: net.* needs its own
 // network namespace, the IPC ones their own IPC namespace, kernel.hostname and
@@ -57,6 +69,9 @@ func buildSysctls(in Input, hostUTS bool) (map[string]string, error) {
 	for _, k := range slices.Sorted(maps.Keys(src)) {
 		v := src[k]
 		key := normalizeSysctl(strings.TrimSpace(k))
+		if !validSysctlName(key) {
+			return nil, fmt.Errorf("sysctl %q: not a sysctl name (an empty, \".\" or \"..\" part, a space or a control character)", k)
+		}
 		switch {
 		case strings.HasPrefix(key, "net."):
 			if in.HostNet {

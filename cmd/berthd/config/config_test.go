@@ -183,6 +183,7 @@ func TestBadFiles(t *testing.T) {
 		{"negative duration", "[image]\npull_progress_timeout = \"-1m\"", []string{`image.pull_progress_timeout = "-1m0s"`}},
 		{"credentials over plain http", "[registry.\"reg.example\"]\nplain_http = true\nusername = \"u\"\npassword = \"p\"",
 			[]string{`registry."reg.example".username = "u"`, "never sent over plain HTTP"}},
+		{"ca file is a device", "[registry.\"r.example\"]\nca_file = \"/dev/zero\"", []string{`ca_file = "/dev/zero"`, "not a regular file"}},
 		{"zero layer bytes", "[image]\nmax_layer_bytes = 0", []string{`image.max_layer_bytes = "0"`, "greater than 0"}},
 		{"negative layer entries", "[image]\nmax_layer_entries = -5", []string{`image.max_layer_entries = "-5"`, "greater than 0"}},
 		{"layer bytes as a string", "[image]\nmax_layer_bytes = \"1GiB\"", []string{"max_layer_bytes"}},

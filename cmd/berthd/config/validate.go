@@ -158,7 +158,19 @@ func validHostPort(hp string) error {
 }
 
 // caFile is checked at startup so a wrong path fails berthd, not the first pull.
+// maxCAFile bounds a CA bundle: the system's is a few hundred KiB.
+const maxCAFile = 4 << 20
+
 func caFile(p string) error {
+	// A device or FIFO (/dev/zero, a pipe) would hang the start or fill
+	// memory: only a regular file of bounded size is read.
+	info, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if !info.Mode().IsRegular() || info.Size() > maxCAFile {
+		return fmt.Errorf("not a regular file of at most %d bytes", maxCAFile)
+	}
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return err
