@@ -28,15 +28,7 @@ func FuzzSysctls(f *testing.F) {
 		for k := range out {
 			// The file the runtime writes, read the way that gives a '/'
 			// its meaning: a '.' inside a name.
-			p := path.Clean("/proc/sys/" + strings.Map(func(r rune) rune {
-				switch r {
-				case '.':
-					return '/'
-				case '/':
-					return '.'
-				}
-				return r
-			}, k))
+			p := path.Clean("/proc/sys/" + strings.NewReplacer(".", "/", "/", ".").Replace(k))
 			switch {
 			case strings.HasPrefix(p, "/proc/sys/net/"):
 				if hostNet {
