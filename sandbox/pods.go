@@ -44,6 +44,9 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err := validatePodConfig(cfg); err != nil {
 		return nil, err
 	}
+	if err := checkUserns(cfg); err != nil {
+		return nil, err
+	}
 	pauseConf, err := m.pauseConfinementOf(cfg)
 	if err != nil {
 		return nil, err

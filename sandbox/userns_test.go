@@ -1,0 +1,52 @@
+package sandbox
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func TestCheckUserns(t *testing.T) {
+	one := func(c, h, l uint32) []*runtimeapi.IDMapping {
+		return []*runtimeapi.IDMapping{{ContainerId: c, HostId: h, Length: l}}
+	}
+	good := one(0, 100000, 65536)
+	for _, c := range []struct {
+		name string
+		opts *runtimeapi.UserNamespace
+		kind error // nil: accepted
+		want string
+	}{
+		{"unset", nil, nil, ""},
+		{"node", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}, nil, ""},
+		{"node-with-map", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE, Uids: good}, ErrInvalid, "mode NODE takes no uids"},
+		{"container", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_CONTAINER}, ErrInvalid, "mode CONTAINER"},
+		{"target", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_TARGET}, ErrInvalid, "mode TARGET"},
+		{"two-gids", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: append(one(0, 1, 1), one(1, 5, 1)...)},
+			ErrInvalid, "gids: want exactly one"},
+		{"root-unmapped", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: one(1, 100000, 10), Gids: good},
+			ErrInvalid, "uids: container ID 0 is not mapped"},
+		{"empty", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: one(0, 100000, 0)},
+			ErrInvalid, "gids: mapping length is 0"},
+		{"wraps", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: one(0, 1<<32-10, 20), Gids: good},
+			ErrInvalid, "uids: host range"},
+		{"pod", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: good}, ErrFailedPrecondition, "mode POD"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+				NamespaceOptions: &runtimeapi.NamespaceOption{UsernsOptions: c.opts}}}}
+			err := checkUserns(cfg)
+			if c.kind == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), usernsField) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want %v naming %s and %q", err, c.kind, usernsField, c.want)
+			}
+		})
+	}
+}
