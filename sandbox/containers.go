@@ -83,7 +83,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}
 	u.add("release image layers", func() error { return m.opts.Images.Release(c.ID) })
 	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(pod.ID, c.ID)} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
+		if err := privateDir(d); err != nil {
 			return nil, err
 		}
 		u.add("remove "+d, func() error { return os.RemoveAll(d) })

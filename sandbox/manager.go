@@ -57,7 +57,7 @@ func New(opts Options) (*Manager, error) {
 	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{}, features: probeKernelFeatures(),
 		apparmor: apparmor.Setup(filepath.Join(opts.Root, "apparmor"), opts.Logger)}
 	for _, d := range []string{m.podsDir(), filepath.Join(opts.Root, "containers")} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
+		if err := privateDir(d); err != nil {
 			return nil, err
 		}
 	}
@@ -79,6 +79,18 @@ func (m *Manager) podDir(id string) string      { return filepath.Join(m.podsDir
 func (m *Manager) nsDir(id string) string       { return filepath.Join(m.podDir(id), "ns") }
 func (m *Manager) bundleDir(p, c string) string { return filepath.Join(m.podDir(p), "containers", c) }
 func (m *Manager) layerDir(c string) string     { return filepath.Join(m.opts.Root, "containers", c) }
+
+// privateDir makes dir (and its missing parents) and sets its mode to 0700,
+// also when it already existed with a wider one: folders holding files a
+// container wrote must not be reachable by host users, or a setuid binary
+// written by root in a container is a root shell for anyone on the node
+// (the upperdir path is public in /proc/self/mountinfo).
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
+}
 
 // newID returns a 64-hex-digit ID, the form CRI clients show truncated.
 func newID() string {

@@ -63,7 +63,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 
 	t := newTimeline()
 	dir := m.podDir(pod.ID)
-	if err := os.MkdirAll(dir, 0o711); err != nil {
+	if err := privateDir(dir); err != nil {
 		return nil, err
 	}
 	u.add("remove pod folder", func() error { return os.RemoveAll(dir) })

@@ -53,13 +53,20 @@ func newLogger(cfg *config.Config) *slog.Logger {
 }
 
 func run(cfg *config.Config, log *slog.Logger) error {
-	// Root 0711 as containerd does: non-root container users may need to
-	// traverse to their mounts below it, but nobody else needs to list it.
-	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
-		return fmt.Errorf("root: %w", err)
-	}
-	if err := os.MkdirAll(cfg.State, 0o700); err != nil {
-		return fmt.Errorf("state: %w", err)
+	// Root 0711 as containerd does: nobody else needs to list it, and the
+	// folders below it that hold container-written files are 0700 (the
+	// sandbox manager sees to those). The modes are set on every start, so
+	// an older or hand-made tree gets them too.
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{cfg.Root, 0o711}, {cfg.State, 0o700}} {
+		if err := os.MkdirAll(d.path, d.mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(d.path, d.mode); err != nil {
+			return err
+		}
 	}
 
 	dbPath := filepath.Join(cfg.Root, "meta.db")
