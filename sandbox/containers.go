@@ -53,6 +53,9 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return nil, wrapf(ErrFailedPrecondition, "pod %s is not ready", pod.ID)
 	}
+	if err := m.checkPause(ctx, pod); err != nil {
+		return nil, err
+	}
 	img, err := m.opts.Images.Get(cfg.Image.Image)
 	if errors.Is(err, image.ErrNotFound) {
 		return nil, wrapf(ErrNotFound, "image %q: pull it first", cfg.Image.Image)
@@ -146,7 +149,7 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 		Resources:   res, AppArmor: m.apparmor,
 	}
 	if pod.PausePID > 0 {
-		in.PIDNS = pidNamespace(pod.PausePID)
+		in.PIDNS = pidNamespace(pod)
 	}
 	s, err := spec.Generate(in)
 	if err != nil {

@@ -9,9 +9,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/spec"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -94,8 +96,65 @@ func (m *Manager) pauseCgroup(pod *Pod) string {
 	return m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, pod.ID)
 }
 
-// pidNamespace is the namespace containers of a shared-PID pod join.
-func pidNamespace(pausePID int) string { return fmt.Sprintf("/proc/%d/ns/pid", pausePID) }
+// pinPIDNamespace pins the pause's PID namespace with the pod's other
+// pins: containers join the pin, which names that namespace for as long as
+// the pod has it, never another process's after PID reuse.
+func (m *Manager) pinPIDNamespace(pod *Pod) error {
+	p, err := podns.PinProcess(m.nsDir(pod.ID), podns.PID, pod.PausePID)
+	if err != nil {
+		return err
+	}
+	pod.Pins[string(podns.PID)] = p
+	return nil
+}
+
+// pidNamespace is the namespace containers of a shared-PID pod join: its
+// pin, or for a pod made before pins of the PID namespace, the pause's.
+func pidNamespace(pod *Pod) string {
+	if p := pod.Pins[string(podns.PID)]; p != "" {
+		return p
+	}
+	return fmt.Sprintf("/proc/%d/ns/pid", pod.PausePID)
+}
+
+// watchPause waits for the pod's pause to exit. Its exit ends every
+// process of the pod's PID namespace, so a pod whose pause exits while
+// berthd counts on it turns NOTREADY, and the kubelet recreates it. A shim
+// that goes away is watchShim's to report.
+func (m *Manager) watchPause(podID string, c *shim.Client) {
+	st, err := c.Wait(context.Background(), pauseID)
+	if err != nil || st.Status != shim.StatusStopped {
+		return
+	}
+	unlock := m.pods.lock(podID) // a stop in progress finishes first
+	defer unlock()
+	pod, err := m.GetPod(podID)
+	if err != nil || pod.State != runtimeapi.PodSandboxState_SANDBOX_READY || m.shim(podID) != c {
+		return
+	}
+	m.log.Warn("pause process exited: pod is not ready", "pod", podID, "exit", st.ExitCode, "signal", st.Signal)
+	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+		m.log.Error("record pod not ready", "pod", podID, "err", err)
+	}
+}
+
+// checkPause refuses to add a container to a pod whose pause is gone,
+// before watchPause has noticed.
+func (m *Manager) checkPause(ctx context.Context, pod *Pod) error {
+	if pod.PausePID == 0 {
+		return nil
+	}
+	client, err := m.podShim(pod.ID)
+	if err != nil {
+		return wrapf(ErrFailedPrecondition, "pod %s is not ready: %v", pod.ID, err)
+	}
+	st, err := client.State(ctx, pauseID)
+	if err != nil || st.Status != shim.StatusRunning {
+		return wrapf(ErrFailedPrecondition, "pod %s is not ready: its pause process (PID 1 of the pod) is gone (%s, %v)", pod.ID, st.Status, err)
+	}
+	return nil
+}
 
 // killPause stops the pause process; a pod whose shim is gone has none left
 // to stop.

@@ -140,6 +140,9 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		if pod.PausePID, err = m.startPause(ctx, pod, client, pauseConf); err != nil {
 			return nil, fmt.Errorf("pause process: %w", err)
 		}
+		if err := m.pinPIDNamespace(pod); err != nil {
+			return nil, err
+		}
 		t.step("pause")
 	}
 
@@ -149,6 +152,9 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		return nil, err
 	}
 	u.keep()
+	if pod.PausePID > 0 {
+		go m.watchPause(pod.ID, client)
+	}
 	m.log.Info("pod ready", "pod", pod.ID, "name", cfg.Metadata.Name, "namespace", cfg.Metadata.Namespace, "timeline", pod.Timeline)
 	return pod, nil
 }

@@ -36,6 +36,9 @@ func (m *Manager) recover() error {
 		if err == nil {
 			m.log.Info("reconnected to pod shim", "pod", pod.ID)
 			live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
+			if live[pod.ID] && pod.PausePID > 0 {
+				go m.watchPause(pod.ID, c)
+			}
 			continue
 		}
 		if !errors.Is(err, shim.ErrUnavailable) {

@@ -15,12 +15,14 @@ import (
 // Kind names a namespace the way /proc/<pid>/ns does.
 type Kind string
 
-// The namespaces a pod owns; its PID namespace (when not the host's) is held
-// by the built-in pause process instead, and mount namespaces by containers.
+// The namespaces a pod owns; its PID namespace (when not the host's) is
+// created by the built-in pause process as its PID 1 and then pinned with
+// PinProcess, and mount namespaces are the containers' own.
 const (
 	Net Kind = "net"
 	IPC Kind = "ipc"
 	UTS Kind = "uts"
+	PID Kind = "pid"
 )
 
 var cloneFlags = map[Kind]int{
@@ -113,10 +115,28 @@ func validate(opts Options) error {
 	return nil
 }
 
+// PinProcess pins the namespace of kind k that process pid is in, as
+// dir/<kind>, and returns the pin's path. Containers then join the pin, not
+// /proc/<pid>/ns/<kind>: once pid is gone that path fails, or after PID
+// reuse names another process's namespace. On failure no pin is left.
+func PinProcess(dir string, k Kind, pid int) (string, error) {
+	p := filepath.Join(dir, string(k))
+	f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return "", fmt.Errorf("podns: create pin: %w", err)
+	}
+	f.Close()
+	src := fmt.Sprintf("/proc/%d/ns/%s", pid, k)
+	if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
+		return "", errors.Join(fmt.Errorf("podns: pin %s of process %d: %w", k, pid, err), os.Remove(p))
+	}
+	return p, nil
+}
+
 // Remove unmounts and deletes every pin in dir. A missing pin is not an
 // error, so Remove is safe to repeat and to run on a half-made pod.
 func Remove(dir string) error {
-	pins := map[Kind]string{}
+	pins := map[Kind]string{PID: filepath.Join(dir, string(PID))}
 	for k := range cloneFlags {
 		pins[k] = filepath.Join(dir, string(k))
 	}

@@ -123,7 +123,8 @@ func TestKillCreated(t *testing.T) {
 
 // A pod sharing one PID namespace: the built-in pause is its PID 1, so a
 // container's process is not, and SIGTERM ends it (143). Orphans land on
-// pause, which reaps them.
+// pause, which reaps them. The pause ignores signals it can be sent (only
+// SIGKILL from outside its namespace ends it).
 func TestSharedPIDNamespace(t *testing.T) {
 	p := newPod(t)
 	ctx := ctxT(t)
@@ -142,11 +143,20 @@ func TestSharedPIDNamespace(t *testing.T) {
 	if st := p.wait("app"); st.ExitCode != 143 || st.Signal != 15 {
 		t.Fatalf("app after SIGTERM: %+v", st)
 	}
-	if err := p.c.Kill(ctx, "pause", syscall.SIGTERM, false); err != nil {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1} {
+		if err := p.c.Kill(ctx, "pause", sig, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if st, err := p.c.State(ctx, "pause"); err != nil || st.Status != shim.StatusRunning {
+		t.Fatalf("pause after SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1: %+v, %v", st, err)
+	}
+	if err := p.c.Kill(ctx, "pause", syscall.SIGKILL, false); err != nil {
 		t.Fatal(err)
 	}
-	if st := p.wait("pause"); st.ExitCode != 0 {
-		t.Fatalf("pause after SIGTERM: %+v", st)
+	if st := p.wait("pause"); st.Signal != 9 {
+		t.Fatalf("pause after SIGKILL: %+v", st)
 	}
 }
 
