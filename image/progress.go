@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/berth-runtime/berth/image/registry"
 )
 
 // progressWatch cancels a pull whose transfers have moved no byte for the
@@ -52,7 +54,7 @@ func (w *progressWatch) Close() { close(w.stop) }
 
 // transport counts every response and body byte as progress.
 func (w *progressWatch) transport(base http.RoundTripper) http.RoundTripper {
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+	return registry.RoundTripFunc(func(req *http.Request) (*http.Response, error) {
 		resp, err := base.RoundTrip(req)
 		w.touch()
 		if resp != nil {
@@ -61,10 +63,6 @@ func (w *progressWatch) transport(base http.RoundTripper) http.RoundTripper {
 		return resp, err
 	})
 }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 type countingBody struct {
 	io.ReadCloser

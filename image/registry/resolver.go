@@ -158,9 +158,35 @@ func (r *Resolver) transport(host string) (http.RoundTripper, error) {
 		}
 		t.TLSClientConfig = cfg
 	}
-	r.transports[host] = t
-	return t, nil
+	r.transports[host] = limitRedirects(t)
+	return r.transports[host], nil
 }
+
+// maxRedirects is how many redirects one request may follow, as net/http's
+// default policy allows.
+const maxRedirects = 10
+
+// limitRedirects bounds redirect chains: go-containerregistry's fetcher
+// replaces net/http's redirect policy with one that has no limit, so a
+// registry redirecting a blob to itself kept a pull going forever. Each hop
+// of a chain reaches the transport carrying the response that caused it.
+func limitRedirects(base http.RoundTripper) http.RoundTripper {
+	return RoundTripFunc(func(req *http.Request) (*http.Response, error) {
+		hops := 0
+		for r := req; r.Response != nil && r.Response.Request != nil; r = r.Response.Request {
+			if hops++; hops > maxRedirects {
+				return nil, fmt.Errorf("GET %s: stopped after %d redirects", req.URL.Redacted(), maxRedirects)
+			}
+		}
+		return base.RoundTrip(req)
+	})
+}
+
+// RoundTripFunc makes a function an http.RoundTripper.
+type RoundTripFunc func(*http.Request) (*http.Response, error)
+
+// RoundTrip calls f.
+func (f RoundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // ParseMirror accepts "http://host:port", "https://host" (optionally with
 // the registry API root "/v2", which the client adds anyway) or a bare

@@ -1,6 +1,9 @@
 package registry
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -100,5 +103,23 @@ func TestCredentialsNeverOverPlainHTTPToAnotherMachine(t *testing.T) {
 		if IsLoopback(h) {
 			t.Errorf("IsLoopback(%q) = true", h)
 		}
+	}
+}
+
+func TestRedirectLoopStops(t *testing.T) {
+	hits := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		http.Redirect(w, r, r.URL.String(), http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	// As go-containerregistry's fetcher: a redirect policy without a limit.
+	c := &http.Client{Transport: limitRedirects(http.DefaultTransport), CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
+	_, err := c.Get(srv.URL + "/v2/x/blobs/sha256:00")
+	if err == nil || !strings.Contains(err.Error(), "stopped after 10 redirects") {
+		t.Errorf("Get = %v, want stopped after 10 redirects", err)
+	}
+	if hits != maxRedirects+1 {
+		t.Errorf("the registry saw %d requests, want %d", hits, maxRedirects+1)
 	}
 }

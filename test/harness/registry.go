@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -191,6 +192,9 @@ const (
 	faultTruncate
 	faultStall
 	faultTrickle
+	faultStatus       // answer with an error status instead of the blob
+	faultRedirectLoop // redirect to the same URL, forever
+	faultLength       // declare a Content-Length off by delta
 )
 
 type fault struct {
@@ -198,6 +202,8 @@ type fault struct {
 	at    int64 // corrupt: offset of the flipped byte (<0: middle); truncate/stall: offset of the cut
 	chunk int   // trickle: bytes per write
 	every time.Duration
+	code  int   // status: the HTTP status
+	delta int64 // length: added to the true Content-Length
 }
 
 func (r *Registry) setFault(d v1.Hash, f fault) {
@@ -228,6 +234,19 @@ func (r *Registry) Trickle(d v1.Hash, chunk int, every time.Duration) {
 		chunk = 1
 	}
 	r.setFault(d, fault{kind: faultTrickle, chunk: chunk, every: every})
+}
+
+// Fail makes GETs of d answer with the HTTP status code (a 5xx, say) and a
+// registry error body.
+func (r *Registry) Fail(d v1.Hash, code int) { r.setFault(d, fault{kind: faultStatus, code: code}) }
+
+// RedirectLoop makes GETs of d redirect (307) to their own URL.
+func (r *Registry) RedirectLoop(d v1.Hash) { r.setFault(d, fault{kind: faultRedirectLoop}) }
+
+// LieLength makes GETs of d declare a Content-Length delta bytes off the
+// blob's size, then send the blob as far as the declared length allows.
+func (r *Registry) LieLength(d v1.Hash, delta int64) {
+	r.setFault(d, fault{kind: faultLength, delta: delta})
 }
 
 // Heal removes the fault on d.
@@ -272,7 +291,14 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			r.inFlight--
 			r.mu.Unlock()
 		}()
-		if faulty {
+		switch {
+		case faulty && f.kind == faultStatus:
+			writeRegistryError(w, f.code, "UNKNOWN", "injected failure")
+			return
+		case faulty && f.kind == faultRedirectLoop:
+			http.Redirect(w, req, req.URL.String(), http.StatusTemporaryRedirect)
+			return
+		case faulty:
 			w = &faultWriter{ResponseWriter: w, f: f, req: req, stop: r.stop}
 		}
 	}
@@ -443,6 +469,9 @@ func (w *faultWriter) WriteHeader(code int) {
 	default:
 		_, _ = fmt.Sscanf(h.Get("Content-Length"), "%d", &w.size)
 	}
+	if w.f.kind == faultLength && code == http.StatusOK {
+		h.Set("Content-Length", fmt.Sprint(w.size+w.f.delta))
+	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
@@ -493,6 +522,15 @@ func (w *faultWriter) Write(p []byte) (int, error) {
 			}
 		}
 		w.abort()
+	case faultLength:
+		// net/http refuses bytes past the declared length; a shorter body
+		// than declared ends with the connection closed.
+		n, err := w.ResponseWriter.Write(p)
+		w.off += int64(n)
+		if errors.Is(err, http.ErrContentLength) {
+			return len(p), nil
+		}
+		return n, err
 	case faultTrickle:
 		written := 0
 		for written < len(p) {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -992,4 +993,47 @@ func TestPullCredentialsStayHome(t *testing.T) {
 		t.Errorf("the image's registry received users %v, want alice", got)
 	}
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+}
+
+// TestPullRegistryFaults pulls while the registry misbehaves on one blob:
+// each pull fails with an error that says what went wrong, leaves nothing
+// behind, and succeeds once the registry heals.
+func TestPullRegistryFaults(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	cases := []struct {
+		name  string
+		blob  func(*testing.T, v1.Image) v1.Hash
+		fault func(*harness.Registry, v1.Hash)
+		want  string
+	}{
+		{"5xx-on-layer", baseLayer, func(r *harness.Registry, d v1.Hash) { r.Fail(d, http.StatusServiceUnavailable) }, "injected failure"},
+		{"5xx-on-config", config, func(r *harness.Registry, d v1.Hash) { r.Fail(d, http.StatusInternalServerError) }, "injected failure"},
+		{"redirect-loop", baseLayer, func(r *harness.Registry, d v1.Hash) { r.RedirectLoop(d) }, "stopped after 10 redirects"},
+		{"content-length-too-long", baseLayer, func(r *harness.Registry, d v1.Hash) { r.LieLength(d, 4096) }, "Content-Length"},
+		{"content-length-too-short", topLayer, func(r *harness.Registry, d v1.Hash) { r.LieLength(d, -16) }, "Content-Length"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			reg, d := start(t, "")
+			img := harness.BusyboxImage(t, harness.ImageSpec{Layers: [][]harness.File{{harness.Reg("top", c.name, 0o644)}}})
+			p := reg.Push(t, "berth/faulty:1", img)
+			blob := c.blob(t, img)
+			c.fault(reg, blob)
+			_, err := pull(t, d, p.Name, nil)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("pull = %v; want an error mentioning %q", err, c.want)
+			}
+			if reg.Fetches(blob) == 0 {
+				t.Fatalf("berthd never asked for the faulty blob %s", blob)
+			}
+			assertAbsent(t, d, p.Name, p.ID)
+			harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+
+			reg.Heal(blob)
+			mustPull(t, d, p.Name, p.ID)
+			harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+		})
+	}
 }
