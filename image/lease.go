@@ -47,6 +47,19 @@ func (s *Service) Release(owner string) error {
 	return nil
 }
 
+// LeaseOwners lists the owners that hold a lease, for recovery to release
+// those of containers that no longer exist.
+func (s *Service) LeaseOwners() ([]string, error) {
+	var owners []string
+	err := s.opts.DB.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(leasesBucket).ForEach(func(k, _ []byte) error {
+			owners = append(owners, string(k))
+			return nil
+		})
+	})
+	return owners, err
+}
+
 // leasedChainIDs lists every chain ID some owner holds.
 func leasedChainIDs(tx *bolt.Tx) (map[string]bool, error) {
 	used := map[string]bool{}

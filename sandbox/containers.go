@@ -281,10 +281,12 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 			return err
 		}
 	}
-	if err := m.deleteContainerRecord(c.ID); err != nil {
+	// Release first: a crash between the two leaves a record, which a retry
+	// removes, never a lease nobody would release.
+	if err := m.opts.Images.Release(c.ID); err != nil {
 		return err
 	}
-	return m.opts.Images.Release(c.ID)
+	return m.deleteContainerRecord(c.ID)
 }
 
 // lockContainer finds a container and locks its pod.

@@ -107,7 +107,11 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		t.step("network")
 	}
 
+	// Recorded before it is made: after a crash here, RemovePod finds it.
 	pod.Cgroup = m.opts.Cgroups.PodCgroup(cfg.GetLinux().GetCgroupParent(), cfg.Metadata.Uid)
+	if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+		return nil, err
+	}
 	if err := m.opts.Cgroups.CreatePod(pod.Cgroup, cfg.GetLinux().GetResources()); err != nil {
 		return nil, fmt.Errorf("pod cgroup %s: %w", pod.Cgroup, err)
 	}

@@ -3,8 +3,12 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 
+	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/rootfs"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -52,6 +56,90 @@ func (m *Manager) recover() error {
 			return err
 		}
 	}
+	if err := m.reclaimUnknown(pods); err != nil {
+		return err
+	}
 	// Leases, links and host port rules of pods that are gone or stopped.
 	return m.opts.Network.Reconcile(ctx, live)
+}
+
+// reclaimUnknown removes what a crash left that no record names: pod
+// folders, container bundles and writable layers, and image leases of
+// containers that do not exist.
+func (m *Manager) reclaimUnknown(pods []*Pod) error {
+	ctrs, err := m.listContainers("")
+	if err != nil {
+		return err
+	}
+	knownPods, knownCtrs := map[string]bool{}, map[string]bool{pauseID: true}
+	for _, p := range pods {
+		knownPods[p.ID] = true
+	}
+	for _, c := range ctrs {
+		knownCtrs[c.ID] = true
+	}
+	var errs []error
+	for _, id := range unknownEntries(m.podsDir(), knownPods) {
+		errs = append(errs, m.reclaimPodFolder(id))
+	}
+	for _, p := range pods {
+		for _, id := range unknownEntries(filepath.Join(m.podDir(p.ID), "containers"), knownCtrs) {
+			errs = append(errs, m.reclaimBundle(p.ID, id))
+		}
+	}
+	for _, id := range unknownEntries(filepath.Join(m.opts.Root, "containers"), knownCtrs) {
+		m.log.Warn("removing the writable layer of an unknown container", "container", id)
+		errs = append(errs, os.RemoveAll(m.layerDir(id)))
+	}
+	owners, err := m.opts.Images.LeaseOwners()
+	errs = append(errs, err)
+	for _, o := range owners {
+		if !knownCtrs[o] {
+			m.log.Warn("releasing the image lease of an unknown container", "container", o)
+			errs = append(errs, m.opts.Images.Release(o))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unknownEntries lists the folders in dir whose names known lacks.
+func unknownEntries(dir string, known map[string]bool) []string {
+	entries, _ := os.ReadDir(dir) // a missing folder has nothing unknown
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && !known[e.Name()] {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// reclaimPodFolder removes a pod folder without a record, with its pins,
+// shm mount and container rootfs mounts. One whose shim still answers is
+// left alone (logged): its containers may run, and nothing else names them.
+func (m *Manager) reclaimPodFolder(id string) error {
+	if c, err := shim.Dial(m.podDir(id)); err == nil {
+		c.Close()
+		m.log.Error("a pod folder without a record has a live shim: left alone", "dir", m.podDir(id))
+		return nil
+	}
+	m.log.Warn("removing the folder of an unknown pod", "pod", id)
+	errs := []error{podns.Remove(m.nsDir(id)), podfiles.Remove(m.podDir(id))}
+	for _, c := range unknownEntries(filepath.Join(m.podDir(id), "containers"), nil) {
+		errs = append(errs, m.reclaimBundle(id, c))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return os.RemoveAll(m.podDir(id))
+}
+
+// reclaimBundle unmounts and removes the bundle of a container without a
+// record.
+func (m *Manager) reclaimBundle(podID, id string) error {
+	m.log.Warn("removing the bundle of an unknown container", "pod", podID, "container", id)
+	if err := rootfs.Unmount(rootfs.Layout{Target: filepath.Join(m.bundleDir(podID, id), "rootfs")}); err != nil {
+		return err
+	}
+	return os.RemoveAll(m.bundleDir(podID, id))
 }
