@@ -38,6 +38,7 @@ type RuntimeService struct {
 	cfg     Config
 	pods    *sandbox.Manager
 	network NetworkStatus
+	stream  *StreamServer // nil: Exec, Attach, PortForward are Unimplemented
 }
 
 // NetworkStatus reports whether the pod network can take pods, and why not.
@@ -49,6 +50,12 @@ type NetworkStatus interface {
 // cfg, running pods with pods on network.
 func NewRuntimeService(cfg Config, pods *sandbox.Manager, network NetworkStatus) *RuntimeService {
 	return &RuntimeService{cfg: cfg, pods: pods, network: network}
+}
+
+// WithStreams makes Exec, Attach and PortForward hand out URLs of s.
+func (r *RuntimeService) WithStreams(s *StreamServer) *RuntimeService {
+	r.stream = s
+	return r
 }
 
 // networkCondition is NetworkReady: the kubelet keeps pods that need the pod

@@ -113,13 +113,27 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("sandbox manager: %w", err)
 	}
 
+	streams, err := cri.NewStreamServer(cri.StreamOptions{
+		Address: cfg.Stream.Address, Port: cfg.Stream.Port, IdleTimeout: cfg.Stream.IdleTimeout.Duration,
+		TLSCert: cfg.Stream.TLSCert, TLSKey: cfg.Stream.TLSKey,
+	}, pods)
+	if err != nil {
+		return err
+	}
+	defer streams.Shutdown()
+	go func() {
+		if err := streams.Serve(); err != nil {
+			log.Error("stream server failed", "err", err)
+		}
+	}()
+
 	srv := cri.NewServer(cri.ServerOptions{
 		Socket: cfg.Socket,
 		Logger: log.With("component", "cri"),
 		Runtime: cri.NewRuntimeService(cri.Config{
 			Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
 			CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
-		}, pods, podNet),
+		}, pods, podNet).WithStreams(streams),
 		Images:    cri.NewImageService(images),
 		Extension: cri.NewExtensionServer(images),
 	})
@@ -131,7 +145,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
-	log.Info("berthd serving", "socket", cfg.Socket, "version", cri.RuntimeVersion,
+	log.Info("berthd serving", "socket", cfg.Socket, "stream", streams.Addr(), "version", cri.RuntimeVersion,
 		"root", cfg.Root, "state", cfg.State, "network", cfg.Network.Mode, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
 
 	select {

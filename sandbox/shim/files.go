@@ -12,6 +12,7 @@ import (
 // File names inside the pod folder and a container's folder.
 const (
 	SocketFile  = "shim.sock"
+	StreamFile  = "stream.sock"
 	PidFile     = "shim.pid"
 	LogFile     = "shim.log"
 	StateRoot   = "lc"

@@ -31,6 +31,7 @@ type Config struct {
 	ShimBinary string  `toml:"shim_binary"`
 	Image      Image   `toml:"image"`
 	Network    Network `toml:"network"`
+	Stream     Stream  `toml:"stream"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000").
 	Registries map[string]registry.Host `toml:"registry"`
 }
@@ -61,6 +62,18 @@ const (
 	NetworkBridge = "bridge"
 	NetworkCNI    = "cni"
 )
+
+// Stream holds the [stream] table: the server behind the URLs that Exec,
+// Attach and PortForward return (the kubelet proxies clients to it).
+type Stream struct {
+	Address string `toml:"address"`
+	// Port 0 takes a free port at every start.
+	Port        int      `toml:"port"`
+	IdleTimeout Duration `toml:"idle_timeout"`
+	// TLSCert and TLSKey (both or neither) serve https.
+	TLSCert string `toml:"tls_cert"`
+	TLSKey  string `toml:"tls_key"`
+}
 
 // Image holds the [image] table.
 type Image struct {
@@ -111,6 +124,7 @@ func Default() *Config {
 			MaxLayerBytes: DefaultMaxLayerBytes, MaxLayerEntries: DefaultMaxLayerEntries},
 		Network: Network{Mode: NetworkBridge, Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
+		Stream: Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
 	}
 }
 

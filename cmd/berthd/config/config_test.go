@@ -65,6 +65,7 @@ func TestDefaults(t *testing.T) {
 		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000},
 		Network: Network{Mode: "bridge", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
+		Stream: Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults = %+v, want %+v", c, want)
@@ -100,6 +101,11 @@ pull_progress_timeout = "90s"
 max_layer_bytes = 1073741824
 max_layer_entries = 1000
 
+[stream]
+address = "0.0.0.0"
+port = 10010
+idle_timeout = "1h"
+
 [network]
 mode = "cni"
 cni_conf_dir = "/etc/berth/cni"
@@ -128,6 +134,7 @@ skip_verify = false
 		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
+		Stream: Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
 		Registries: map[string]registry.Host{
 			"docker.io": {
 				Mirrors:  []string{"https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"},
@@ -198,6 +205,11 @@ func TestBadFiles(t *testing.T) {
 			[]string{`registry."r.example".ca_file`, "nope.pem", "no such file"}},
 		{"ca file not pem", "[registry.\"r.example\"]\nca_file = \"" + notPEM + "\"", []string{"ca_file", "not.pem", "no PEM"}},
 		{"empty host", "[registry.\"\"]\nplain_http = true", []string{`registry.""`}},
+		{"stream address", "[stream]\naddress = \"localhost\"", []string{`stream.address = "localhost"`, "IP address"}},
+		{"stream port", "[stream]\nport = 70000", []string{`stream.port = "70000"`}},
+		{"stream idle timeout", "[stream]\nidle_timeout = \"0s\"", []string{`stream.idle_timeout = "0s"`, "greater than 0"}},
+		{"stream cert without key", "[stream]\ntls_cert = \"/etc/c.pem\"", []string{"stream.tls_cert", "together"}},
+		{"stream cert missing", "[stream]\ntls_cert = \"" + filepath.Join(dir, "nope.pem") + "\"\ntls_key = \"" + notPEM + "\"", []string{"stream.tls_cert", "nope.pem"}},
 		{"syntax", `root = "/x`, []string{"toml"}},
 	}
 	for _, tt := range tests {

@@ -52,6 +52,9 @@ func (c *Config) validate() error {
 	if err := c.Network.validate(); err != nil {
 		return err
 	}
+	if err := c.Stream.validate(); err != nil {
+		return err
+	}
 	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
 		return badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0"))
 	}
@@ -70,6 +73,33 @@ func (c *Config) validate() error {
 	for _, h := range hosts {
 		if err := validateHost(h, c.Registries[h]); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+func (s *Stream) validate() error {
+	if net.ParseIP(s.Address) == nil {
+		return badValue("stream.address", s.Address, errors.New("must be an IP address"))
+	}
+	if s.Port < 0 || s.Port > 65535 {
+		return badValue("stream.port", strconv.Itoa(s.Port), errors.New("must be 0 (a free port) to 65535"))
+	}
+	if d := s.IdleTimeout.Duration; d <= 0 {
+		return badValue("stream.idle_timeout", d.String(), errors.New("must be greater than 0"))
+	}
+	if (s.TLSCert == "") != (s.TLSKey == "") {
+		return badValue("stream.tls_cert", s.TLSCert, errors.New("tls_cert and tls_key go together"))
+	}
+	for _, f := range []struct{ key, val string }{{"stream.tls_cert", s.TLSCert}, {"stream.tls_key", s.TLSKey}} {
+		if f.val == "" {
+			continue
+		}
+		if err := absPath(f.val); err != nil {
+			return badValue(f.key, f.val, err)
+		}
+		if _, err := os.Stat(f.val); err != nil {
+			return badValue(f.key, f.val, err)
 		}
 	}
 	return nil

@@ -18,18 +18,9 @@ import (
 )
 
 func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
-	c, err := s.get(req.ID)
+	c, err := s.runningCtr(req.ID, req.Args)
 	if err != nil {
 		return shim.ExecResponse{}, err
-	}
-	s.mu.Lock()
-	status := c.state.Status
-	s.mu.Unlock()
-	if status != shim.StatusRunning {
-		return shim.ExecResponse{}, fmt.Errorf("%w: %s is %s", shim.ErrNotRunning, req.ID, status)
-	}
-	if len(req.Args) == 0 {
-		return shim.ExecResponse{}, errors.New("exec: no command")
 	}
 	proc := execProcess(c, req)
 	limit := req.MaxOutput
@@ -49,12 +40,7 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 	}
 	proc.Stdout, proc.Stderr = outW, errW
 	exited := make(chan exit, 1)
-	pid, err := s.reaper.spawn(func() (int, error) {
-		if err := c.lc.Run(proc); err != nil {
-			return 0, err
-		}
-		return proc.Pid()
-	}, func(e exit) { exited <- e })
+	pid, err := s.spawnExec(c, proc, exited)
 	outW.Close()
 	errW.Close()
 	if err != nil {
@@ -93,6 +79,37 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 	}
 	resp.Stdout, resp.Stderr = out.buf[0].Bytes(), out.buf[1].Bytes()
 	return resp, nil
+}
+
+var errNoCommand = errors.New("exec: no command")
+
+// runningCtr is the container an exec of args runs in; it must be running.
+func (s *Server) runningCtr(id string, args []string) (*ctr, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	status := c.state.Status
+	s.mu.Unlock()
+	if status != shim.StatusRunning {
+		return nil, fmt.Errorf("%w: %s is %s", shim.ErrNotRunning, id, status)
+	}
+	if len(args) == 0 {
+		return nil, errNoCommand
+	}
+	return c, nil
+}
+
+// spawnExec starts proc in c with the container's own setup; exited gets
+// its exit.
+func (s *Server) spawnExec(c *ctr, proc *libcontainer.Process, exited chan exit) (int, error) {
+	return s.reaper.spawn(func() (int, error) {
+		if err := c.lc.Run(proc); err != nil {
+			return 0, err
+		}
+		return proc.Pid()
+	}, func(e exit) { exited <- e })
 }
 
 // execProcess is the exec'd process: the container's own process settings

@@ -72,9 +72,16 @@ func Run(dir string, ready *os.File) error {
 		return err
 	}
 	defer os.Remove(shim.SocketPath(dir))
+	sl, err := shim.ListenStream(dir)
+	if err != nil {
+		l.Close()
+		return err
+	}
+	defer os.Remove(shim.StreamPath(dir))
 	pidFile := filepath.Join(dir, shim.PidFile)
 	if err := writeFileAtomic(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n")); err != nil {
 		l.Close()
+		sl.Close()
 		return err
 	}
 	defer os.Remove(pidFile)
@@ -85,6 +92,7 @@ func Run(dir string, ready *os.File) error {
 	}
 	go s.signals()
 	go s.accept(l, rs)
+	go s.acceptStreams(sl)
 	if ready != nil {
 		ready.Write([]byte("ok\n"))
 		ready.Close()
@@ -92,6 +100,7 @@ func Run(dir string, ready *os.File) error {
 	log.Printf("serving %s (pid %d)", dir, os.Getpid())
 	<-s.quit
 	l.Close()
+	sl.Close()
 	log.Printf("shutting down")
 	return nil
 }

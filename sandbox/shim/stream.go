@@ -1,0 +1,220 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/rpc"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Interactive exec does not go through net/rpc: it needs byte streams. Each
+// one is a connection to the shim's stream socket (SOCK_SEQPACKET, so every
+// message keeps its bounds):
+//
+//	berthd → shim  StreamRequest, with the process's stdio fds (SCM_RIGHTS)
+//	shim → berthd  StreamStarted, with the pty master for a tty
+//	shim → berthd  StreamExited once the process is gone
+//
+// The data never passes through the shim: the process writes straight to
+// berthd's pipes, or berthd reads the pty master. When berthd closes the
+// connection before the exit, the shim kills the process tree.
+
+// StreamRequest starts an exec whose stdio berthd holds.
+type StreamRequest struct {
+	Exec ExecRequest
+	// TTY runs the command on a new pty; no fds are sent then.
+	TTY bool
+	// Stdin, Stdout, Stderr say which fds follow, in that order; a stream
+	// not sent is /dev/null.
+	Stdin, Stdout, Stderr bool
+}
+
+// StreamStarted answers a StreamRequest.
+type StreamStarted struct {
+	Error string
+}
+
+// StreamExited ends a stream.
+type StreamExited struct {
+	ExitCode int
+}
+
+// maxStreamMsg bounds one message (a request carries a command and env).
+const maxStreamMsg = 1 << 20
+
+// Stream is a running interactive exec.
+type Stream struct {
+	conn *net.UnixConn
+	// Pty is the master of the command's terminal (TTY requests only).
+	Pty *os.File
+}
+
+// StartStream asks the shim serving podDir to run req with files as its
+// stdio. The caller may close files once it returns.
+func StartStream(ctx context.Context, podDir string, req StreamRequest, files []*os.File) (*Stream, error) {
+	conn, err := dialStream(podDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial shim stream socket in %s: %v", ErrUnavailable, podDir, err)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(d)
+	}
+	st, err := startStream(conn, req, files)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	conn.SetDeadline(time.Time{})
+	return st, nil
+}
+
+func startStream(conn *net.UnixConn, req StreamRequest, files []*os.File) (*Stream, error) {
+	if err := WriteStreamMsg(conn, req, files...); err != nil {
+		return nil, fmt.Errorf("%w: send exec request: %v", ErrUnavailable, err)
+	}
+	var started StreamStarted
+	got, err := ReadStreamMsg(conn, &started)
+	if err != nil {
+		return nil, fmt.Errorf("%w: exec reply: %v", ErrUnavailable, err)
+	}
+	if started.Error != "" {
+		closeAll(got)
+		return nil, remoteError(rpc.ServerError(started.Error))
+	}
+	st := &Stream{conn: conn}
+	if req.TTY {
+		if len(got) != 1 {
+			closeAll(got)
+			return nil, errors.New("exec reply: no pty")
+		}
+		st.Pty = got[0]
+	}
+	return st, nil
+}
+
+// Wait returns the exit code of the command. An error means the shim went
+// away before telling it.
+func (s *Stream) Wait() (int, error) {
+	var e StreamExited
+	got, err := ReadStreamMsg(s.conn, &e)
+	closeAll(got)
+	if err != nil {
+		return 0, fmt.Errorf("%w: waiting for exec: %v", ErrUnavailable, err)
+	}
+	return e.ExitCode, nil
+}
+
+// Close ends the stream; a command still running is killed with what it
+// started.
+func (s *Stream) Close() error {
+	if s.Pty != nil {
+		s.Pty.Close()
+	}
+	return s.conn.Close()
+}
+
+// ReadStreamMsg reads one message into v, with the fds that came with it.
+func ReadStreamMsg(conn *net.UnixConn, v any) ([]*os.File, error) {
+	buf := make([]byte, maxStreamMsg)
+	oob := make([]byte, unix.CmsgSpace(4*8))
+	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, err
+	}
+	files, ferr := parseRights(oob[:oobn])
+	if n == 0 {
+		closeAll(files)
+		return nil, errors.New("connection closed")
+	}
+	if ferr != nil {
+		closeAll(files)
+		return nil, ferr
+	}
+	if err := json.Unmarshal(buf[:n], v); err != nil {
+		closeAll(files)
+		return nil, err
+	}
+	return files, nil
+}
+
+// WriteStreamMsg sends v with files.
+func WriteStreamMsg(conn *net.UnixConn, v any, files ...*os.File) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err = conn.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
+func parseRights(oob []byte) ([]*os.File, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var files []*os.File
+	for i := range msgs {
+		fds, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			unix.CloseOnExec(fd)
+			files = append(files, os.NewFile(uintptr(fd), "stream-fd"))
+		}
+	}
+	return files, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// ListenStream creates the stream socket, mode 0600.
+func ListenStream(podDir string) (*net.UnixListener, error) {
+	os.Remove(StreamPath(podDir))
+	var l *net.UnixListener
+	err := withShortPath(podDir, StreamFile, func(p string) error {
+		old := syscall.Umask(0o177)
+		defer syscall.Umask(old)
+		var err error
+		l, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: p, Net: "unixpacket"})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	return l, nil
+}
+
+// StreamPath is the shim's stream socket in podDir.
+func StreamPath(podDir string) string { return filepath.Join(podDir, StreamFile) }
+
+func dialStream(podDir string) (*net.UnixConn, error) {
+	var c *net.UnixConn
+	err := withShortPath(podDir, StreamFile, func(p string) error {
+		var err error
+		c, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: p, Net: "unixpacket"})
+		return err
+	})
+	return c, err
+}
