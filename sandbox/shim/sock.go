@@ -36,14 +36,23 @@ func withShortPath(podDir, name string, fn func(string) error) error {
 // caller removes the file when done (Close does not: the path it was bound
 // with may have been a /proc/self/fd alias).
 func Listen(podDir string) (*net.UnixListener, error) {
-	os.Remove(SocketPath(podDir))
+	return listenIn(podDir, SocketFile, "unix")
+}
+
+// ListenStream creates the stream socket (see stream.go) as Listen does.
+func ListenStream(podDir string) (*net.UnixListener, error) {
+	return listenIn(podDir, StreamFile, "unixpacket")
+}
+
+func listenIn(podDir, name, network string) (*net.UnixListener, error) {
+	os.Remove(filepath.Join(podDir, name))
 	var l *net.UnixListener
-	err := withShortPath(podDir, SocketFile, func(p string) error {
+	err := withShortPath(podDir, name, func(p string) error {
 		// umask rather than a chmod afterwards: no window with a wider mode.
 		old := syscall.Umask(0o177)
 		defer syscall.Umask(old)
 		var err error
-		l, err = net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		l, err = net.ListenUnix(network, &net.UnixAddr{Name: p, Net: network})
 		return err
 	})
 	if err != nil {
@@ -54,10 +63,18 @@ func Listen(podDir string) (*net.UnixListener, error) {
 }
 
 func dialSocket(podDir string) (net.Conn, error) {
-	var c net.Conn
-	err := withShortPath(podDir, SocketFile, func(p string) error {
+	return dialIn(podDir, SocketFile, "unix")
+}
+
+func dialStream(podDir string) (*net.UnixConn, error) {
+	return dialIn(podDir, StreamFile, "unixpacket")
+}
+
+func dialIn(podDir, name, network string) (*net.UnixConn, error) {
+	var c *net.UnixConn
+	err := withShortPath(podDir, name, func(p string) error {
 		var err error
-		c, err = net.Dial("unix", p)
+		c, err = net.DialUnix(network, nil, &net.UnixAddr{Name: p, Net: network})
 		return err
 	})
 	return c, err

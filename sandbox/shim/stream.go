@@ -9,7 +9,6 @@ import (
 	"net/rpc"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -188,33 +187,5 @@ func closeAll(files []*os.File) {
 	}
 }
 
-// ListenStream creates the stream socket, mode 0600.
-func ListenStream(podDir string) (*net.UnixListener, error) {
-	os.Remove(StreamPath(podDir))
-	var l *net.UnixListener
-	err := withShortPath(podDir, StreamFile, func(p string) error {
-		old := syscall.Umask(0o177)
-		defer syscall.Umask(old)
-		var err error
-		l, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: p, Net: "unixpacket"})
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	l.SetUnlinkOnClose(false)
-	return l, nil
-}
-
 // StreamPath is the shim's stream socket in podDir.
 func StreamPath(podDir string) string { return filepath.Join(podDir, StreamFile) }
-
-func dialStream(podDir string) (*net.UnixConn, error) {
-	var c *net.UnixConn
-	err := withShortPath(podDir, StreamFile, func(p string) error {
-		var err error
-		c, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: p, Net: "unixpacket"})
-		return err
-	})
-	return c, err
-}
