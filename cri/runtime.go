@@ -6,6 +6,7 @@ package cri
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -29,6 +30,9 @@ type Config struct {
 	CgroupDriver string // "cgroupfs" or "systemd"
 	// Registries is shown in verbose Status without credentials.
 	Registries map[string]registry.Host
+	// Logger takes what a call reports past instead of failing (one
+	// container's unreadable stats); nil is slog.Default().
+	Logger *slog.Logger
 }
 
 // RuntimeService is the CRI RuntimeService. Calls not implemented yet answer
@@ -49,6 +53,9 @@ type NetworkStatus interface {
 // NewRuntimeService returns the CRI RuntimeService for a daemon set up as
 // cfg, running pods with pods on network.
 func NewRuntimeService(cfg Config, pods *sandbox.Manager, network NetworkStatus) *RuntimeService {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	return &RuntimeService{cfg: cfg, pods: pods, network: network}
 }
 

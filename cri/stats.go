@@ -39,15 +39,27 @@ func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi
 		if f.GetId() != "" && !idMatches(c.ID, f.Id) || !labelsMatch(c.Config.Labels, f.GetLabelSelector()) {
 			continue
 		}
-		st, ok, err := r.containerStats(c.Container)
-		if err != nil {
-			return nil, sandboxError(err)
-		}
-		if ok {
+		if st, ok := r.listedContainerStats(c.Container); ok {
 			resp.Stats = append(resp.Stats, st)
 		}
 	}
 	return resp, nil
+}
+
+// listedContainerStats is one container's entry in a node- or pod-wide list:
+// a container whose usage cannot be read is logged and listed without usage,
+// so that it does not cost the kubelet every other container's figures.
+func (r *RuntimeService) listedContainerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool) {
+	st, ok, err := r.containerStats(c)
+	if err != nil {
+		r.cfg.Logger.Warn("container stats unreadable; listed without usage", "container", c.ID, "err", err)
+		return &runtimeapi.ContainerStats{Attributes: containerAttributes(c)}, true
+	}
+	return st, ok
+}
+
+func containerAttributes(c *sandbox.Container) *runtimeapi.ContainerAttributes {
+	return &runtimeapi.ContainerAttributes{Id: c.ID, Metadata: c.Config.Metadata, Labels: c.Config.Labels, Annotations: c.Config.Annotations}
 }
 
 func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool, error) {
@@ -57,7 +69,7 @@ func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.Conta
 	}
 	ts := u.Timestamp.UnixNano()
 	return &runtimeapi.ContainerStats{
-		Attributes: &runtimeapi.ContainerAttributes{Id: c.ID, Metadata: c.Config.Metadata, Labels: c.Config.Labels, Annotations: c.Config.Annotations},
+		Attributes: containerAttributes(c),
 		Cpu:        cpuUsage(u),
 		Memory:     memoryUsage(u),
 		WritableLayer: &runtimeapi.FilesystemUsage{Timestamp: ts, FsId: &runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root},
@@ -108,7 +120,9 @@ func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeap
 			continue // removed meanwhile
 		}
 		if err != nil {
-			return nil, sandboxError(err)
+			// As for containers: one unreadable pod is listed without usage.
+			r.cfg.Logger.Warn("pod stats unreadable; listed without usage", "pod", p.ID, "err", err)
+			st = &runtimeapi.PodSandboxStats{Attributes: podAttributes(p)}
 		}
 		resp.Stats = append(resp.Stats, st)
 	}
@@ -117,7 +131,7 @@ func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeap
 
 func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runtimeapi.PodSandboxStats, error) {
 	st := &runtimeapi.PodSandboxStats{
-		Attributes: &runtimeapi.PodSandboxAttributes{Id: pod.ID, Metadata: pod.Config.Metadata, Labels: pod.Config.Labels, Annotations: pod.Config.Annotations},
+		Attributes: podAttributes(pod),
 		Linux:      &runtimeapi.LinuxPodSandboxStats{},
 	}
 	u, ok, err := r.pods.PodUsage(pod)
@@ -136,15 +150,15 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 		return nil, err
 	}
 	for _, c := range ctrs {
-		cs, ok, err := r.containerStats(c.Container)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
+		if cs, ok := r.listedContainerStats(c.Container); ok {
 			st.Linux.Containers = append(st.Linux.Containers, cs)
 		}
 	}
 	return st, nil
+}
+
+func podAttributes(pod *sandbox.Pod) *runtimeapi.PodSandboxAttributes {
+	return &runtimeapi.PodSandboxAttributes{Id: pod.ID, Metadata: pod.Config.Metadata, Labels: pod.Config.Labels, Annotations: pod.Config.Annotations}
 }
 
 // podNetworkStats is the pod's interfaces for the kubelet's summary: its own

@@ -281,6 +281,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 			return err
 		}
 	}
+	m.layers.forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
 	// removes, never a lease nobody would release.
 	if err := m.opts.Images.Release(c.ID); err != nil {

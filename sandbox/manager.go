@@ -43,7 +43,8 @@ type Manager struct {
 	mu    sync.Mutex
 	shims map[string]*shim.Client // by pod ID
 
-	cpu cpuSamples
+	cpu    cpuSamples
+	layers layerUsages
 
 	features KernelFeatures
 	apparmor *apparmor.Host

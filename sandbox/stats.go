@@ -3,9 +3,11 @@ package sandbox
 import (
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/network"
@@ -63,8 +65,66 @@ func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
 	if u, ok, err = m.usage(path); !ok || err != nil {
 		return u, ok, err
 	}
-	u.LayerBytes, u.LayerInodes, err = diskUsage(m.layout(c, nil).Upper)
-	return u, true, err
+	u.LayerBytes, u.LayerInodes = m.layers.usage(c.ID, m.layout(c, nil).Upper, m.log)
+	return u, true, nil
+}
+
+// layerUsageMaxAge is how old a writable layer's figures may get before a
+// stats call starts walking it again.
+const layerUsageMaxAge = 10 * time.Second
+
+// layerUsages caches the size of each container's writable layer: walking a
+// big layer takes long, so stats calls answer with the last figures and the
+// walk runs in the background, one per container at a time.
+type layerUsages struct {
+	mu   sync.Mutex
+	byID map[string]*layerUsage
+}
+
+type layerUsage struct {
+	bytes, inodes uint64
+	at            time.Time // when the figures were taken; zero: none yet
+	walking       bool
+}
+
+// usage returns the last figures for container id (zero before the first
+// walk ends) and starts a walk of upper when they are stale.
+func (l *layerUsages) usage(id, upper string, log *slog.Logger) (bytes, inodes uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byID == nil {
+		l.byID = map[string]*layerUsage{}
+	}
+	u := l.byID[id]
+	if u == nil {
+		u = &layerUsage{}
+		l.byID[id] = u
+	}
+	if !u.walking && time.Since(u.at) > layerUsageMaxAge {
+		u.walking = true
+		go l.walk(u, upper, log)
+	}
+	return u.bytes, u.inodes
+}
+
+func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
+	bytes, inodes, err := diskUsage(upper)
+	if err != nil {
+		log.Warn("writable layer usage", "dir", upper, "err", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u.walking = false
+	if err == nil {
+		u.bytes, u.inodes, u.at = bytes, inodes, time.Now()
+	}
+}
+
+// forget drops a removed container's figures.
+func (l *layerUsages) forget(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.byID, id)
 }
 
 // PodUsage reads a pod's cgroup, which holds its containers'.

@@ -133,6 +133,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		Runtime: cri.NewRuntimeService(cri.Config{
 			Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
 			CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
+			Logger: log.With("component", "cri"),
 		}, pods, podNet).WithStreams(streams),
 		Images:    cri.NewImageService(images),
 		Extension: cri.NewExtensionServer(images),

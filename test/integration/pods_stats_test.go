@@ -1,8 +1,14 @@
 package integration
 
 import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -24,12 +30,18 @@ func TestContainerAndPodStats(t *testing.T) {
 		t.Fatalf("write 1 MiB in the container: %v %s", err, ex.GetStderr())
 	}
 
-	list, err := e.d.Runtime.ListContainerStats(t.Context(), &runtimeapi.ListContainerStatsRequest{
-		Filter: &runtimeapi.ContainerStatsFilter{PodSandboxId: pod}})
-	if err != nil || len(list.Stats) != 1 {
-		t.Fatalf("ListContainerStats = %v, %v", list.GetStats(), err)
-	}
-	st := list.Stats[0]
+	// The writable layer is walked in the background: its figures come
+	// after the first call.
+	var st *runtimeapi.ContainerStats
+	eventually(5*time.Second, func() bool {
+		list, err := e.d.Runtime.ListContainerStats(t.Context(), &runtimeapi.ListContainerStatsRequest{
+			Filter: &runtimeapi.ContainerStatsFilter{PodSandboxId: pod}})
+		if err != nil || len(list.Stats) != 1 {
+			t.Fatalf("ListContainerStats = %v, %v", list.GetStats(), err)
+		}
+		st = list.Stats[0]
+		return st.WritableLayer.UsedBytes.GetValue() >= 1<<20
+	})
 	if st.Attributes.Id != ctr || st.Attributes.Labels["container"] != "busy" {
 		t.Errorf("attributes = %+v", st.Attributes)
 	}
@@ -56,4 +68,83 @@ func TestContainerAndPodStats(t *testing.T) {
 		t.Errorf("ListPodSandboxStats by label = %v, %v", all.GetStats(), err)
 	}
 	e.removePod(t, pod)
+}
+
+// TestStatsOneContainerUnreadable: a container whose cgroup cannot be read
+// is listed without usage; the node-wide lists still answer, with every
+// other container's figures.
+func TestStatsOneContainerUnreadable(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	cfg := e.podConfig("stats-fault")
+	pod := e.runPod(t, cfg)
+	bad := e.runContainer(t, pod, cfg, e.ctrConfig("bad", sleeper...))
+	good := e.runContainer(t, pod, cfg, e.ctrConfig("good", sleeper...))
+
+	// Garbage over the bad container's memory.stat makes its stats fail.
+	stat := memoryStatOf(t, bad)
+	garbage := filepath.Join(t.TempDir(), "memory.stat")
+	if err := os.WriteFile(garbage, []byte("not a key value file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(garbage, stat, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(stat, unix.MNT_DETACH) })
+	if _, err := e.d.Runtime.ContainerStats(t.Context(), &runtimeapi.ContainerStatsRequest{ContainerId: bad}); err == nil {
+		t.Fatal("ContainerStats of the container with a garbled memory.stat succeeded: the fault is not injected")
+	}
+
+	byID := func(stats []*runtimeapi.ContainerStats) map[string]*runtimeapi.ContainerStats {
+		m := map[string]*runtimeapi.ContainerStats{}
+		for _, s := range stats {
+			m[s.Attributes.GetId()] = s
+		}
+		return m
+	}
+	check := func(call string, got map[string]*runtimeapi.ContainerStats) {
+		if b := got[bad]; b == nil || b.Memory != nil || b.Cpu != nil {
+			t.Errorf("%s: the unreadable container is %v, want listed without usage", call, b)
+		}
+		if g := got[good]; g == nil || g.Memory.GetWorkingSetBytes().GetValue() == 0 {
+			t.Errorf("%s: the readable container is %v, want its usage", call, g)
+		}
+	}
+	list, err := e.d.Runtime.ListContainerStats(t.Context(), &runtimeapi.ListContainerStatsRequest{})
+	if err != nil {
+		t.Fatalf("ListContainerStats: %v", err)
+	}
+	check("ListContainerStats", byID(list.Stats))
+	pods, err := e.d.Runtime.ListPodSandboxStats(t.Context(), &runtimeapi.ListPodSandboxStatsRequest{})
+	if err != nil || len(pods.Stats) != 1 {
+		t.Fatalf("ListPodSandboxStats = %v, %v", pods.GetStats(), err)
+	}
+	check("ListPodSandboxStats", byID(pods.Stats[0].GetLinux().GetContainers()))
+
+	if err := unix.Unmount(stat, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// memoryStatOf finds the memory.stat of a container's cgroup (v1 memory
+// hierarchy or v2), by its ID in the cgroup path of its process.
+func memoryStatOf(t *testing.T, ctr string) string {
+	t.Helper()
+	var found string
+	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup"} {
+		filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && found == "" && d.IsDir() && strings.Contains(d.Name(), ctr) {
+				if _, err := os.Stat(filepath.Join(p, "memory.stat")); err == nil {
+					found = filepath.Join(p, "memory.stat")
+				}
+			}
+			return nil
+		})
+		if found != "" {
+			return found
+		}
+	}
+	t.Fatalf("no memory cgroup of container %s", ctr)
+	return ""
 }

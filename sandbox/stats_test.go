@@ -1,0 +1,42 @@
+package sandbox
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestLayerUsagesInBackground: a stats call never walks the layer itself; it
+// answers with the last figures, which a background walk fills in.
+func TestLayerUsagesInBackground(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "f"), make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var l layerUsages
+	if b, i := l.usage("c", dir, slog.Default()); b != 0 || i != 0 {
+		t.Fatalf("first call = %d bytes, %d inodes; want none before the walk ends", b, i)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, i := l.usage("c", dir, slog.Default())
+		if b == 4096 && i == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("usage = %d bytes, %d inodes; want 4096 and 2 (the folder and its file)", b, i)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Fresh figures are not walked again: a new file shows only later.
+	os.WriteFile(filepath.Join(dir, "g"), make([]byte, 4096), 0o644)
+	if b, _ := l.usage("c", dir, slog.Default()); b != 4096 {
+		t.Errorf("usage within %v = %d bytes, want the cached 4096", layerUsageMaxAge, b)
+	}
+	l.forget("c")
+	if _, ok := l.byID["c"]; ok {
+		t.Error("forget kept the figures")
+	}
+}
