@@ -10,8 +10,8 @@ import (
 
 	"github.com/berth-runtime/berth/test/harness"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"golang.org/x/sys/unix"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestDiskFull runs berthd on a 16 MiB tmpfs root: a pull that does not fit
