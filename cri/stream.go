@@ -134,8 +134,8 @@ func (r *streamRuntime) Attach(context.Context, string, io.Reader, io.WriteClose
 	return errors.New("attach is not supported yet")
 }
 
-func (r *streamRuntime) PortForward(context.Context, string, int32, io.ReadWriteCloser) error {
-	return errors.New("port-forward is not supported yet")
+func (r *streamRuntime) PortForward(ctx context.Context, podID string, port int32, stream io.ReadWriteCloser) error {
+	return r.pods.PortForward(ctx, podID, port, stream)
 }
 
 // termSizes converts the library's resize events.
@@ -216,4 +216,24 @@ func (r *RuntimeService) Exec(ctx context.Context, req *runtimeapi.ExecRequest) 
 		return nil, sandboxError(err)
 	}
 	return r.stream.lib.GetExec(req)
+}
+
+// PortForward checks the pod is ready and returns a single-use URL.
+func (r *RuntimeService) PortForward(ctx context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	if r.stream == nil {
+		return nil, status.Error(codes.Unimplemented, "berthd runs without a streaming server")
+	}
+	pod, err := r.pods.GetPod(req.GetPodSandboxId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return nil, status.Errorf(codes.FailedPrecondition, "pod %s is not ready", pod.ID)
+	}
+	for _, p := range req.GetPort() {
+		if p <= 0 || p > 65535 {
+			return nil, status.Errorf(codes.InvalidArgument, "port %d: must be 1 to 65535", p)
+		}
+	}
+	return r.stream.lib.GetPortForward(&runtimeapi.PortForwardRequest{PodSandboxId: pod.ID, Port: req.Port})
 }
