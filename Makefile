@@ -80,7 +80,7 @@ run: build
 
 # bench prints the numbers issues ask for; it asserts nothing.
 bench: deps
-	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v ./test/bench/ | grep -E '^(pull|pod|teardown|rss|network|step|--- FAIL|ok|FAIL)'
+	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v ./test/bench/ | grep -E '^(pull|exec|pod|teardown|rss|network|step|--- FAIL|ok|FAIL)'
 
 install: build
 	install -d $(PREFIX)/bin /etc/berth

@@ -1,0 +1,84 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	restclient "k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
+)
+
+// execs is how many execs of each kind TestExecLatency times.
+const execs = 50
+
+// TestExecLatency runs /bin/true in a running container with ExecSync and
+// as a streaming exec (Exec, then the URL driven over SPDY with kubectl's
+// client library: connect, run, exit code) and prints the p50/p99 of both.
+func TestExecLatency(t *testing.T) {
+	harness.RequireEnv(t, "BERTH_BENCH")
+	reg := harness.NewRegistry(t)
+	p := reg.Push(t, "bench/busybox:1", harness.BusyboxImage(t, harness.ImageSpec{}))
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+	ctx := t.Context()
+	if _, err := d.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "bench-exec", Namespace: "bench", Uid: "uid-exec"},
+		Linux:    &runtimeapi.LinuxPodSandboxConfig{},
+	}
+	pod, err := d.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+		d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+	})
+	ctr, err := d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg,
+		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
+			Image: &runtimeapi.ImageSpec{Image: p.Name}, Command: []string{"/bin/sleep", "3600"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+
+	var syncs, streams []time.Duration
+	for range execs {
+		begin := time.Now()
+		res, err := d.Runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctr.ContainerId, Cmd: []string{"/bin/true"}})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("ExecSync: %v, exit code %d", err, res.GetExitCode())
+		}
+		syncs = append(syncs, time.Since(begin))
+
+		begin = time.Now()
+		resp, err := d.Runtime.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: ctr.ContainerId, Cmd: []string{"/bin/true"}, Stdout: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := url.Parse(resp.Url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := remotecommand.NewSPDYExecutor(&restclient.Config{}, http.MethodPost, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := x.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard}); err != nil {
+			t.Fatalf("streaming exec: %v", err)
+		}
+		streams = append(streams, time.Since(begin))
+	}
+	fmt.Printf("exec sync (/bin/true): p50 %s, p99 %s over %d\n", pct(syncs, 50), pct(syncs, 99), execs)
+	fmt.Printf("exec stream (/bin/true, spdy): p50 %s, p99 %s over %d\n", pct(streams, 50), pct(streams, 99), execs)
+}
