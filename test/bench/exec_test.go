@@ -11,8 +11,6 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/berth-runtime/berth/test/harness"
 )
 
 // execs is how many execs of each kind TestExecLatency times.
@@ -22,14 +20,8 @@ const execs = 50
 // as a streaming exec (Exec, then the URL driven over SPDY with kubectl's
 // client library: connect, run, exit code) and prints the p50/p99 of both.
 func TestExecLatency(t *testing.T) {
-	harness.RequireEnv(t, "BERTH_BENCH")
-	reg := harness.NewRegistry(t)
-	p := reg.Push(t, "bench/busybox:1", harness.BusyboxImage(t, harness.ImageSpec{}))
-	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
-	if _, err := d.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}}); err != nil {
-		t.Fatal(err)
-	}
 	cfg := &runtimeapi.PodSandboxConfig{
 		Metadata: &runtimeapi.PodSandboxMetadata{Name: "bench-exec", Namespace: "bench", Uid: "uid-exec"},
 		Linux:    &runtimeapi.LinuxPodSandboxConfig{},
@@ -44,7 +36,7 @@ func TestExecLatency(t *testing.T) {
 	})
 	ctr, err := d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg,
 		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
-			Image: &runtimeapi.ImageSpec{Image: p.Name}, Command: []string{"/bin/sleep", "3600"}}})
+			Image: &runtimeapi.ImageSpec{Image: img}, Command: []string{"/bin/sleep", "3600"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

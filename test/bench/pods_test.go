@@ -25,14 +25,8 @@ const pods = 50
 // teardown (StopPodSandbox + RemovePodSandbox) p50/p99, the mean of each
 // start step, and the RSS of berthd (idle and with 50 pods) and of one shim.
 func TestPodStartAndTeardown(t *testing.T) {
-	harness.RequireEnv(t, "BERTH_BENCH")
-	reg := harness.NewRegistry(t)
-	p := reg.Push(t, "bench/busybox:1", harness.BusyboxImage(t, harness.ImageSpec{}))
-	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
-	if _, err := d.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}}); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
 		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/berth-bench")
 		for _, dir := range dirs {
@@ -60,7 +54,7 @@ func TestPodStartAndTeardown(t *testing.T) {
 		}
 		ctr, err := d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg,
 			Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
-				Image: &runtimeapi.ImageSpec{Image: p.Name}, Command: []string{"/bin/sleep", "3600"}}})
+				Image: &runtimeapi.ImageSpec{Image: img}, Command: []string{"/bin/sleep", "3600"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,6 +117,18 @@ func addTimeline(t *testing.T, prefix string, verbose map[string]string, sums ma
 	for _, s := range info.Timeline {
 		sums[prefix+s.Name] += s.Duration
 	}
+}
+
+// daemonWithBusybox starts berthd with the busybox image pulled.
+func daemonWithBusybox(t *testing.T) (*harness.Daemon, string) {
+	harness.RequireEnv(t, "BERTH_BENCH")
+	reg := harness.NewRegistry(t)
+	p := reg.Push(t, "bench/busybox:1", harness.BusyboxImage(t, harness.ImageSpec{}))
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+	if _, err := d.Images.PullImage(t.Context(), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}}); err != nil {
+		t.Fatal(err)
+	}
+	return d, p.Name
 }
 
 func pct(ds []time.Duration, p int) time.Duration {
