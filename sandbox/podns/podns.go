@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,12 +24,16 @@ const (
 	IPC Kind = "ipc"
 	UTS Kind = "uts"
 	PID Kind = "pid"
+	// User is created only with mappings (Options.UIDMappings); the other
+	// kinds created with it are owned by it.
+	User Kind = "user"
 )
 
 var cloneFlags = map[Kind]int{
-	Net: unix.CLONE_NEWNET,
-	IPC: unix.CLONE_NEWIPC,
-	UTS: unix.CLONE_NEWUTS,
+	Net:  unix.CLONE_NEWNET,
+	IPC:  unix.CLONE_NEWIPC,
+	UTS:  unix.CLONE_NEWUTS,
+	User: unix.CLONE_NEWUSER,
 }
 
 // Options says which namespaces to create for a pod and how to set them up.
@@ -45,6 +50,9 @@ type Options struct {
 	// A key that is not namespaced, or whose namespace is not created, is
 	// an error naming the key.
 	Sysctls map[string]string
+	// UIDMappings and GIDMappings map the user namespace's IDs to the
+	// host's; required with User in Kinds, and only then.
+	UIDMappings, GIDMappings []syscall.SysProcIDMap
 }
 
 // Create makes the namespaces in opts.Kinds, pins them, brings lo up in the
@@ -79,7 +87,11 @@ func Create(opts Options) (map[Kind]string, error) {
 		f.Close()
 		made[k] = p
 	}
-	if err := setupOnThread(opts, pins); err != nil {
+	setup := setupOnThread
+	if _, ok := pins[User]; ok {
+		setup = createWithUserNS
+	}
+	if err := setup(opts, pins); err != nil {
 		return nil, errors.Join(err, removePins(pins))
 	}
 	return pins, nil
@@ -98,6 +110,9 @@ func validate(opts Options) error {
 			return fmt.Errorf("podns: namespace kind %q given twice", k)
 		}
 		have[k] = true
+	}
+	if have[User] != (len(opts.UIDMappings) > 0 && len(opts.GIDMappings) > 0) {
+		return errors.New("podns: a user namespace needs uid and gid mappings, and mappings need a user namespace")
 	}
 	// HOST_NAME_MAX; sethostname would fail later with a vaguer EINVAL.
 	if len(opts.Hostname) > 64 {

@@ -62,6 +62,12 @@ func setup(opts Options, pins map[Kind]string) error {
 			return err
 		}
 	}
+	return configure(opts, pins)
+}
+
+// configure brings lo up and sets the hostname and sysctls, on a thread that
+// is in the pod's namespaces.
+func configure(opts Options, pins map[Kind]string) error {
 	if _, ok := pins[Net]; ok {
 		if err := loopbackUp(); err != nil {
 			return err
