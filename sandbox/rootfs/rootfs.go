@@ -18,6 +18,12 @@ type Layout struct {
 	Upper  string   // the container's writable layer (persistent root)
 	Work   string   // overlayfs work folder, on the same filesystem as Upper
 	Target string   // where the merged rootfs is mounted (volatile state)
+
+	// UserNS, when set, is a user namespace (a pin file) the container runs
+	// in: the lower layers are idmapped through it and Upper's root belongs
+	// to RootUID:RootGID, the host IDs of its root.
+	UserNS           string
+	RootUID, RootGID int
 }
 
 // Mount creates Upper, Work and Target and mounts the overlay on Target.
@@ -40,8 +46,18 @@ func Mount(l Layout) (err error) {
 		}
 		made = append(made, d)
 	}
-	// overlayfs lists lower dirs top first.
 	lowers := slices.Clone(l.Lowers)
+	if l.UserNS != "" {
+		trees, err := idmapLowers(l)
+		if err != nil {
+			return err
+		}
+		defer closeAll(trees)
+		for i, fd := range trees {
+			lowers[i] = fmt.Sprintf("/proc/self/fd/%d", fd)
+		}
+	}
+	// overlayfs lists lower dirs top first.
 	slices.Reverse(lowers)
 	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + l.Upper + ",workdir=" + l.Work
 	if len(opts) >= os.Getpagesize() {
@@ -66,4 +82,58 @@ func Unmount(l Layout) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// idmapLowers makes a detached idmapped mount of each lower layer and
+// chowns Upper's root to the container's root.
+//
+// Only the lower layers are idmapped: a root-owned image file then shows as
+// the container's root inside, and copy-up and new files land in Upper with
+// the container's host IDs (overlayfs creates them as the caller, whose
+// IDs are host IDs). Idmapping Upper too would store files as host root,
+// so that a file the container made would be root's, or setuid root, on
+// the host. The mounts are detached, held only by the overlay, and go away
+// with it: nothing to clean up.
+func idmapLowers(l Layout) ([]int, error) {
+	ns, err := os.Open(l.UserNS)
+	if err != nil {
+		return nil, fmt.Errorf("rootfs: user namespace: %w", err)
+	}
+	defer ns.Close()
+	var trees []int
+	for _, d := range l.Lowers {
+		fd, err := IDMapTree(d, int(ns.Fd()))
+		if err != nil {
+			closeAll(trees)
+			return nil, err
+		}
+		trees = append(trees, fd)
+	}
+	if err := os.Lchown(l.Upper, l.RootUID, l.RootGID); err != nil {
+		closeAll(trees)
+		return nil, fmt.Errorf("rootfs: %w", err)
+	}
+	return trees, nil
+}
+
+// IDMapTree returns a detached bind mount of dir, idmapped through the user
+// namespace usernsFD (open_tree and mount_setattr, Linux 5.12, and a
+// filesystem that supports idmapped mounts).
+func IDMapTree(dir string, usernsFD int) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("rootfs: open_tree %s: %w", dir, err)
+	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(usernsFD)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("rootfs: idmap %s: %w", dir, err)
+	}
+	return fd, nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }

@@ -1,6 +1,10 @@
 package rootfs
 
 import (
+	"fmt"
+	"syscall"
+
+	"github.com/berth-runtime/berth/sandbox/podns"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,5 +71,46 @@ func TestMountFailureLeavesNothing(t *testing.T) {
 	}
 	if err := Mount(Layout{}); err == nil {
 		t.Error("mount without layers succeeded")
+	}
+}
+
+// TestMountIDMapped: through idmapped lowers a root-owned image file is the
+// container root's; what the container writes is stored with its host IDs.
+func TestMountIDMapped(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting overlayfs needs root")
+	}
+	dir := t.TempDir()
+	low := filepath.Join(dir, "l1")
+	os.Mkdir(low, 0o755)
+	os.WriteFile(filepath.Join(low, "a"), []byte("image"), 0o644)
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 300000, Size: 65536}}
+	err := podns.WithUserNS(m, m, 0, func(pid int) error {
+		l := Layout{Lowers: []string{low}, Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Target: filepath.Join(dir, "rootfs"),
+			UserNS: fmt.Sprintf("/proc/%d/ns/user", pid), RootUID: 300000, RootGID: 300000}
+		if err := Mount(l); err != nil {
+			return err
+		}
+		defer Unmount(l)
+		for _, name := range []string{"a", "."} {
+			var st syscall.Stat_t
+			if err := syscall.Stat(filepath.Join(l.Target, name), &st); err != nil || st.Uid != 300000 || st.Gid != 300000 {
+				t.Errorf("%s in the rootfs: uid %d gid %d (%v), want 300000", name, st.Uid, st.Gid, err)
+			}
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(low, "a"), &st); err != nil || st.Uid != 0 {
+			t.Errorf("the image layer changed: uid %d (%v)", st.Uid, err)
+		}
+		if err := os.WriteFile(filepath.Join(l.Target, "a"), []byte("x"), 0o644); err != nil {
+			return err
+		}
+		if err := syscall.Stat(filepath.Join(l.Upper, "a"), &st); err != nil || st.Uid != 300000 {
+			t.Errorf("copied-up file in the upper layer: uid %d (%v), want 300000", st.Uid, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
