@@ -117,6 +117,7 @@ func (r *RuntimeService) runtimeHandler() *runtimeapi.RuntimeHandler {
 	}
 	return &runtimeapi.RuntimeHandler{Name: "", Features: &runtimeapi.RuntimeHandlerFeatures{
 		RecursiveReadOnlyMounts: f.RecursiveReadOnlyMounts,
+		UserNamespaces:          f.UserNamespaces,
 	}}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/spec"
@@ -28,6 +29,17 @@ func (m *Manager) layout(c *Container, lowers []string) rootfs.Layout {
 		Work:   filepath.Join(m.layerDir(c.ID), "work"),
 		Target: filepath.Join(m.bundleDir(c.PodID, c.ID), "rootfs"),
 	}
+}
+
+// podLayout is the layout of a container of pod: idmapped through the pod's
+// user namespace, if it has one.
+func (m *Manager) podLayout(pod *Pod, c *Container, lowers []string) rootfs.Layout {
+	l := m.layout(c, lowers)
+	if pin := pod.Pins[string(podns.User)]; pin != "" {
+		u := namespaceOptions(pod.Config).GetUsernsOptions()
+		l.UserNS, l.RootUID, l.RootGID = pin, int(u.Uids[0].HostId), int(u.Gids[0].HostId)
+	}
+	return l
 }
 
 // CreateContainer prepares a container in a ready pod: leases its image's
@@ -91,7 +103,10 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		}
 		u.add("remove "+d, func() error { return os.RemoveAll(d) })
 	}
-	l := m.layout(c, lowers)
+	if err := openToPodRoot(m.bundleDir(pod.ID, c.ID), pod); err != nil {
+		return nil, err
+	}
+	l := m.podLayout(pod, c, lowers)
 	if err := rootfs.Mount(l); err != nil {
 		return nil, err
 	}
@@ -147,6 +162,10 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
 		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
 		Resources:   res, AppArmor: m.apparmor,
+	}
+	if pin := pod.Pins[string(podns.User)]; pin != "" {
+		u := namespaceOptions(pod.Config).GetUsernsOptions()
+		in.UserNS, in.UIDMappings, in.GIDMappings = pin, specIDMap(u.Uids[0]), specIDMap(u.Gids[0])
 	}
 	if pod.PausePID > 0 {
 		in.PIDNS = pidNamespace(pod)

@@ -2,6 +2,14 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/rootfs"
 
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -14,16 +22,50 @@ type KernelFeatures struct {
 	// RecursiveReadOnlyMounts: mount_setattr (Linux 5.12), which makes a
 	// bind mount and all its submounts read-only.
 	RecursiveReadOnlyMounts bool
+	// UserNamespaces: idmapped mounts (Linux 5.12) on the filesystem of
+	// berth's root folder, where the image layers and pod files are, and
+	// overlayfs over idmapped layers (5.19).
+	UserNamespaces bool
 }
 
 // probeKernelFeatures asks the kernel. mount_setattr on a bad descriptor
 // fails with EBADF where it exists, ENOSYS where it does not (and EPERM under
 // a seccomp filter that hides it).
-func probeKernelFeatures() KernelFeatures {
+func probeKernelFeatures(root string, log *slog.Logger) KernelFeatures {
 	err := unix.MountSetattr(-1, "", unix.AT_EMPTY_PATH, &unix.MountAttr{})
-	return KernelFeatures{
-		RecursiveReadOnlyMounts: !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EPERM),
+	f := KernelFeatures{RecursiveReadOnlyMounts: !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EPERM)}
+	if f.RecursiveReadOnlyMounts {
+		if err := probeIDMappedOverlay(root); err != nil {
+			log.Info("user namespaces not supported", "err", err)
+		} else {
+			f.UserNamespaces = true
+		}
 	}
+	return f
+}
+
+// probeIDMappedOverlay mounts an overlay over an idmapped folder of root, as
+// a container in a user namespace gets, in a scratch folder it then removes.
+func probeIDMappedOverlay(root string) error {
+	dir, err := os.MkdirTemp(root, "userns-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	lower := filepath.Join(dir, "lower")
+	if err := os.Mkdir(lower, 0o755); err != nil {
+		return err
+	}
+	l := rootfs.Layout{Lowers: []string{lower}, Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"),
+		Target: filepath.Join(dir, "merged"), RootUID: 65534, RootGID: 65534}
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}}
+	return podns.WithUserNS(m, m, 0, func(pid int) error {
+		l.UserNS = fmt.Sprintf("/proc/%d/ns/user", pid)
+		if err := rootfs.Mount(l); err != nil {
+			return err
+		}
+		return rootfs.Unmount(l)
+	})
 }
 
 // Features reports what this kernel lets berth honour.

@@ -14,6 +14,7 @@ import (
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
+	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	bolt "go.etcd.io/bbolt"
 )
@@ -55,13 +56,20 @@ func New(opts Options) (*Manager, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{}, features: probeKernelFeatures(),
+	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{},
 		apparmor: apparmor.Setup(filepath.Join(opts.Root, "apparmor"), opts.Logger)}
-	for _, d := range []string{m.podsDir(), filepath.Join(opts.Root, "containers")} {
-		if err := privateDir(d); err != nil {
-			return nil, err
-		}
+	if err := privateDir(filepath.Join(opts.Root, "containers")); err != nil {
+		return nil, err
 	}
+	// Only pod folders below, each private (podDirFor): the init of a
+	// container in a user namespace traverses this one to its own.
+	if err := os.MkdirAll(m.podsDir(), 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(m.podsDir(), 0o711); err != nil {
+		return nil, err
+	}
+	m.features = probeKernelFeatures(opts.Root, opts.Logger)
 	if err := opts.DB.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{podsBucket, containersBucket} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -91,6 +99,21 @@ func privateDir(dir string) error {
 		return err
 	}
 	return os.Chmod(dir, 0o700)
+}
+
+// openToPodRoot lets the root of pod's user namespace, if it has one,
+// traverse dir: 0710 with the group of the root's host GID, as containerd
+// does for bundles. The init of its containers reaches the rootfs and pod
+// files through dir, and has no say over host root's folders.
+func openToPodRoot(dir string, pod *Pod) error {
+	u := namespaceOptions(pod.Config).GetUsernsOptions()
+	if pod.Pins[string(podns.User)] == "" {
+		return nil
+	}
+	if err := os.Lchown(dir, -1, int(u.Gids[0].HostId)); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o710)
 }
 
 // newID returns a 64-hex-digit ID, the form CRI clients show truncated.

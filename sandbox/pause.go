@@ -51,6 +51,13 @@ func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client,
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
 		return 0, err
 	}
+	// In a user namespace the pause's init makes its mount points (/dev,
+	// /pause) as the pod's root: the empty rootfs is that root's.
+	if u := namespaceOptions(pod.Config).GetUsernsOptions(); pod.Pins[string(podns.User)] != "" {
+		if err := os.Lchown(filepath.Join(bundle, "rootfs"), int(u.Uids[0].HostId), int(u.Gids[0].HostId)); err != nil {
+			return 0, err
+		}
+	}
 	if err := writeJSON(filepath.Join(bundle, "config.json"), m.pauseSpec(pod, conf)); err != nil {
 		return 0, err
 	}
@@ -73,7 +80,7 @@ func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
 			nss = append(nss, specs.LinuxNamespace{Type: typ, Path: pin})
 		}
 	}
-	return &specs.Spec{
+	s := &specs.Spec{
 		Version: specs.Version,
 		Root:    &specs.Root{Path: "rootfs", Readonly: true},
 		Process: &specs.Process{
@@ -86,6 +93,19 @@ func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
 			CgroupsPath: m.pauseCgroup(pod),
 			Seccomp:     conf.seccomp,
 		},
+	}
+	joinUserNS(s, pod)
+	return s
+}
+
+// joinUserNS puts the pause of s in the pod's user namespace, if it has
+// one.
+func joinUserNS(s *specs.Spec, pod *Pod) {
+	if pin := pod.Pins[string(podns.User)]; pin != "" {
+		u := namespaceOptions(pod.Config).GetUsernsOptions()
+		spec.JoinUserNS(s, pin, specIDMap(u.Uids[0]), specIDMap(u.Gids[0]))
+		// libcontainer's init in a user namespace reads /proc of its rootfs.
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}})
 	}
 }
 

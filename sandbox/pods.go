@@ -44,7 +44,8 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err := validatePodConfig(cfg); err != nil {
 		return nil, err
 	}
-	if err := checkUserns(cfg); err != nil {
+	userNS, err := podUserNS(cfg, m.features)
+	if err != nil {
 		return nil, err
 	}
 	pauseConf, err := m.pauseConfinementOf(cfg)
@@ -84,7 +85,13 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if ns.Ipc != runtimeapi.NamespaceMode_NODE {
 		kinds = append(kinds, podns.Kind("ipc"))
 	}
-	pins, err := podns.Create(podns.Options{Dir: m.nsDir(pod.ID), Kinds: kinds, Hostname: hostname, Sysctls: cfg.GetLinux().GetSysctls()})
+	nsOpts := podns.Options{Dir: m.nsDir(pod.ID), Hostname: hostname, Sysctls: cfg.GetLinux().GetSysctls()}
+	if userNS != nil {
+		kinds = append(kinds, podns.User)
+		nsOpts.UIDMappings, nsOpts.GIDMappings = sysProcIDMap(userNS.Uids[0]), sysProcIDMap(userNS.Gids[0])
+	}
+	nsOpts.Kinds = kinds
+	pins, err := podns.Create(nsOpts)
 	if err != nil {
 		return nil, wrapf(ErrInvalid, "namespaces: %v", err)
 	}
@@ -92,6 +99,9 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	pod.Pins = map[string]string{}
 	for k, p := range pins {
 		pod.Pins[string(k)] = p
+	}
+	if err := openToPodRoot(dir, pod); err != nil {
+		return nil, err
 	}
 	t.step("namespaces")
 

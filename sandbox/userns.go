@@ -1,41 +1,47 @@
 package sandbox
 
 import (
+	"syscall"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // usernsField is the CRI field every user-namespace refusal names.
 const usernsField = "linux.security_context.namespace_options.userns_options"
 
-// checkUserns refuses a pod's user-namespace request that berth cannot
-// honour, before anything of the pod exists. No options, or mode NODE, is
-// the host's user namespace (POD is the enum's zero value, so an absent
-// message must not be read as POD). A pod of its own (mode POD) must map container
-// ID 0 with exactly one uid and one gid range, the shape the kubelet sends.
-// berth does not create user namespaces yet, so a valid POD request is a
-// failed precondition rather than a pod run with host IDs.
-func checkUserns(cfg *runtimeapi.PodSandboxConfig) error {
+// podUserNS returns the pod's own user namespace request, nil for the
+// host's, and refuses what berth cannot honour before anything of the pod
+// exists. No options, or mode NODE, is the host's user namespace (POD is the
+// enum's zero value, so an absent message must not be read as POD). A pod
+// of its own (mode POD) must map container ID 0 with exactly one uid and one
+// gid range, the shape the kubelet sends, on a kernel that has what it
+// needs (f.UserNamespaces).
+func podUserNS(cfg *runtimeapi.PodSandboxConfig, f KernelFeatures) (*runtimeapi.UserNamespace, error) {
 	o := namespaceOptions(cfg).GetUsernsOptions()
 	if o == nil {
-		return nil
+		return nil, nil
 	}
 	switch o.GetMode() {
 	case runtimeapi.NamespaceMode_NODE:
 		if len(o.GetUids()) != 0 || len(o.GetGids()) != 0 {
-			return wrapf(ErrInvalid, "%s: mode NODE takes no uids or gids", usernsField)
+			return nil, wrapf(ErrInvalid, "%s: mode NODE takes no uids or gids", usernsField)
 		}
-		return nil
+		return nil, nil
 	case runtimeapi.NamespaceMode_POD:
 	default:
-		return wrapf(ErrInvalid, "%s.mode %s: only NODE and POD are supported", usernsField, o.GetMode())
+		return nil, wrapf(ErrInvalid, "%s.mode %s: only NODE and POD are supported", usernsField, o.GetMode())
 	}
 	if err := checkIDMapping(usernsField+".uids", o.GetUids()); err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkIDMapping(usernsField+".gids", o.GetGids()); err != nil {
-		return err
+		return nil, err
 	}
-	return wrapf(ErrFailedPrecondition, "%s.mode POD: this runtime does not create user namespaces (Status advertises user_namespaces false)", usernsField)
+	if !f.UserNamespaces {
+		return nil, wrapf(ErrFailedPrecondition, "%s.mode POD: this kernel cannot idmap mounts on berth's root folder, which user namespaces need (Status advertises user_namespaces false)", usernsField)
+	}
+	return o, nil
 }
 
 // checkIDMapping wants one range that maps container ID 0 to a host range
@@ -52,4 +58,12 @@ func checkIDMapping(field string, m []*runtimeapi.IDMapping) error {
 		return wrapf(ErrInvalid, "%s: host range %d+%d goes past the largest ID", field, m[0].GetHostId(), m[0].GetLength())
 	}
 	return nil
+}
+
+func specIDMap(m *runtimeapi.IDMapping) []specs.LinuxIDMapping {
+	return []specs.LinuxIDMapping{{ContainerID: m.ContainerId, HostID: m.HostId, Size: m.Length}}
+}
+
+func sysProcIDMap(m *runtimeapi.IDMapping) []syscall.SysProcIDMap {
+	return []syscall.SysProcIDMap{{ContainerID: int(m.ContainerId), HostID: int(m.HostId), Size: int(m.Length)}}
 }

@@ -32,12 +32,12 @@ func TestCheckUserns(t *testing.T) {
 			ErrInvalid, "gids: mapping length is 0"},
 		{"wraps", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: one(0, 1<<32-10, 20), Gids: good},
 			ErrInvalid, "uids: host range"},
-		{"pod", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: good}, ErrFailedPrecondition, "mode POD"},
+		{"pod-old-kernel", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: good}, ErrFailedPrecondition, "mode POD"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
 				NamespaceOptions: &runtimeapi.NamespaceOption{UsernsOptions: c.opts}}}}
-			err := checkUserns(cfg)
+			_, err := podUserNS(cfg, KernelFeatures{})
 			if c.kind == nil {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -48,5 +48,10 @@ func TestCheckUserns(t *testing.T) {
 				t.Fatalf("got %v, want %v naming %s and %q", err, c.kind, usernsField, c.want)
 			}
 		})
+	}
+	cfg := &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+		NamespaceOptions: &runtimeapi.NamespaceOption{UsernsOptions: &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: good}}}}}
+	if u, err := podUserNS(cfg, KernelFeatures{UserNamespaces: true}); err != nil || u == nil {
+		t.Errorf("mode POD on a kernel that can: %v, %v", u, err)
 	}
 }

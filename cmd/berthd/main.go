@@ -53,14 +53,16 @@ func newLogger(cfg *config.Config) *slog.Logger {
 }
 
 func run(cfg *config.Config, log *slog.Logger) error {
-	// Root 0711 as containerd does: nobody else needs to list it, and the
-	// folders below it that hold container-written files are 0700 (the
-	// sandbox manager sees to those). The modes are set on every start, so
-	// an older or hand-made tree gets them too.
+	// Root and State 0711 as containerd does: nobody else needs to list
+	// them, and the folders below them that hold container-written files
+	// are 0700 (the sandbox manager sees to those; a pod in a user namespace
+	// opens its own to its root group). The init of such a pod's container
+	// must traverse State to its bundle. The modes are set on every start,
+	// so an older or hand-made tree gets them too.
 	for _, d := range []struct {
 		path string
 		mode os.FileMode
-	}{{cfg.Root, 0o711}, {cfg.State, 0o700}} {
+	}{{cfg.Root, 0o711}, {cfg.State, 0o711}} {
 		if err := os.MkdirAll(d.path, d.mode); err != nil {
 			return err
 		}

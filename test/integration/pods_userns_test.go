@@ -2,6 +2,10 @@ package integration
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -39,8 +43,6 @@ func TestUsernsOptionsRefused(t *testing.T) {
 			codes.InvalidArgument, field + ".gids: want exactly one mapping"},
 		{"node-with-mappings", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE, Uids: good, Gids: good},
 			codes.InvalidArgument, field + ": mode NODE takes no uids or gids"},
-		{"pod-unsupported", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: good},
-			codes.FailedPrecondition, field + ".mode POD"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := e.podConfig("userns-" + c.name)
@@ -72,4 +74,80 @@ func isIdentityMap(uidMap string) bool {
 	var inside, outside, length uint64
 	n, _ := fmt.Sscan(uidMap, &inside, &outside, &length)
 	return n == 3 && inside == 0 && outside == 0 && length == 1<<32-1
+}
+
+const usernsHost = 1_000_000 // the host IDs the test pods' IDs map to
+
+func usernsPod(cfg *runtimeapi.PodSandboxConfig, u *runtimeapi.UserNamespace, pid runtimeapi.NamespaceMode) {
+	cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{
+		NamespaceOptions: &runtimeapi.NamespaceOption{Pid: pid, UsernsOptions: u}}
+}
+
+func rootMapping(host, length uint32) []*runtimeapi.IDMapping {
+	return []*runtimeapi.IDMapping{{ContainerId: 0, HostId: host, Length: length}}
+}
+
+func hostOwner(t *testing.T, p string) uint32 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Uid
+}
+
+// TestUserNamespacePod runs a pod with its own user namespace (hostUsers:
+// false), sharing its PID namespace so that the pause joins it too: inside
+// it is root over the image's root-owned files, its pod files and a volume;
+// on the host, what it writes in its writable layer belongs to the mapped
+// IDs.
+func TestUserNamespacePod(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	st, err := e.d.Runtime.Status(t.Context(), &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := st.GetRuntimeHandlers(); len(h) != 1 || !h[0].GetFeatures().GetUserNamespaces() {
+		t.Fatalf("Status does not advertise user namespaces on Linux %s: %v", kernelRelease(t), h)
+	}
+	vol := t.TempDir()
+	if err := os.WriteFile(filepath.Join(vol, "from-host"), []byte("host\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.podConfig("userns")
+	m := rootMapping(usernsHost, 65536)
+	usernsPod(cfg, &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}, runtimeapi.NamespaceMode_POD)
+	pod := e.runPod(t, cfg)
+	cc := e.ctrConfig("userns", sleeper...)
+	cc.Mounts = []*runtimeapi.Mount{{HostPath: vol, ContainerPath: "/vol"}}
+	ctr := e.runContainer(t, pod, cfg, cc)
+
+	if got := strings.Fields(e.sh(t, ctr, "cat /proc/self/uid_map /proc/self/gid_map")); strings.Join(got, " ") != "0 1000000 65536 0 1000000 65536" {
+		t.Errorf("uid_map and gid_map inside: %v", got)
+	}
+	if got := strings.Fields(e.sh(t, ctr, "cat /proc/1/uid_map")); strings.Join(got, " ") != "0 1000000 65536" {
+		t.Errorf("the pause (PID 1) is not in the pod's user namespace: uid_map %v", got)
+	}
+	if got := e.sh(t, ctr, "id -u; id -g"); got != "0\n0" {
+		t.Errorf("id inside: %q, want root", got)
+	}
+	if got := e.sh(t, ctr, "stat -c %u:%g /bin/busybox / /etc/hosts /vol; head -c 4 /bin/busybox | wc -c; cat /vol/from-host /etc/hostname"); got != "0:0\n0:0\n0:0\n0:0\n4\nhost\nuserns" {
+		t.Errorf("owners of image, rootfs, pod file and volume inside, and reads: %q", got)
+	}
+	e.sh(t, ctr, "echo 127.0.0.2 extra >> /etc/hosts; touch /made-inside /vol/made-inside; touch /bin")
+	upper := filepath.Join(e.d.Root, "containers", ctr, "upper")
+	for _, p := range []string{filepath.Join(upper, "made-inside"), filepath.Join(upper, "bin")} {
+		if uid := hostOwner(t, p); uid != usernsHost {
+			t.Errorf("%s belongs to host uid %d, want %d", p, uid, usernsHost)
+		}
+	}
+	// The volume is idmapped: the container's root is the volume's root,
+	// so what it writes there is stored as 0 (as the kubelet expects).
+	if uid := hostOwner(t, filepath.Join(vol, "made-inside")); uid != 0 {
+		t.Errorf("a file made in the idmapped volume belongs to host uid %d, want 0", uid)
+	}
+	e.stop(t, ctr, 0)
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -75,8 +76,11 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	if err != nil {
 		return err
 	}
-	cfg, err := lcConfig(req.ID, bundle, spec)
-	if err != nil {
+	var cfg *configs.Config
+	if err := s.reaper.hold(func() (err error) {
+		cfg, err = lcConfig(req.ID, bundle, spec)
+		return err
+	}); err != nil {
 		return err
 	}
 	proc, err := lcProcess(spec.Process)

@@ -83,6 +83,15 @@ func (r *reaper) reap() {
 	}
 }
 
+// hold runs f with the reaper held off, for libcontainer calls that wait
+// for helper children of their own outside a spawn: specconv reads the
+// mappings of a user namespace it joins from a child.
+func (r *reaper) hold(f func() error) error {
+	r.gate.RLock()
+	defer r.gate.RUnlock()
+	return f()
+}
+
 // spawn runs start (which starts a process through libcontainer and
 // returns its pid) with the reaper held off, and registers onExit for it.
 func (r *reaper) spawn(start func() (int, error), onExit func(exit)) (int, error) {

@@ -56,10 +56,14 @@ func Run(dir string, ready *os.File) error {
 		creating: map[string]bool{},
 		quit:     make(chan struct{}),
 	}
-	for _, d := range []string{s.lcRoot, filepath.Join(dir, shim.Containers)} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return err
-		}
+	// The bundles below Containers must be reachable by a container's init
+	// in a user namespace (see berthd's state folder); libcontainer's state
+	// need not.
+	if err := os.MkdirAll(s.lcRoot, 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, shim.Containers), 0o711); err != nil {
+		return err
 	}
 	if c, err := shim.Dial(dir); err == nil {
 		c.Close()
