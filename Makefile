@@ -7,7 +7,7 @@ LDFLAGS   := -X github.com/berth-runtime/berth/cri.buildCommit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 
-.PHONY: build deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet lint run bench install start clean
+.PHONY: build deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet lint run bench bench-compare install start clean
 
 # The shim is linked statically: in pause mode it runs inside an empty rootfs.
 # The seccomp tag links libcontainer's seccomp support with Debian's static
@@ -81,6 +81,13 @@ run: build
 # bench prints the numbers issues ask for; it asserts nothing.
 bench: deps
 	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v ./test/bench/ | grep -E '^(pull|exec|pod|teardown|rss|network|step|--- FAIL|ok|FAIL)'
+
+# bench-compare runs berth's workload and the same against Debian's containerd
+# 1.6 (runc, CNI bridge + portmap), installed for this target only, and prints
+# both medians and the ratio per measure; it asserts nothing.
+bench-compare: deps
+	test/bench/containerd-deps.sh
+	BERTH_BENCH=1 BERTH_BENCH_COMPARE=1 $(GO) test -count=1 -timeout 40m -v -run TestCompareContainerd ./test/bench/ | grep -E '^(compare|--- FAIL|ok|FAIL|\s+\S+_test.go)'
 
 install: build
 	install -d $(PREFIX)/bin /etc/berth

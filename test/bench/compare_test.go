@@ -1,0 +1,341 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
+)
+
+// rounds are the counted rounds of TestCompareContainerd, after one warm-up.
+const rounds = 3
+
+// criRuntime is one runtime under comparison, started fresh for a round.
+type criRuntime struct {
+	name    string
+	runtime runtimeapi.RuntimeServiceClient
+	images  runtimeapi.ImageServiceClient
+	// overheadPIDs are the runtime's own processes: the daemon and its
+	// per-pod processes outside the pods' cgroups (shims).
+	overheadPIDs func() []int
+}
+
+// measures are the rows of the comparison, in the order printed, with the
+// target ratio (berth / containerd) the lean-and-fast issue sets.
+var measures = []struct {
+	name   string
+	unit   string
+	target float64
+}{
+	{"pod start p50, sequential (run + create + start)", "ms", 0.25},
+	{"teardown p50 (stop + remove pod)", "ms", 0.25},
+	{"ExecSync(true) p50", "ms", 0.33},
+	{"50 pods, 5 in flight: wall", "s", 0.25},
+	{"memory per pod, 50 pods held: PSS of runtime processes / 50", "MiB", 0.5},
+	{"the same, RSS", "MiB", 0.5},
+	{"the same with the containers' own memory, PSS", "MiB", 0.5},
+	{"cold pull, 20 layers, 100 MiB gzip", "s", 0.33},
+}
+
+// TestCompareContainerd (make bench-compare) runs one workload against berth
+// (built-in network) and against Debian's containerd 1.6 (runc, CNI bridge
+// and portmap), each on fresh folders, alternating, one warm-up round and
+// three counted ones, and prints each measure's medians and their ratio. It
+// asserts nothing: the numbers are for people and commit messages.
+func TestCompareContainerd(t *testing.T) {
+	harness.RequireEnv(t, "BERTH_BENCH_COMPARE")
+	reg := harness.NewRegistry(t)
+	busybox := reg.Push(t, "bench/busybox:1", harness.BusyboxImage(t, harness.ImageSpec{}))
+	// containerd needs a pause image; berth has its own and needs none.
+	pause := reg.Push(t, "bench/pause:1", harness.BusyboxImage(t, harness.ImageSpec{
+		Config: v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}}))
+	big := reg.Push(t, "bench/pull:1", harness.NewImage(t, harness.ImageSpec{Layers: randomLayers(20, 5<<20)}))
+
+	results := map[string][][]float64{} // runtime → measure → one value per round
+	for round := 0; round <= rounds; round++ {
+		for _, name := range []string{"containerd", "berth"} {
+			t.Run(fmt.Sprintf("%s/round%d", name, round), func(t *testing.T) {
+				parent := fmt.Sprintf("/bench-%s-%d-%d", name, os.Getpid(), round)
+				t.Cleanup(func() { removeCgroupTree(parent) })
+				var rt criRuntime
+				if name == "berth" {
+					d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+					// berthd and its shims all name the state folder in their arguments.
+					rt = criRuntime{name: name, runtime: d.Runtime, images: d.Images,
+						overheadPIDs: func() []int { return pidsWithArg(d.State) }}
+				} else {
+					bridge := fmt.Sprintf("bcni%d", round)
+					subnet := fmt.Sprintf("10.196.%d.0/24", round)
+					c := startContainerd(t, reg.Host(), pause.Name, bridge, subnet)
+					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs}
+				}
+				values := runWorkload(t, rt, parent, busybox.Name, big.Name)
+				if round > 0 {
+					for i, v := range values {
+						if len(results[name]) <= i {
+							results[name] = append(results[name], nil)
+						}
+						results[name][i] = append(results[name][i], v)
+					}
+				}
+			})
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", "measure (medians of 3 rounds)", "containerd", "berth", "ratio", "target")
+	for i, m := range measures {
+		c, b := median(results["containerd"][i]), median(results["berth"][i])
+		fmt.Printf("compare %-62s %9.2f %-3s %8.2f %-3s %6.2f %s %.2f\n", m.name, c, m.unit, b, m.unit, b/c, verdict(b/c, m.target), m.target)
+	}
+}
+
+func verdict(ratio, target float64) string {
+	if ratio <= target {
+		return "≤"
+	}
+	return ">"
+}
+
+// runWorkload measures one freshly started runtime, in the order of
+// measures (the cold pull first: the root is empty).
+func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage string) []float64 {
+	ctx := t.Context()
+	pullStart := time.Now()
+	if _, err := rt.images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: bigImage}}); err != nil {
+		t.Fatalf("%s: cold pull: %v", rt.name, err)
+	}
+	coldPull := time.Since(pullStart)
+	if _, err := rt.images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
+		t.Fatalf("%s: pull: %v", rt.name, err)
+	}
+
+	var starts []time.Duration
+	ids := make([]string, pods)
+	for i := range ids {
+		begin := time.Now()
+		id, err := startPod(t, rt, parent, "seq", i, image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = id
+		starts = append(starts, time.Since(begin))
+	}
+	firstCtr := listContainers(t, rt, ids[0])
+	var execs []time.Duration
+	for range 20 {
+		begin := time.Now()
+		resp, err := rt.runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: firstCtr, Cmd: []string{"/bin/true"}, Timeout: 10})
+		if err != nil || resp.ExitCode != 0 {
+			t.Fatalf("%s: ExecSync(true) = %v, %v", rt.name, resp, err)
+		}
+		execs = append(execs, time.Since(begin))
+	}
+	overhead := slices.Concat(rt.overheadPIDs(), podProcesses(parent, false))
+	containers := podProcesses(parent, true)
+	pss, rss := sumKB(overhead, "Pss:"), sumKB(overhead, "Rss:")
+	withContainers := pss + sumKB(containers, "Pss:")
+
+	var teardowns []time.Duration
+	for _, id := range ids {
+		begin := time.Now()
+		removePod(t, rt, id)
+		teardowns = append(teardowns, time.Since(begin))
+	}
+
+	begin := time.Now()
+	concurrent := startPodsInFlight(t, rt, parent, image, 5)
+	wall := time.Since(begin)
+	for _, id := range concurrent {
+		removePod(t, rt, id)
+	}
+	perPod := func(kb int) float64 { return float64(kb) / 1024 / float64(pods) }
+	return []float64{ms(pct(starts, 50)), ms(pct(teardowns, 50)), ms(pct(execs, 50)), wall.Seconds(),
+		perPod(pss), perPod(rss), perPod(withContainers), coldPull.Seconds()}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// startPod runs a pod with one container sleeping, as the kubelet would ask
+// for a pod without shareProcessNamespace, and returns the pod.
+func startPod(t *testing.T, rt criRuntime, parent, prefix string, i int, image string) (string, error) {
+	ctx := t.Context()
+	name := fmt.Sprintf("%s-%d", prefix, i)
+	cfg := &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: "uid-" + name},
+		Hostname: name,
+		Linux: &runtimeapi.LinuxPodSandboxConfig{CgroupParent: fmt.Sprintf("%s/%s", parent, name),
+			SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: &runtimeapi.NamespaceOption{
+				Pid: runtimeapi.NamespaceMode_CONTAINER}}},
+	}
+	p, err := rt.runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	if err != nil {
+		return "", fmt.Errorf("%s: RunPodSandbox: %w", rt.name, err)
+	}
+	c, err := rt.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.PodSandboxId, SandboxConfig: cfg,
+		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
+			Image: &runtimeapi.ImageSpec{Image: image}, Command: []string{"/bin/sleep", "3600"}}})
+	if err != nil {
+		return "", fmt.Errorf("%s: CreateContainer: %w", rt.name, err)
+	}
+	if _, err := rt.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+		return "", fmt.Errorf("%s: StartContainer: %w", rt.name, err)
+	}
+	return p.PodSandboxId, nil
+}
+
+// startPodsInFlight starts the pods with inFlight starts running at a time.
+func startPodsInFlight(t *testing.T, rt criRuntime, parent, image string, inFlight int) []string {
+	ids := make([]string, pods)
+	errs := make([]error, pods)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range inFlight {
+		wg.Go(func() {
+			for i := range next {
+				ids[i], errs[i] = startPod(t, rt, parent, "par", i, image)
+			}
+		})
+	}
+	for i := range pods {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func removePod(t *testing.T, rt criRuntime, id string) {
+	ctx := t.Context()
+	if _, err := rt.runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Fatalf("%s: StopPodSandbox: %v", rt.name, err)
+	}
+	if _, err := rt.runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Fatalf("%s: RemovePodSandbox: %v", rt.name, err)
+	}
+}
+
+func listContainers(t *testing.T, rt criRuntime, pod string) string {
+	resp, err := rt.runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{
+		Filter: &runtimeapi.ContainerFilter{PodSandboxId: pod}})
+	if err != nil || len(resp.Containers) != 1 {
+		t.Fatalf("%s: ListContainers(pod %s) = %v, %v", rt.name, pod, resp, err)
+	}
+	return resp.Containers[0].Id
+}
+
+// podProcesses lists the processes in the cgroups below parent: the
+// workload's own ("/bin/sleep 3600") when workload is true, else the others
+// (pauses, which count as the runtime's).
+func podProcesses(parent string, workload bool) []int {
+	var out []int
+	root := cgroupDir(parent)
+	filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		b, _ := os.ReadFile(path)
+		for _, f := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(f)
+			if (cmdline(pid) == "/bin/sleep 3600") == workload {
+				out = append(out, pid)
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+// cgroupDir is parent in the memory hierarchy (cgroup v1) or the unified one.
+func cgroupDir(parent string) string {
+	if _, err := os.Stat("/sys/fs/cgroup/memory"); err == nil {
+		return filepath.Join("/sys/fs/cgroup/memory", parent)
+	}
+	return filepath.Join("/sys/fs/cgroup", parent)
+}
+
+// removeCgroupTree removes the (empty) cgroups below parent in every hierarchy.
+func removeCgroupTree(parent string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*" + parent)
+	roots = append(roots, filepath.Join("/sys/fs/cgroup", parent))
+	for _, root := range roots {
+		var dirs []string
+		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			os.Remove(dirs[i])
+		}
+	}
+}
+
+// sumKB adds a field of /proc/PID/smaps_rollup ("Pss:", "Rss:") over pids.
+func sumKB(pids []int, field string) int {
+	total := 0
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, field); ok {
+				n, _ := strconv.Atoi(strings.Fields(v)[0])
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+func allPIDs() []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// cmdline is a process's command line with spaces between arguments.
+func cmdline(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// pidsWithArg lists the processes whose command line contains s (berth's
+// shims name their pod folder under the state folder).
+func pidsWithArg(s string) []int {
+	var out []int
+	for _, pid := range allPIDs() {
+		if strings.Contains(cmdline(pid), s) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
