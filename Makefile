@@ -86,7 +86,7 @@ bench: deps
 # 1.6 (runc, CNI bridge + portmap), installed for this target only, and prints
 # both medians and the ratio per measure; it asserts nothing.
 bench-compare: deps
-	test/bench/containerd-deps.sh
+	test/deps.sh containerd runc
 	BERTH_BENCH=1 BERTH_BENCH_COMPARE=1 $(GO) test -count=1 -timeout 40m -v -run TestCompareContainerd ./test/bench/ | grep -E '^(compare|--- FAIL|ok|FAIL|\s+\S+_test.go)'
 
 install: build

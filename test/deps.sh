@@ -2,10 +2,14 @@
 # Installs the Debian packages berth's build and tests need, only those
 # missing, so that running it again is quick and changes nothing. The shim
 # links libseccomp statically (libseccomp-dev ships libseccomp.a), through cgo
-# (gcc, pkg-config).
+# (gcc, pkg-config). Given package names, it installs those instead
+# (make bench-compare: containerd, runc).
 set -euo pipefail
 
 packages=(gcc libc6-dev pkg-config libseccomp-dev busybox-static containernetworking-plugins)
+if (($#)); then
+	packages=("$@")
+fi
 
 missing=()
 for p in "${packages[@]}"; do

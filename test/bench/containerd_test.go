@@ -76,7 +76,7 @@ type containerd struct {
 func startContainerd(t *testing.T, registryHost, pauseImage, bridge, subnet string) *containerd {
 	t.Helper()
 	if _, err := exec.LookPath("containerd"); err != nil {
-		t.Fatal("containerd is not installed: run `make bench-compare`, which installs Debian's containerd, runc and CNI plugins")
+		t.Fatal("containerd is not installed: run `make bench-compare`, which installs Debian's containerd and runc")
 	}
 	dir, err := os.MkdirTemp("", "bench-ctd-") // short: shim socket paths are limited
 	if err != nil {
