@@ -254,9 +254,17 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 	if err := client.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil {
 		return err
 	}
-	_, err = m.waitExit(ctx, client, c.ID, 10*time.Second)
+	exited, err := m.waitExit(ctx, client, c.ID, killGrace)
+	if err == nil && !exited {
+		// Stuck (frozen, or in the kernel): saying "stopped" would let the
+		// kubelet go on as if it were gone.
+		return fmt.Errorf("%w: container %s still runs %v after SIGKILL", ErrDeadlineExceeded, c.ID, killGrace)
+	}
 	return err
 }
+
+// killGrace is how long a SIGKILLed container may take to be gone.
+const killGrace = 10 * time.Second
 
 // waitExit waits up to d for the container to exit.
 func (m *Manager) waitExit(ctx context.Context, client *shim.Client, id string, d time.Duration) (bool, error) {
