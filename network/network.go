@@ -346,12 +346,17 @@ func (n *Network) teardown(l *lease) error {
 // Reconcile keeps the network of the pods in livePods and removes every
 // other pod's lease, host veth and port mappings, then rewrites the
 // port maps from the remaining leases.
-func (n *Network) Reconcile(ctx context.Context, livePods map[string]bool) error {
+func (n *Network) Reconcile(ctx context.Context, livePods map[string]bool) (err error) {
 	if err := n.ensureSetup(); err != nil {
 		return fmt.Errorf("network: not ready: %w", err)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	defer func() {
+		if err != nil { // not ready until a setup (retried at the next pod) succeeds
+			n.markBroken(fmt.Errorf("network: reconcile at start: %w", err))
+		}
+	}()
 	all, err := n.leases.all()
 	if err != nil {
 		return err

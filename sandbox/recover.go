@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
@@ -28,12 +29,18 @@ func (m *Manager) recover() error {
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
 	live := map[string]bool{} // pods that keep their network
 	for _, pod := range pods {
 		c, err := m.podShim(pod.ID)
 		if err == nil {
-			if _, err = c.Info(ctx); err != nil {
+			if err = m.recoveryInfo(c); errors.Is(err, context.DeadlineExceeded) {
+				// Wedged, not gone: its containers may run. Keep the pod as
+				// it is; the kubelet's calls will time out on it.
+				m.log.Error("pod shim does not answer: pod left as it is", "pod", pod.ID, "after", recoveryCallTimeout)
+				live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
+				continue
+			}
+			if err != nil {
 				m.forgetShim(pod.ID)
 			}
 		}
@@ -53,14 +60,30 @@ func (m *Manager) recover() error {
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
 		if err := m.shimLost(pod); err != nil {
-			return err
+			m.log.Error("clean up after a lost shim", "pod", pod.ID, "err", err)
 		}
 	}
 	if err := m.reclaimUnknown(pods); err != nil {
-		return err
+		m.log.Error("reclaim what no record names", "err", err)
 	}
 	// Leases, links and host port rules of pods that are gone or stopped.
-	return m.opts.Network.Reconcile(ctx, live)
+	// A failure leaves the network not ready (NetworkReady=false says why)
+	// rather than berthd down: pods already running keep being served.
+	if err := m.opts.Network.Reconcile(context.Background(), live); err != nil {
+		m.log.Error("pod network not reconciled", "err", err)
+	}
+	return nil
+}
+
+// recoveryCallTimeout bounds each shim call at start, so that one shim that
+// accepts but never answers does not keep berthd from serving.
+const recoveryCallTimeout = 3 * time.Second
+
+func (m *Manager) recoveryInfo(c *shim.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), recoveryCallTimeout)
+	defer cancel()
+	_, err := c.Info(ctx)
+	return err
 }
 
 // reclaimUnknown removes what a crash left that no record names: pod

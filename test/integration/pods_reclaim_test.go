@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/berth-runtime/berth/test/harness"
@@ -87,4 +88,62 @@ func copyLease(t *testing.T, dbPath, from, to string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestStartupIsNotAllOrNothing restarts berthd with a pod whose shim
+// accepts but never answers (stopped with SIGSTOP) and a network whose
+// state cannot be read: berthd serves anyway, reports NetworkReady=false
+// with the cause, refuses new pods cleanly, and keeps the existing one; once
+// the causes are gone, all works again without a restart.
+func TestStartupIsNotAllOrNothing(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	cfg := e.podConfig("wedged")
+	pod := e.runPod(t, cfg)
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("patient", sleeper...))
+	shimPID := e.shimPID(t, pod)
+	e.d.Kill()
+
+	leases := filepath.Join(e.d.Root, "network", "leases")
+	if err := os.Rename(leases, leases+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(leases, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(shimPID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(shimPID, syscall.SIGCONT) })
+
+	e.d.Restart() // fails t unless berthd serves within the harness's start timeout
+	if c := e.networkReady(t); c.Status || !strings.Contains(c.Message, "leases") {
+		t.Errorf("NetworkReady = %v %q %q, want false naming the leases", c.Status, c.Reason, c.Message)
+	}
+	if _, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: e.podConfig("refused")}); err == nil {
+		t.Error("RunPodSandbox succeeded on a network that is not ready")
+	}
+
+	if err := syscall.Kill(shimPID, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(leases); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(leases+".away", leases); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(t, ctr, runtimeapi.ContainerState_CONTAINER_RUNNING)
+	if st := e.podStatus(t, pod).State; st != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("the wedged shim's pod is %v, want READY", st)
+	}
+	cfg2 := e.podConfig("after")
+	pod2 := e.runPod(t, cfg2)
+	if c := e.networkReady(t); !c.Status {
+		t.Errorf("NetworkReady = false %q after a pod was attached", c.Message)
+	}
+
+	e.removePod(t, pod2)
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
 }
