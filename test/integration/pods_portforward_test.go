@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"testing"
@@ -28,60 +29,22 @@ func TestPodPortForward(t *testing.T) {
 	e := startPodEnv(t, v1.Config{Env: []string{harness.DefaultPath}})
 	cfg := e.podConfig("forward")
 	pod := e.runPod(t, cfg)
-	e.runContainer(t, pod, cfg, e.ctrConfig("httpd", "/bin/sh", "-c",
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("httpd", "/bin/sh", "-c",
 		"mkdir -p /tmp/www && echo hello from the pod > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /tmp/www"))
+	// A forward ends at its first failed connection (as kubectl's does), so
+	// the httpd must listen first.
+	if !eventually(10*time.Second, func() bool {
+		// 0100007F:1F90 is 127.0.0.1:8080, state 0A is LISTEN.
+		return e.exec(t, ctr, "/bin/grep", "-q", "0100007F:1F90 00000000:0000 0A", "/proc/net/tcp").code == 0
+	}) {
+		t.Fatal("the httpd in the pod does not answer")
+	}
 	fdsBefore := openFDs(t, e.d.PID())
 
-	forward := func(t *testing.T, port int32) (local uint16, stop func()) {
-		t.Helper()
-		resp, err := e.d.Runtime.PortForward(t.Context(), &runtimeapi.PortForwardRequest{PodSandboxId: pod, Port: []int32{port}})
-		if err != nil {
-			t.Fatalf("PortForward: %v", err)
-		}
-		u, err := url.Parse(resp.Url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rt, upgrader, err := spdy.RoundTripperFor(&restclient.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
-		stopCh, ready := make(chan struct{}), make(chan struct{})
-		fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stopCh, ready, io.Discard, io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- fw.ForwardPorts() }()
-		select {
-		case <-ready:
-		case err := <-done:
-			t.Fatalf("ForwardPorts: %v", err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("port-forward not ready after 10s")
-		}
-		ports, err := fw.GetPorts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ports[0].Local, func() { close(stopCh); <-done }
-	}
-	get := func(local uint16) (string, error) {
-		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", local))
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return string(b), err
-	}
-
-	// The httpd may not listen yet right after the start.
+	forward := func(t *testing.T, port int32) (uint16, func()) { return forwardPort(t, e, pod, port) }
+	get := getLocal
 	a, stopA := forward(t, 8080)
-	if !eventually(10*time.Second, func() bool { s, _ := get(a); return s == "hello from the pod\n" }) {
-		s, err := get(a)
+	if s, err := get(a); s != "hello from the pod\n" {
 		t.Fatalf("through the forward: %q, %v; want the pod's index.html", s, err)
 	}
 	b, stopB := forward(t, 8080)
@@ -121,5 +84,87 @@ func TestPodPortForward(t *testing.T) {
 
 	if !eventually(5*time.Second, func() bool { return openFDs(t, e.d.PID()) <= fdsBefore }) {
 		t.Errorf("berthd holds %d fds after the forwards ended, %d before", openFDs(t, e.d.PID()), fdsBefore)
+	}
+}
+
+// forwardPort forwards a free local port to port in pod with kubectl's
+// client library and returns it and a function that stops the forward.
+func forwardPort(t *testing.T, e *podEnv, pod string, port int32) (local uint16, stop func()) {
+	t.Helper()
+	resp, err := e.d.Runtime.PortForward(t.Context(), &runtimeapi.PortForwardRequest{PodSandboxId: pod, Port: []int32{port}})
+	if err != nil {
+		t.Fatalf("PortForward: %v", err)
+	}
+	u, err := url.Parse(resp.Url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, upgrader, err := spdy.RoundTripperFor(&restclient.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
+	stopCh, ready := make(chan struct{}), make(chan struct{})
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stopCh, ready, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.ForwardPorts() }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("ForwardPorts: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("port-forward not ready after 10s")
+	}
+	ports, err := fw.GetPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ports[0].Local, func() { close(stopCh); <-done }
+}
+
+// getLocal fetches / from a local port.
+func getLocal(local uint16) (string, error) {
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", local))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// TestPodPortForwardHostNetwork forwards to a port on the host's loopback
+// for a pod in the host's network namespace.
+func TestPodPortForwardHostNetwork(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{Env: []string{harness.DefaultPath}})
+	cfg := e.podConfig("forward-host")
+	cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE}}
+	pod := e.runPod(t, cfg)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	e.runContainer(t, pod, cfg, e.ctrConfig("httpd", "/bin/sh", "-c",
+		fmt.Sprintf("mkdir -p /tmp/www && echo hello from the host > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:%d -h /tmp/www", port)))
+	if !eventually(10*time.Second, func() bool {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}) {
+		t.Fatal("the httpd on the host's loopback does not answer")
+	}
+	local, stop := forwardPort(t, e, pod, int32(port))
+	defer stop()
+	if s, err := getLocal(local); s != "hello from the host\n" {
+		t.Errorf("through the forward: %q, %v; want the host-network pod's index.html", s, err)
 	}
 }
