@@ -108,7 +108,8 @@ type streamRuntime struct {
 	pods *sandbox.Manager
 }
 
-func (r *streamRuntime) Exec(ctx context.Context, id string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
+// execStreams converts the library's streams.
+func execStreams(in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) sandbox.ExecStreams {
 	streams := sandbox.ExecStreams{TTY: tty, Resize: termSizes(resize)}
 	// The library hands typed nil interfaces for streams not asked for.
 	if in != nil {
@@ -120,7 +121,11 @@ func (r *streamRuntime) Exec(ctx context.Context, id string, cmd []string, in io
 	if errw != nil && !tty {
 		streams.Stderr = errw
 	}
-	code, err := r.pods.ExecStream(ctx, id, cmd, streams)
+	return streams
+}
+
+func (r *streamRuntime) Exec(ctx context.Context, id string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
+	code, err := r.pods.ExecStream(ctx, id, cmd, execStreams(in, out, errw, tty, resize))
 	if err != nil {
 		return err
 	}
@@ -130,8 +135,8 @@ func (r *streamRuntime) Exec(ctx context.Context, id string, cmd []string, in io
 	return nil
 }
 
-func (r *streamRuntime) Attach(context.Context, string, io.Reader, io.WriteCloser, io.WriteCloser, bool, <-chan remotecommand.TerminalSize) error {
-	return errors.New("attach is not supported yet")
+func (r *streamRuntime) Attach(ctx context.Context, id string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
+	return r.pods.Attach(ctx, id, execStreams(in, out, errw, tty, resize))
 }
 
 func (r *streamRuntime) PortForward(ctx context.Context, podID string, port int32, stream io.ReadWriteCloser) error {
@@ -216,6 +221,17 @@ func (r *RuntimeService) Exec(ctx context.Context, req *runtimeapi.ExecRequest) 
 		return nil, sandboxError(err)
 	}
 	return r.stream.lib.GetExec(req)
+}
+
+// Attach checks the container runs and returns a single-use URL.
+func (r *RuntimeService) Attach(ctx context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	if r.stream == nil {
+		return nil, status.Error(codes.Unimplemented, "berthd runs without a streaming server")
+	}
+	if err := r.pods.CheckRunning(ctx, req.GetContainerId()); err != nil {
+		return nil, sandboxError(err)
+	}
+	return r.stream.lib.GetAttach(req)
 }
 
 // PortForward checks the pod is ready and returns a single-use URL.

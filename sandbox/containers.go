@@ -132,7 +132,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	if err := client.Create(ctx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
-		Stdin: cfg.Stdin, TTY: cfg.Tty}); err != nil {
+		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
 	}
 	u.add("delete container in shim", func() error { return client.Delete(context.WithoutCancel(ctx), c.ID) })

@@ -199,3 +199,48 @@ func (m *Manager) CheckRunning(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// Attach connects the client's streams to a running container's stdio,
+// which its shim holds: output from now on, stdin if the container has
+// one, resizes of its tty. It returns when the container's output ends or
+// ctx does.
+func (m *Manager) Attach(ctx context.Context, id string, s ExecStreams) error {
+	c, err := m.GetContainer(id)
+	if err != nil {
+		return err
+	}
+	client, err := m.podShim(c.PodID)
+	if err != nil {
+		return wrapf(ErrFailedPrecondition, "container %s is not running: %v", c.ID, err)
+	}
+	var p execPipes
+	defer p.close()
+	req := shim.StreamRequest{Exec: shim.ExecRequest{ID: c.ID}, Attach: true, TTY: s.TTY}
+	if err := p.open(&req, s); err != nil {
+		return err
+	}
+	st, err := shim.StartStream(ctx, client.PodDir(), req, p.child)
+	switch {
+	case errors.Is(err, shim.ErrNotRunning), shim.IsNotFound(err):
+		return wrapf(ErrFailedPrecondition, "container %s is not running", c.ID)
+	case err != nil:
+		return err
+	}
+	defer st.Close()
+	p.closeChild()
+	var copies sync.WaitGroup
+	p.copyPipes(&copies, s)
+	if s.Resize != nil {
+		go func() {
+			for size := range s.Resize {
+				st.Resize(size.Width, size.Height)
+			}
+		}()
+	}
+	_, err = waitStream(ctx, st)
+	if err != nil {
+		return err
+	}
+	waitBounded(&copies, outputDrain)
+	return nil
+}

@@ -64,6 +64,9 @@ type CreateRequest struct {
 	LogPath string
 	// Stdin keeps a pipe open on the container's stdin.
 	Stdin bool
+	// StdinOnce closes the container's stdin when the first attach with
+	// stdin ends.
+	StdinOnce bool
 	// TTY gives the container a pty; its output is logged as stdout.
 	TTY bool
 }

@@ -26,9 +26,15 @@ import (
 // berthd's pipes, or berthd reads the pty master. When berthd closes the
 // connection before the exit, the shim kills the process tree.
 
-// StreamRequest starts an exec whose stdio berthd holds.
+// StreamRequest starts an exec whose stdio berthd holds, or attaches to
+// container Exec.ID.
 type StreamRequest struct {
 	Exec ExecRequest
+	// Attach joins the running container's own stdio: the shim writes its
+	// output to the stdout/stderr fds sent (as it goes to the log), copies
+	// the stdin fd into the container's stdin, and takes StreamResize
+	// messages for its tty. Its fds are sent with or without TTY.
+	Attach bool
 	// TTY runs the command on a new pty; no fds are sent then.
 	TTY bool
 	// Stdin, Stdout, Stderr say which fds follow, in that order; a stream
@@ -39,6 +45,11 @@ type StreamRequest struct {
 // StreamStarted answers a StreamRequest.
 type StreamStarted struct {
 	Error string
+}
+
+// StreamResize, sent by berthd during an attach, resizes the container's tty.
+type StreamResize struct {
+	Width, Height uint16
 }
 
 // StreamExited ends a stream.
@@ -89,7 +100,7 @@ func startStream(conn *net.UnixConn, req StreamRequest, files []*os.File) (*Stre
 		return nil, remoteError(rpc.ServerError(started.Error))
 	}
 	st := &Stream{conn: conn}
-	if req.TTY {
+	if req.TTY && !req.Attach {
 		if len(got) != 1 {
 			closeAll(got)
 			return nil, errors.New("exec reply: no pty")
@@ -109,6 +120,11 @@ func (s *Stream) Wait() (int, error) {
 		return 0, fmt.Errorf("%w: waiting for exec: %v", ErrUnavailable, err)
 	}
 	return e.ExitCode, nil
+}
+
+// Resize asks the shim to resize an attached container's tty.
+func (s *Stream) Resize(width, height uint16) error {
+	return WriteStreamMsg(s.conn, StreamResize{Width: width, Height: height})
 }
 
 // Close ends the stream; a command still running is killed with what it

@@ -170,7 +170,7 @@ type Daemon struct {
 	Runtime runtimeapi.RuntimeServiceClient
 	Images  runtimeapi.ImageServiceClient
 
-	logs *syncBuffer
+	logs *SyncBuffer
 	conn *grpc.ClientConn
 
 	mu    sync.Mutex
@@ -179,19 +179,19 @@ type Daemon struct {
 	state *os.ProcessState
 }
 
-// syncBuffer collects berthd's output from several goroutines.
-type syncBuffer struct {
+// SyncBuffer is an output sink several goroutines write to and tests read.
+type SyncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
@@ -200,7 +200,7 @@ func (b *syncBuffer) String() string {
 // newDaemon lays out the folders and config file of a berthd, without starting it.
 func newDaemon(t testing.TB, o Options) *Daemon {
 	t.Helper()
-	d := &Daemon{t: t, Root: o.Root, State: o.State, Socket: o.Socket, logs: &syncBuffer{}}
+	d := &Daemon{t: t, Root: o.Root, State: o.State, Socket: o.Socket, logs: &SyncBuffer{}}
 	if d.Root == "" {
 		d.Root = t.TempDir()
 	}

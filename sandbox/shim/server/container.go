@@ -32,8 +32,10 @@ type ctr struct {
 	proc   *libcontainer.Process
 	log    *crilog.Writer
 	io     *stdio
-	cg     cgroups.Manager // for the OOM kill count
-	oom0   uint64
+	// stdinOnce closes the container's stdin when an attach with stdin ends.
+	stdinOnce bool
+	cg        cgroups.Manager // for the OOM kill count
+	oom0      uint64
 
 	// startMu orders Create's setup and Start's started.json before the
 	// exit handling.
@@ -105,6 +107,7 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 			c.log.Close()
 		}
 	}()
+	c.stdinOnce = req.StdinOnce
 	tty := req.TTY || spec.Process.Terminal
 	if c.io, err = newStdio(proc, req.Stdin, tty); err != nil {
 		return err

@@ -25,6 +25,7 @@ type stdio struct {
 	child   []*os.File     // the container's ends, closed once it has them
 	console *os.File       // our end of the console socket (tty)
 	done    chan struct{}  // closed when output copying ended
+	fan     fanout         // attached clients
 }
 
 func newStdio(p *libcontainer.Process, stdin, tty bool) (_ *stdio, err error) {
@@ -95,7 +96,7 @@ func (s *stdio) started(log *crilog.Writer, stdin bool) error {
 		f    *os.File
 	}{{crilog.Stdout, s.out}, {crilog.Stderr, s.err}} {
 		if x.f != nil {
-			wg.Go(func() { log.Copy(x.name, x.f) })
+			wg.Go(func() { log.Copy(x.name, s.fan.tee(x.name, x.f)) })
 		}
 	}
 	go func() { wg.Wait(); close(s.done) }()
@@ -175,5 +176,39 @@ func clearONLCR(f *os.File) {
 		}
 		t.Oflag &^= unix.ONLCR
 		unix.IoctlSetTermios(int(fd), unix.TCSETS, t)
+	})
+}
+
+// feedStdin copies an attached client's stdin into the container's until
+// it ends; with once (stdin_once), the container's stdin then ends too: the
+// pipe is closed, or a tty gets an EOF character (closing the pty master
+// would hang up the container and end its output).
+func (s *stdio) feedStdin(in io.Reader, once bool) {
+	if s.stdin == nil {
+		return
+	}
+	io.Copy(s.stdin, in)
+	if !once {
+		return
+	}
+	if s.stdin == io.WriteCloser(s.out) {
+		s.stdin.Write([]byte{4})
+	} else {
+		s.stdin.Close()
+	}
+}
+
+// resize sets the tty's window size (nothing without a tty: the ioctl
+// fails on a pipe).
+func (s *stdio) resize(width, height uint16) {
+	if s.out == nil {
+		return
+	}
+	raw, err := s.out.SyscallConn()
+	if err != nil {
+		return
+	}
+	raw.Control(func(fd uintptr) {
+		unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: height, Col: width})
 	})
 }

@@ -38,6 +38,10 @@ func (s *Server) serveStream(conn *net.UnixConn) {
 		log.Printf("stream request: %v", err)
 		return
 	}
+	if req.Attach {
+		s.serveAttach(conn, &req, files)
+		return
+	}
 	proc, pty, exited, pid, err := s.startStream(&req, files)
 	for _, f := range files {
 		f.Close() // the child has its copies
