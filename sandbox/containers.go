@@ -51,6 +51,10 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	case cfg.GetImage().GetImage() == "":
 		return nil, wrapf(ErrInvalid, "config.image.image is required")
 	}
+	// The kubelet sends NAME/RESTART.log: local, but not always one element.
+	if p := cfg.GetLogPath(); p != "" && !filepath.IsLocal(p) {
+		return nil, wrapf(ErrInvalid, "config.log_path %q: must be a relative path inside the pod's log_directory", p)
+	}
 	if err := m.checkFeatures(cfg); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,6 +29,9 @@ func validatePodConfig(cfg *runtimeapi.PodSandboxConfig) error {
 		return wrapf(ErrInvalid, "config.metadata.namespace is required")
 	case md.Uid == "":
 		return wrapf(ErrInvalid, "config.metadata.uid is required")
+	}
+	if dir := cfg.GetLogDirectory(); dir != "" && (!filepath.IsAbs(dir) || slices.Contains(strings.Split(dir, "/"), "..")) {
+		return wrapf(ErrInvalid, "config.log_directory %q: must be an absolute path without ..", dir)
 	}
 	return nil
 }

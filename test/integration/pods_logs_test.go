@@ -2,6 +2,7 @@ package integration
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -147,6 +148,54 @@ func TestContainerLogRotation(t *testing.T) {
 	assertCode(t, err, one(codes.FailedPrecondition), "not running")
 	_, err = e.d.Runtime.ReopenContainerLog(t.Context(), &runtimeapi.ReopenContainerLogRequest{ContainerId: "0123456789abcdef"})
 	assertCode(t, err, one(codes.NotFound), "0123456789abcdef")
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestLogPathConfinement: the log folder must be absolute and the log path
+// inside it (the kubelet's NAME/RESTART.log is), or the call is refused
+// with the field named and nothing left; and the shim never follows a
+// symlink planted as the log file.
+func TestLogPathConfinement(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	for _, dir := range []string{"relative/logs", "/tmp/../etc"} {
+		cfg := e.podConfig("logdir")
+		cfg.LogDirectory = dir
+		_, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+		assertCode(t, err, one(codes.InvalidArgument), "log_directory")
+	}
+	cfg := e.podConfig("logpath")
+	pod := e.runPod(t, cfg)
+	for _, p := range []string{"../escape.log", "/abs.log", "a/../../escape.log"} {
+		cc := e.ctrConfig("bad", sleeper...)
+		cc.LogPath = p
+		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg, Config: cc})
+		assertCode(t, err, one(codes.InvalidArgument), "log_path")
+	}
+
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("untouched"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(e.logs, "linked"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(e.logs, "linked", "0.log")); err != nil {
+		t.Fatal(err)
+	}
+	cc := e.ctrConfig("linked", "/bin/echo", "written")
+	cc.LogPath = "linked/0.log"
+	if _, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg, Config: cc}); err == nil {
+		t.Error("CreateContainer wrote its log through a symlink")
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "untouched" {
+		t.Errorf("the symlink's target now holds %q", b)
+	}
+	good := e.ctrConfig("good", "/bin/echo", "fine")
+	good.LogPath = "good/0.log"
+	e.runToExit(t, pod, cfg, good)
+
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -54,7 +55,9 @@ func Open(path string) (*Writer, error) {
 }
 
 func openLog(path string) (*os.File, error) {
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	// O_NOFOLLOW: whoever can write the log folder must not redirect the
+	// shim's (root's) writes to another file with a symlink.
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o640)
 }
 
 // Reopen opens the path again: after log rotation renamed the file,
