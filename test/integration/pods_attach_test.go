@@ -61,7 +61,7 @@ func (e *podEnv) attachUntil(t *testing.T, proto, ctr, want string) {
 // TestStreamingAttach attaches with kubectl's client library to the stdio
 // the shim holds: live output over SPDY and WebSocket, stdin with
 // stdin_once, a tty with resize (and its CRI log still written), and again
-// after berthd restarted.
+// after berthd restarted; no fd is left behind in berthd or the shim.
 func TestStreamingAttach(t *testing.T) {
 	t.Parallel()
 	e := startPodEnv(t, v1.Config{Env: []string{harness.DefaultPath}})
@@ -69,8 +69,19 @@ func TestStreamingAttach(t *testing.T) {
 	pod := e.runPod(t, cfg)
 	ticker := e.runContainer(t, pod, cfg, e.ctrConfig("ticker", "sh", "-c", "while :; do echo tick; sleep 0.2; done"))
 
+	// After a first attach, attaching and detaching leaves no fd behind in
+	// berthd or the shim.
+	e.attachUntil(t, "spdy", ticker, "tick\n")
+	shimPID := e.shimPID(t, pod)
+	fds, shimFDs := openFDs(t, e.d.PID()), openFDs(t, shimPID)
 	for _, proto := range attachProtocols {
 		t.Run(proto, func(t *testing.T) { e.attachUntil(t, proto, ticker, "tick\n") })
+	}
+	if !eventually(5*time.Second, func() bool {
+		return openFDs(t, e.d.PID()) <= fds && openFDs(t, shimPID) <= shimFDs
+	}) {
+		t.Errorf("after the attaches ended berthd holds %d fds (%d before), the shim %d (%d before)",
+			openFDs(t, e.d.PID()), fds, openFDs(t, shimPID), shimFDs)
 	}
 
 	t.Run("stdin-once", func(t *testing.T) {
