@@ -69,6 +69,9 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return nil, wrapf(ErrFailedPrecondition, "pod %s is not ready", pod.ID)
 	}
+	if err := checkContainerUserns(pod, cfg); err != nil {
+		return nil, err
+	}
 	if err := m.checkPause(ctx, pod); err != nil {
 		return nil, err
 	}

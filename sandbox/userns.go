@@ -4,6 +4,7 @@ import (
 	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -66,4 +67,21 @@ func specIDMap(m *runtimeapi.IDMapping) []specs.LinuxIDMapping {
 
 func sysProcIDMap(m *runtimeapi.IDMapping) []syscall.SysProcIDMap {
 	return []syscall.SysProcIDMap{{ContainerID: int(m.ContainerId), HostID: int(m.HostId), Size: int(m.Length)}}
+}
+
+// checkContainerUserns refuses a container whose userns_options differ from
+// its pod's: it can only run in the pod's user namespace (or the host's).
+func checkContainerUserns(pod *Pod, cfg *runtimeapi.ContainerConfig) error {
+	c := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetUsernsOptions()
+	if c == nil {
+		return nil
+	}
+	p := namespaceOptions(pod.Config).GetUsernsOptions()
+	if p == nil {
+		p = &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}
+	}
+	if !proto.Equal(c, p) {
+		return wrapf(ErrInvalid, "config.linux.security_context.namespace_options.userns_options: %v differs from the pod's %v", c, p)
+	}
+	return nil
 }

@@ -55,3 +55,29 @@ func TestCheckUserns(t *testing.T) {
 		t.Errorf("mode POD on a kernel that can: %v, %v", u, err)
 	}
 }
+
+func TestCheckContainerUserns(t *testing.T) {
+	m := []*runtimeapi.IDMapping{{ContainerId: 0, HostId: 100000, Length: 65536}}
+	podNS := &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}
+	pod := func(u *runtimeapi.UserNamespace) *Pod {
+		return &Pod{Config: &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+			NamespaceOptions: &runtimeapi.NamespaceOption{UsernsOptions: u}}}}}
+	}
+	ctr := func(u *runtimeapi.UserNamespace) *runtimeapi.ContainerConfig {
+		return &runtimeapi.ContainerConfig{Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+			NamespaceOptions: &runtimeapi.NamespaceOption{UsernsOptions: u}}}}
+	}
+	node := &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}
+	for name, c := range map[string]struct {
+		pod, ctr *runtimeapi.UserNamespace
+		ok       bool
+	}{
+		"same": {podNS, podNS, true}, "unset": {podNS, nil, true}, "node-both": {nil, node, true},
+		"node-in-userns-pod": {podNS, node, false}, "userns-in-host-pod": {nil, podNS, false},
+	} {
+		err := checkContainerUserns(pod(c.pod), ctr(c.ctr))
+		if (err == nil) != c.ok || (err != nil && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "userns_options"))) {
+			t.Errorf("%s: %v, want ok %v", name, err, c.ok)
+		}
+	}
+}
