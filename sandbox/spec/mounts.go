@@ -91,9 +91,6 @@ func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
 	if m.GetImage() != nil && m.GetImage().GetImage() != "" {
 		return specs.Mount{}, "", fmt.Errorf("mount %s: image volumes are not supported", dst)
 	}
-	if len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0 {
-		return specs.Mount{}, "", fmt.Errorf("mount %s: id-mapped mounts are not supported", dst)
-	}
 	src := m.GetHostPath()
 	if !filepath.IsAbs(src) {
 		return specs.Mount{}, "", fmt.Errorf("mount %s: host_path %q must be an absolute path", dst, src)
@@ -149,6 +146,9 @@ func buildMounts(in Input, sc *runtimeapi.LinuxContainerSecurityContext) ([]spec
 	var cri []specs.Mount
 	rootfsPropagation := ""
 	for _, m := range in.Config.GetMounts() {
+		if err := checkMountIDMaps(in, m); err != nil {
+			return nil, "", err
+		}
 		cm, prop, err := criMount(m)
 		if err != nil {
 			return nil, "", err
@@ -179,4 +179,24 @@ func buildMounts(in Input, sc *runtimeapi.LinuxContainerSecurityContext) ([]spec
 
 func depth(p string) int {
 	return strings.Count(path.Clean(p), "/")
+}
+
+// checkMountIDMaps accepts a mount's uid_mappings and gid_mappings only as
+// the kubelet sends them: those of the pod's user namespace, which every
+// bind mount of such a pod gets anyway (idmapBinds).
+func checkMountIDMaps(in Input, m *runtimeapi.Mount) error {
+	if len(m.GetUidMappings()) == 0 && len(m.GetGidMappings()) == 0 {
+		return nil
+	}
+	if in.UserNS == "" || !sameIDMaps(m.GetUidMappings(), in.UIDMappings) || !sameIDMaps(m.GetGidMappings(), in.GIDMappings) {
+		return fmt.Errorf("mount %s: uid_mappings and gid_mappings must be those of the pod's user namespace (%v, %v)",
+			m.GetContainerPath(), in.UIDMappings, in.GIDMappings)
+	}
+	return nil
+}
+
+func sameIDMaps(cri []*runtimeapi.IDMapping, oci []specs.LinuxIDMapping) bool {
+	return slices.EqualFunc(cri, oci, func(a *runtimeapi.IDMapping, b specs.LinuxIDMapping) bool {
+		return a.GetContainerId() == b.ContainerID && a.GetHostId() == b.HostID && a.GetLength() == b.Size
+	})
 }

@@ -189,7 +189,7 @@ func TestCRIMountErrors(t *testing.T) {
 			Propagation: runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER}, []string{"recursive_read_only"}},
 		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, Propagation: 9}, []string{"propagation"}},
 		{&runtimeapi.Mount{ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: "busybox"}}, []string{"image volumes"}},
-		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, UidMappings: []*runtimeapi.IDMapping{{HostId: 1, Length: 1}}}, []string{"id-mapped"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, UidMappings: []*runtimeapi.IDMapping{{HostId: 1, Length: 1}}}, []string{"uid_mappings and gid_mappings must be those of the pod"}},
 	} {
 		in := baseInput(t)
 		in.Config.Mounts = []*runtimeapi.Mount{tc.m}

@@ -120,7 +120,8 @@ func TestUserNamespacePod(t *testing.T) {
 	usernsPod(cfg, &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}, runtimeapi.NamespaceMode_POD)
 	pod := e.runPod(t, cfg)
 	cc := e.ctrConfig("userns", sleeper...)
-	cc.Mounts = []*runtimeapi.Mount{{HostPath: vol, ContainerPath: "/vol"}}
+	// As the kubelet sends it: the volume carries the pod's mappings.
+	cc.Mounts = []*runtimeapi.Mount{{HostPath: vol, ContainerPath: "/vol", UidMappings: m, GidMappings: m}}
 	ctr := e.runContainer(t, pod, cfg, cc)
 
 	if got := strings.Fields(e.sh(t, ctr, "cat /proc/self/uid_map /proc/self/gid_map")); strings.Join(got, " ") != "0 1000000 65536 0 1000000 65536" {
