@@ -138,11 +138,18 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err != nil {
 		return nil, err
 	}
-	if err := client.Create(ctx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
+	// From here on the shim may hold the container whatever the call
+	// returns: the undo kills and deletes it in the shim, or the shim would
+	// keep a container berthd does not know and refuse to shut down.
+	u.add("delete container in shim", func() error { return m.discardInShim(ctx, client, c.ID) })
+	// Not abandoned when the caller gives up: the undo must come after the
+	// shim is done with the create, not race it.
+	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shimCallTimeout)
+	defer cancel()
+	if err := client.Create(createCtx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
 		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
 	}
-	u.add("delete container in shim", func() error { return client.Delete(context.WithoutCancel(ctx), c.ID) })
 	t.step("create")
 
 	c.Timeline = t.steps
@@ -151,6 +158,24 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}
 	u.keep()
 	return c, nil
+}
+
+// discardInShim undoes a create in the shim: kill, wait, delete. A
+// container the shim never made is not an error.
+func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shimCallTimeout)
+	defer cancel()
+	err := client.Kill(ctx, id, syscall.SIGKILL, true)
+	if err == nil {
+		_, err = m.waitExit(ctx, client, id, 10*time.Second)
+	}
+	if err == nil || shim.IsNotFound(err) || errors.Is(err, shim.ErrNotRunning) {
+		err = client.Delete(ctx, id)
+	}
+	if shim.IsNotFound(err) || errors.Is(err, shim.ErrUnavailable) {
+		return nil
+	}
+	return err
 }
 
 // spec builds the container's OCI runtime spec from its CRI config, the

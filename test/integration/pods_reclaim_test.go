@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/berth-runtime/berth/test/harness"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -144,6 +147,27 @@ func TestStartupIsNotAllOrNothing(t *testing.T) {
 	}
 
 	e.removePod(t, pod2)
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestCancelledCreateLeavesNothing gives CreateContainer deadlines that end
+// while the shim creates the container: whatever each call returns, the
+// container then either exists for berthd or not at all, and the pod's
+// removal (whose shim refuses to quit while it holds a container) leaves
+// nothing behind.
+func TestCancelledCreateLeavesNothing(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	cfg := e.podConfig("cancelled")
+	pod := e.runPod(t, cfg)
+	for i, d := range []time.Duration{10, 15, 20, 25, 30, 35, 40, 45, 50, 60} {
+		ctx, cancel := context.WithTimeout(t.Context(), d*time.Millisecond)
+		_, err := e.d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg,
+			Config: e.ctrConfig(fmt.Sprint("c", i), sleeper...)})
+		cancel()
+		t.Logf("deadline %v: %v", d*time.Millisecond, err)
+	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
