@@ -44,7 +44,9 @@ func (c *Client) Gone() <-chan struct{} {
 // PodDir is the pod folder this client was dialed for.
 func (c *Client) PodDir() string { return c.podDir }
 
-// call runs one RPC; ctx abandons the wait (the shim may still finish it).
+// call runs one RPC; ctx abandons the wait (the shim may still finish it,
+// and the reply is then written later: on an error, callers must not read
+// reply).
 func (c *Client) call(ctx context.Context, method string, args, reply any) error {
 	done := c.rpc.Go(ServiceName+"."+method, args, reply, make(chan *rpc.Call, 1)).Done
 	select {
@@ -84,8 +86,10 @@ func (e *wireError) Unwrap() error { return e.is }
 // Info reports the shim's pid and how many containers are live.
 func (c *Client) Info(ctx context.Context) (Info, error) {
 	var r Info
-	err := c.call(ctx, "Info", &Empty{}, &r)
-	return r, err
+	if err := c.call(ctx, "Info", &Empty{}, &r); err != nil {
+		return Info{}, err
+	}
+	return r, nil
 }
 
 // Create spawns the container's init in the created state.
@@ -96,8 +100,10 @@ func (c *Client) Create(ctx context.Context, req CreateRequest) error {
 // Start lets a created container's process run and returns its state.
 func (c *Client) Start(ctx context.Context, id string) (State, error) {
 	var r State
-	err := c.call(ctx, "Start", &IDRequest{ID: id}, &r)
-	return r, err
+	if err := c.call(ctx, "Start", &IDRequest{ID: id}, &r); err != nil {
+		return State{}, err
+	}
+	return r, nil
 }
 
 // Kill signals the container's init, or all its processes. A stopped
@@ -109,8 +115,10 @@ func (c *Client) Kill(ctx context.Context, id string, sig syscall.Signal, all bo
 // State reports a container's state, from the shim's memory or its records.
 func (c *Client) State(ctx context.Context, id string) (State, error) {
 	var r State
-	err := c.call(ctx, "State", &IDRequest{ID: id}, &r)
-	return r, err
+	if err := c.call(ctx, "State", &IDRequest{ID: id}, &r); err != nil {
+		return State{}, err
+	}
+	return r, nil
 }
 
 // Wait blocks until the container stops or ctx ends. The shim is told the
@@ -124,7 +132,7 @@ func (c *Client) Wait(ctx context.Context, id string) (State, error) {
 	}
 	var r State
 	if err := c.call(ctx, "Wait", &req, &r); err != nil {
-		return r, err
+		return State{}, err
 	}
 	if r.Status != StatusStopped {
 		return r, context.DeadlineExceeded
@@ -142,8 +150,10 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 // beyond MaxOutput gives an error that matches ErrOutputTooLarge.
 func (c *Client) Exec(ctx context.Context, req ExecRequest) (ExecResponse, error) {
 	var r ExecResponse
-	err := c.call(ctx, "Exec", &req, &r)
-	return r, err
+	if err := c.call(ctx, "Exec", &req, &r); err != nil {
+		return ExecResponse{}, err
+	}
+	return r, nil
 }
 
 // ReopenLog makes the shim reopen the container's CRI log file (rotation).
