@@ -53,7 +53,8 @@ func TestKubelet(t *testing.T) {
 	e.writeManifest("limits", limitsPod)
 	e.writeManifest("guaranteed", guaranteedPod)
 	e.writeManifest("seccomp", seccompPod)
-	all := []string{"web", "probes", "crash", "init", "hostnet", "limits", "guaranteed", "seccomp"}
+	e.writeManifest("userns", usernsPod)
+	all := []string{"web", "probes", "crash", "init", "hostnet", "limits", "guaranteed", "seccomp", "userns"}
 
 	// Numbered as in the issue; run in this order because scenario 5 needs
 	// every pod up, and scenario 4 takes them all down (so it is also how
@@ -70,6 +71,7 @@ func TestKubelet(t *testing.T) {
 	step("6-HostNetwork", func(t *testing.T) { e.hostNetwork(t, hostPort) })
 	step("6-Resources", func(t *testing.T) { e.resources(t) })
 	step("6-Seccomp", func(t *testing.T) { e.seccomp(t) })
+	step("6-UserNamespace", func(t *testing.T) { e.userNamespace(t) })
 	step("5-BerthdKilled", func(t *testing.T) { e.berthdKilled(t) })
 	step("4-ManifestRemoved", func(t *testing.T) { e.manifestRemoved(t, all) })
 	if body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthz)); err != nil || body != "ok" {
@@ -385,6 +387,26 @@ func (e *env) seccomp(t *testing.T) {
 			t.Errorf("container %s: %q, want %q", name, got, want)
 		}
 	}
+}
+
+// userNamespace checks the hostUsers: false pod runs as root of its own user
+// namespace, mapped to the host range the kubelet picked (one 65536-ID
+// range, never starting at host 0).
+func (e *env) userNamespace(t *testing.T) {
+	p := e.waitPod(t, "userns", startTimeout, "Running", running)
+	c := e.runningContainer(t, string(p.UID), "main")
+	var inside, host, length uint64
+	m := e.exec(t, c.Id, "cat", "/proc/self/uid_map")
+	if n, _ := fmt.Sscan(m, &inside, &host, &length); n != 3 || inside != 0 || host == 0 || length != 65536 {
+		t.Errorf("uid_map of the hostUsers: false pod: %q, want container 0 mapped to a 65536-ID host range", m)
+	}
+	if id := e.exec(t, c.Id, "id", "-u"); id != "0\n" {
+		t.Errorf("id -u inside: %q, want 0", id)
+	}
+	if r := e.exec(t, c.Id, "sh", "-c", "head -c 4 /bin/busybox | wc -c; touch /made-here && echo ok"); r != "4\nok\n" {
+		t.Errorf("reading an image file and writing the rootfs: %q", r)
+	}
+	t.Logf("userns: uid_map %q", m)
 }
 
 func (e *env) hostNetwork(t *testing.T, port int) {

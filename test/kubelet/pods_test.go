@@ -119,6 +119,21 @@ spec:
     command: ["sleep", "3600"]
 `
 
+// usernsPod (scenario 6): a pod in its own user namespace (hostUsers: false).
+const usernsPod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: userns
+  namespace: e2e
+spec:
+  hostUsers: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: IMAGE
+    command: ["sleep", "3600"]
+`
+
 // hostNetPod (scenario 6): an httpd in the host's network namespace, on loopback.
 const hostNetPod = `apiVersion: v1
 kind: Pod
