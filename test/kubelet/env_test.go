@@ -122,6 +122,11 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Traversable, as /run is for berthd's default state folder: the init of
+	// a hostUsers: false container reaches its bundle through it.
+	if err := os.Chmod(work, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	e.work = work
 	// Cleanups run last first: the kubelet takes its pods down through
 	// berth, berth removes what is left, then cgroups and folders go.
