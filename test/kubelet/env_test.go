@@ -67,6 +67,7 @@ type env struct {
 	manifests   string // staticPodPath
 	podLogs     string // podLogsDir
 	cgroupRoot  string // the kubelet's cgroupRoot, "/berth-kubelet-PID"
+	port        int    // the kubelet's API (HTTPS): exec, attach, port-forward
 	readOnly    int    // readOnlyPort: /pods
 	healthz     int    // healthzPort: /healthz
 	sysctls     map[string]string
@@ -379,8 +380,7 @@ func (e *env) startKubelet() {
 			e.hostDirs = append(e.hostDirs, d)
 		}
 	}
-	port := freePort(t)
-	e.readOnly, e.healthz = freePort(t), freePort(t)
+	e.port, e.readOnly, e.healthz = freePort(t), freePort(t), freePort(t)
 	// What differs per run goes into a drop-in; the repository's file holds
 	// everything a host like this needs.
 	dropin := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -395,7 +395,7 @@ port: %d
 readOnlyPort: %d
 healthzBindAddress: 127.0.0.1
 healthzPort: %d
-`, e.manifests, e.podLogs, e.path("volume-plugins"), e.cgroupRoot, resolv, port, e.readOnly, e.healthz)
+`, e.manifests, e.podLogs, e.path("volume-plugins"), e.cgroupRoot, resolv, e.port, e.readOnly, e.healthz)
 	if err := os.WriteFile(filepath.Join(dropins, "50-run.conf"), []byte(dropin), 0o644); err != nil {
 		t.Fatal(err)
 	}

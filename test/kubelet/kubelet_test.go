@@ -72,6 +72,7 @@ func TestKubelet(t *testing.T) {
 	step("6-Resources", func(t *testing.T) { e.resources(t) })
 	step("6-Seccomp", func(t *testing.T) { e.seccomp(t) })
 	step("6-UserNamespace", func(t *testing.T) { e.userNamespace(t) })
+	step("7-ExecAttachPortForward", func(t *testing.T) { e.streams(t) })
 	step("5-BerthdKilled", func(t *testing.T) { e.berthdKilled(t) })
 	step("4-ManifestRemoved", func(t *testing.T) { e.manifestRemoved(t, all) })
 	if body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthz)); err != nil || body != "ok" {
