@@ -7,6 +7,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // InterfaceStats are one interface's cumulative counters, those the CRI
@@ -27,7 +28,7 @@ func PodInterfaceStats(netnsPath string) ([]InterfaceStats, error) {
 		return nil, fmt.Errorf("network: pod network namespace: %w", err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE) // only routing: a kernel may lack the others (xfrm)
 	if err != nil {
 		return nil, fmt.Errorf("network: netlink in %s: %w", netnsPath, err)
 	}

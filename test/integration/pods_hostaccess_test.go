@@ -30,8 +30,8 @@ func TestContainerFilesUnreachableByHostUsers(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(upper, "suid")); err != nil {
 		t.Fatalf("the file the container wrote is not in its upper dir %s: %v", upper, err)
 	}
-	assertNobodyCan(t, true, "/usr/bin/stat", filepath.Join(e.d.Root, "meta.db"))
-	assertNobodyCan(t, false, "/usr/bin/stat", filepath.Join(upper, "suid"))
+	assertNobodyCan(t, true, "ls", "-ld", filepath.Join(e.d.Root, "meta.db"))
+	assertNobodyCan(t, false, "ls", "-ld", filepath.Join(upper, "suid"))
 
 	containers := filepath.Join(e.d.Root, "containers")
 	for _, d := range []string{containers, filepath.Dir(upper)} {
@@ -42,7 +42,7 @@ func TestContainerFilesUnreachableByHostUsers(t *testing.T) {
 	}
 	e.d.Restart()
 	assertMode(t, containers, 0o700)
-	assertNobodyCan(t, false, "/usr/bin/stat", filepath.Join(upper, "suid"))
+	assertNobodyCan(t, false, "ls", "-ld", filepath.Join(upper, "suid"))
 
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
