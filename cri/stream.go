@@ -231,6 +231,15 @@ func (r *RuntimeService) Attach(ctx context.Context, req *runtimeapi.AttachReque
 	if err := r.pods.CheckRunning(ctx, req.GetContainerId()); err != nil {
 		return nil, sandboxError(err)
 	}
+	c, err := r.pods.GetContainer(req.GetContainerId())
+	if err != nil {
+		return nil, sandboxError(err)
+	}
+	// A container created without stdin has nowhere to send it: refuse
+	// rather than drop what the client types.
+	if req.GetStdin() && !c.Config.GetStdin() {
+		return nil, status.Errorf(codes.FailedPrecondition, "stdin: container %s was created without stdin (config.stdin is false)", c.ID)
+	}
 	return r.stream.lib.GetAttach(req)
 }
 

@@ -84,6 +84,11 @@ func TestStreamingAttach(t *testing.T) {
 			openFDs(t, e.d.PID()), fds, openFDs(t, shimPID), shimFDs)
 	}
 
+	// The ticker was created without stdin: what a client would type has
+	// nowhere to go, so asking for it is refused, not dropped.
+	_, err := e.d.Runtime.Attach(t.Context(), &runtimeapi.AttachRequest{ContainerId: ticker, Stdin: true, Stdout: true})
+	assertCode(t, err, one(codes.FailedPrecondition), "stdin")
+
 	t.Run("stdin-once", func(t *testing.T) {
 		cc := e.ctrConfig("reader", "sh", "-c", `while read l; do echo "got $l"; done; echo stdin-closed`)
 		cc.Stdin, cc.StdinOnce = true, true
