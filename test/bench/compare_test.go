@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -126,9 +127,9 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage string) []
 	ids := make([]string, pods)
 	for i := range ids {
 		begin := time.Now()
-		id, err := startPod(t, rt, parent, "seq", i, image)
+		id, _, err := startPod(ctx, rt.runtime, parent, fmt.Sprint("seq-", i), image)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", rt.name, err)
 		}
 		ids[i] = id
 		starts = append(starts, time.Since(begin))
@@ -168,11 +169,10 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage string) []
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// startPod runs a pod with one container sleeping, as the kubelet would ask
-// for a pod without shareProcessNamespace, and returns the pod.
-func startPod(t *testing.T, rt criRuntime, parent, prefix string, i int, image string) (string, error) {
-	ctx := t.Context()
-	name := fmt.Sprintf("%s-%d", prefix, i)
+// startPod runs a pod named name, below the cgroup parent, with one
+// container sleeping, as the kubelet asks for a pod without
+// shareProcessNamespace, and returns the pod and the container.
+func startPod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, parent, name, image string) (pod, ctr string, err error) {
 	cfg := &runtimeapi.PodSandboxConfig{
 		Metadata: &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: "uid-" + name},
 		Hostname: name,
@@ -180,20 +180,20 @@ func startPod(t *testing.T, rt criRuntime, parent, prefix string, i int, image s
 			SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: &runtimeapi.NamespaceOption{
 				Pid: runtimeapi.NamespaceMode_CONTAINER}}},
 	}
-	p, err := rt.runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	p, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
 	if err != nil {
-		return "", fmt.Errorf("%s: RunPodSandbox: %w", rt.name, err)
+		return "", "", fmt.Errorf("RunPodSandbox: %w", err)
 	}
-	c, err := rt.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.PodSandboxId, SandboxConfig: cfg,
+	c, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.PodSandboxId, SandboxConfig: cfg,
 		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
 			Image: &runtimeapi.ImageSpec{Image: image}, Command: []string{"/bin/sleep", "3600"}}})
 	if err != nil {
-		return "", fmt.Errorf("%s: CreateContainer: %w", rt.name, err)
+		return p.PodSandboxId, "", fmt.Errorf("CreateContainer: %w", err)
 	}
-	if _, err := rt.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
-		return "", fmt.Errorf("%s: StartContainer: %w", rt.name, err)
+	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+		return p.PodSandboxId, c.ContainerId, fmt.Errorf("StartContainer: %w", err)
 	}
-	return p.PodSandboxId, nil
+	return p.PodSandboxId, c.ContainerId, nil
 }
 
 // startPodsInFlight starts the pods with inFlight starts running at a time.
@@ -205,7 +205,10 @@ func startPodsInFlight(t *testing.T, rt criRuntime, parent, image string, inFlig
 	for range inFlight {
 		wg.Go(func() {
 			for i := range next {
-				ids[i], errs[i] = startPod(t, rt, parent, "par", i, image)
+				var err error
+				if ids[i], _, err = startPod(t.Context(), rt.runtime, parent, fmt.Sprint("par-", i), image); err != nil {
+					errs[i] = fmt.Errorf("%s: %w", rt.name, err)
+				}
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,39 +23,27 @@ const execs = 50
 func TestExecLatency(t *testing.T) {
 	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
-	cfg := &runtimeapi.PodSandboxConfig{
-		Metadata: &runtimeapi.PodSandboxMetadata{Name: "bench-exec", Namespace: "bench", Uid: "uid-exec"},
-		Linux:    &runtimeapi.LinuxPodSandboxConfig{},
-	}
-	pod, err := d.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId})
-		d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+	t.Cleanup(func() { removeCgroupTree("/berth-bench") })
+	pod, ctr, err := startPod(ctx, d.Runtime, "/berth-bench", "bench-exec", img)
+	t.Cleanup(func() { // t.Context() is done by now
+		d.Runtime.StopPodSandbox(context.Background(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+		d.Runtime.RemovePodSandbox(context.Background(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
 	})
-	ctr, err := d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg,
-		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
-			Image: &runtimeapi.ImageSpec{Image: img}, Command: []string{"/bin/sleep", "3600"}}})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
 		t.Fatal(err)
 	}
 
 	var syncs, streams []time.Duration
 	for range execs {
 		begin := time.Now()
-		res, err := d.Runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctr.ContainerId, Cmd: []string{"/bin/true"}})
+		res, err := d.Runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/true"}})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("ExecSync: %v, exit code %d", err, res.GetExitCode())
 		}
 		syncs = append(syncs, time.Since(begin))
 
 		begin = time.Now()
-		resp, err := d.Runtime.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: ctr.ContainerId, Cmd: []string{"/bin/true"}, Stdout: true})
+		resp, err := d.Runtime.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: ctr, Cmd: []string{"/bin/true"}, Stdout: true})
 		if err != nil {
 			t.Fatal(err)
 		}

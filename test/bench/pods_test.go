@@ -39,36 +39,19 @@ func TestPodStartAndTeardown(t *testing.T) {
 	steps := map[string]time.Duration{}
 	ids := make([]string, 0, pods)
 	for i := range pods {
-		cfg := &runtimeapi.PodSandboxConfig{
-			Metadata: &runtimeapi.PodSandboxMetadata{Name: fmt.Sprint("bench-", i), Namespace: "bench", Uid: fmt.Sprint("uid-", i)},
-			Hostname: fmt.Sprint("bench-", i),
-			Linux: &runtimeapi.LinuxPodSandboxConfig{CgroupParent: fmt.Sprintf("/berth-bench/pod%d", i),
-				// What the kubelet sends for a pod without shareProcessNamespace.
-				SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: &runtimeapi.NamespaceOption{
-					Pid: runtimeapi.NamespaceMode_CONTAINER}}},
-		}
 		begin := time.Now()
-		pod, err := d.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+		pod, ctr, err := startPod(ctx, d.Runtime, "/berth-bench", fmt.Sprint("bench-", i), img)
 		if err != nil {
-			t.Fatal(err)
-		}
-		ctr, err := d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg,
-			Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleep"},
-				Image: &runtimeapi.ImageSpec{Image: img}, Command: []string{"/bin/sleep", "3600"}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := d.Runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
 			t.Fatal(err)
 		}
 		starts = append(starts, time.Since(begin))
-		ids = append(ids, pod.PodSandboxId)
-		st, err := d.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod.PodSandboxId, Verbose: true})
+		ids = append(ids, pod)
+		st, err := d.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod, Verbose: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		addTimeline(t, "pod ", st.Info, steps)
-		cs, err := d.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctr.ContainerId, Verbose: true})
+		cs, err := d.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctr, Verbose: true})
 		if err != nil {
 			t.Fatal(err)
 		}
