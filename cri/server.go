@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,6 +31,8 @@ type ServerOptions struct {
 	Runtime   runtimeapi.RuntimeServiceServer
 	Images    runtimeapi.ImageServiceServer // nil: not registered
 	Extension ExtensionServer               // nil: not registered
+	// Metrics takes berth_cri_request_duration_seconds; nil: none.
+	Metrics prometheus.Registerer
 }
 
 // Server serves the CRI and berth's extension on one unix socket.
@@ -46,11 +49,15 @@ func NewServer(opts ServerOptions) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
+	calls := &callObserver{log: newCallLog(log), metrics: newRequestMetrics(opts.Metrics)}
+	if d, ok := opts.Runtime.(callDescriber); ok {
+		calls.describe = d.describeCall
+	}
 	g := grpc.NewServer(
 		grpc.MaxRecvMsgSize(maxMsgSize),
 		grpc.MaxSendMsgSize(maxMsgSize),
-		grpc.ChainUnaryInterceptor(unaryLogger(log)),
-		grpc.ChainStreamInterceptor(streamLogger(log)),
+		grpc.ChainUnaryInterceptor(calls.unary),
+		grpc.ChainStreamInterceptor(calls.stream),
 	)
 	if opts.Runtime != nil {
 		runtimeapi.RegisterRuntimeServiceServer(g, opts.Runtime)
@@ -158,24 +165,44 @@ func (s *Server) Shutdown(timeout time.Duration) {
 	}
 }
 
-func unaryLogger(log *slog.Logger) grpc.UnaryServerInterceptor {
-	calls := newCallLog(log)
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		start := time.Now()
-		resp, err := h(ctx, req)
-		calls.record(ctx, info.FullMethod, start, err)
-		return resp, err
-	}
+// callObserver logs and counts every call.
+type callObserver struct {
+	log     *callLog
+	metrics *requestMetrics
+	// describe names the pod and container a failed call was about; nil:
+	// only what the request itself carries.
+	describe func(req any) []any
 }
 
-func streamLogger(log *slog.Logger) grpc.StreamServerInterceptor {
-	calls := newCallLog(log)
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		start := time.Now()
-		err := h(srv, ss)
-		calls.record(ss.Context(), info.FullMethod, start, err)
-		return err
+// callDescriber is a service that can name the objects of its requests.
+type callDescriber interface {
+	describeCall(req any) []any
+}
+
+func (o *callObserver) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	o.record(ctx, info.FullMethod, req, start, err)
+	return resp, err
+}
+
+func (o *callObserver) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	start := time.Now()
+	err := h(srv, ss)
+	o.record(ss.Context(), info.FullMethod, nil, start, err)
+	return err
+}
+
+func (o *callObserver) record(ctx context.Context, method string, req any, start time.Time, err error) {
+	o.metrics.observe(method, start, err)
+	var subject []any
+	if err != nil && req != nil {
+		subject = requestSubject(req)
+		if o.describe != nil {
+			subject = append(subject, o.describe(req)...)
+		}
 	}
+	o.log.record(ctx, method, start, err, subject...)
 }
 
 // warnEvery is how often one method's Unimplemented or Internal answers
@@ -202,9 +229,11 @@ func newCallLog(log *slog.Logger) *callLog {
 	return &callLog{log: log, warned: map[string]*warnWindow{}}
 }
 
-func (c *callLog) record(ctx context.Context, method string, start time.Time, err error) {
+// record logs one call; subject is what a failed call was about (pod and
+// container IDs and names), as slog key-value pairs.
+func (c *callLog) record(ctx context.Context, method string, start time.Time, err error, subject ...any) {
 	st := status.Convert(err)
-	attrs := []any{"method", method, "duration", time.Since(start), "code", st.Code().String()}
+	attrs := append([]any{"method", method, "duration", time.Since(start), "code", st.Code().String()}, subject...)
 	level := slog.LevelDebug
 	switch st.Code() {
 	case codes.OK:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -12,27 +13,39 @@ import (
 )
 
 // progressWatch cancels a pull whose transfers have moved no byte for the
-// configured time. A slow pull that keeps moving is never cancelled.
+// configured time. A slow pull that keeps moving is never cancelled. It
+// also counts the bytes, and logs them every progressLogEvery for a long pull.
 type progressWatch struct {
 	timeout time.Duration
 	last    atomic.Int64 // unix nanoseconds of the last byte or response
+	bytes   atomic.Int64 // received so far
 	waiting atomic.Int32 // > 0 while this pull waits on another pull's layer
 	stop    chan struct{}
 }
 
-func watchProgress(ctx context.Context, cancel context.CancelCauseFunc, timeout time.Duration, what string) *progressWatch {
+// progressLogEvery is how often a pull still running says how far it got.
+const progressLogEvery = 10 * time.Second
+
+func watchProgress(ctx context.Context, cancel context.CancelCauseFunc, timeout time.Duration, what string, log *slog.Logger) *progressWatch {
 	w := &progressWatch{timeout: timeout, stop: make(chan struct{})}
 	w.touch()
+	start := time.Now()
 	go func() {
-		tick := time.NewTicker(max(timeout/8, 10*time.Millisecond))
+		tick := time.NewTicker(min(max(timeout/8, 10*time.Millisecond), time.Second))
 		defer tick.Stop()
+		logged := start
 		for {
 			select {
 			case <-w.stop:
 				return
 			case <-ctx.Done():
 				return
-			case <-tick.C:
+			case now := <-tick.C:
+				if now.Sub(logged) >= progressLogEvery {
+					logged = now
+					log.Info("pull in progress", "ref", what, "bytes", w.bytes.Load(), "elapsed", now.Sub(start).Round(time.Second),
+						"waiting_on_other_pull", w.waiting.Load() > 0)
+				}
 				if w.waiting.Load() > 0 {
 					w.touch() // the pull we wait on runs its own watch
 					continue
@@ -73,6 +86,7 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		b.w.touch()
+		b.w.bytes.Add(int64(n))
 	}
 	return n, err
 }

@@ -103,12 +103,13 @@ func (a *Auth) config() *authn.AuthConfig {
 		IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken}
 }
 
-func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (*Image, error) {
+func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Image, err error) {
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	watch := watchProgress(ctx, cancel, s.opts.ProgressTimeout, r.String())
+	watch := watchProgress(ctx, cancel, s.opts.ProgressTimeout, r.String(), s.log)
 	defer watch.Close()
+	defer func() { s.metrics.pulled(start, watch.bytes.Load(), err) }()
 
 	endpoints, err := s.resolver.Endpoints(r.Domain, auth.config())
 	if err != nil {

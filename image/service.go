@@ -16,6 +16,7 @@ import (
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/snapshot"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -28,6 +29,7 @@ type Options struct {
 	MaxLayerBytes   int64                    // bound of a layer's uncompressed size (0: unbounded)
 	MaxLayerEntries int64                    // bound of a layer's tar entries (0: unbounded)
 	Logger          *slog.Logger
+	Metrics         prometheus.Registerer // takes the pull and image series; nil: none
 }
 
 // Service stores images and answers for them.
@@ -38,6 +40,7 @@ type Service struct {
 	snaps    *snapshot.Store
 	resolver *registry.Resolver
 	platform v1.Platform
+	metrics  *metrics // nil: no metrics
 
 	pullsMu sync.Mutex
 	pulls   map[string]*pullFlight // one transfer per reference and credentials at a time
@@ -98,6 +101,7 @@ func New(opts Options) (*Service, error) {
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.holdCond = sync.NewCond(&s.holdMu)
+	s.metrics = newMetrics(opts.Metrics, s)
 	if err := s.dropBrokenImages(); err != nil {
 		return nil, err
 	}

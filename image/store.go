@@ -142,6 +142,9 @@ func decodeConfig(raw []byte, layers int) (ocispec.Image, []string, error) {
 // the first pull's watch covers the transfer).
 func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, watch *progressWatch) error {
 	if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
+		if ok {
+			s.metrics.layer("reused")
+		}
 		return err
 	}
 	s.inflightMu.Lock()
@@ -152,6 +155,9 @@ func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, d
 			defer watch.waiting.Add(-1)
 		}
 		<-f.done
+		if f.err == nil {
+			s.metrics.layer("reused")
+		}
 		return f.err
 	}
 	f := &layerFlight{done: make(chan struct{})}
@@ -159,6 +165,9 @@ func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, d
 	s.inflightMu.Unlock()
 
 	f.err = s.unpackLayer(ctx, l, chainID, diffID, open)
+	if f.err == nil {
+		s.metrics.layer("unpacked")
+	}
 	s.inflightMu.Lock()
 	delete(s.inflight, chainID)
 	s.inflightMu.Unlock()

@@ -157,6 +157,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	u.keep()
+	m.metrics.observeTimeline("container", c.Timeline)
 	return c, nil
 }
 
@@ -243,8 +244,19 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	_, err = client.Start(ctx, c.ID)
-	return err
+	t := newTimeline()
+	if _, err = client.Start(ctx, c.ID); err != nil {
+		return err
+	}
+	t.step("start")
+	m.metrics.observeTimeline("container", t.steps)
+	// The start joins the create's phases in the timeline verbose status
+	// shows; the container runs whatever this write does.
+	c.Timeline = append(c.Timeline, t.steps...)
+	if err := m.update(func(tx *bolt.Tx) error { return putContainer(tx, c) }); err != nil {
+		m.log.Warn("record container start phase", "container", c.ID, "err", err)
+	}
+	return nil
 }
 
 // StopContainer signals the container's stop signal, then SIGKILL once
@@ -341,6 +353,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 		}
 	}
 	m.layers.forget(c.ID)
+	m.metrics.forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
 	// removes, never a lease nobody would release.
 	if err := m.opts.Images.Release(c.ID); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/berth-runtime/berth/sandbox/apparmor"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -29,6 +30,8 @@ type Options struct {
 	Network    network.PodNetwork
 	ShimBinary string
 	Logger     *slog.Logger
+	// Metrics takes the start phase, recovery and state series; nil: none.
+	Metrics prometheus.Registerer
 }
 
 // Manager runs pod sandboxes and their containers.
@@ -49,6 +52,7 @@ type Manager struct {
 
 	features KernelFeatures
 	apparmor *apparmor.Host
+	metrics  *metrics // nil: no metrics
 }
 
 // New opens the manager and reconnects to the shims of the pods it had.
@@ -70,6 +74,7 @@ func New(opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m.features = probeKernelFeatures(opts.Root, opts.Logger)
+	m.metrics = newMetrics(opts.Metrics, m)
 	if err := opts.DB.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{podsBucket, containersBucket} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {

@@ -175,6 +175,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if pod.PausePID > 0 {
 		go m.watchPause(pod.ID, client)
 	}
+	m.metrics.observeTimeline("pod", pod.Timeline)
 	m.log.Info("pod ready", "pod", pod.ID, "name", cfg.Metadata.Name, "namespace", cfg.Metadata.Namespace, "timeline", pod.Timeline)
 	return pod, nil
 }

@@ -38,6 +38,7 @@ func (m *Manager) recover() error {
 				// it is; the kubelet's calls will time out on it.
 				m.log.Error("pod shim does not answer: pod left as it is", "pod", pod.ID, "after", recoveryCallTimeout)
 				live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
+				m.metrics.recovered("unresponsive")
 				continue
 			}
 			if err != nil {
@@ -46,6 +47,7 @@ func (m *Manager) recover() error {
 		}
 		if err == nil {
 			m.log.Info("reconnected to pod shim", "pod", pod.ID)
+			m.metrics.recovered("reconnected")
 			live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
 			if live[pod.ID] && pod.PausePID > 0 {
 				go m.watchPause(pod.ID, c)
@@ -59,6 +61,7 @@ func (m *Manager) recover() error {
 			continue
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
+		m.metrics.recovered("lost")
 		if err := m.shimLost(pod); err != nil {
 			m.log.Error("clean up after a lost shim", "pod", pod.ID, "err", err)
 		}

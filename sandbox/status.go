@@ -123,6 +123,7 @@ func (m *Manager) status(ctx context.Context, c *Container) (*ContainerStatus, e
 		switch {
 		case st.OOMKilled:
 			cs.Reason = "OOMKilled"
+			m.metrics.sawOOM(c.ID)
 		case st.ExitCode == 0:
 			cs.Reason = "Completed"
 		default:

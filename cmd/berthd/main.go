@@ -81,6 +81,12 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 	defer db.Close()
 
+	metrics, err := newMetricsEndpoint(cfg.Metrics.Address)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	defer metrics.close()
+
 	images, err := image.New(image.Options{
 		Root:            cfg.Root,
 		DB:              db,
@@ -89,6 +95,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		MaxLayerBytes:   cfg.Image.MaxLayerBytes,
 		MaxLayerEntries: cfg.Image.MaxLayerEntries,
 		Logger:          log.With("component", "image"),
+		Metrics:         metrics.Registerer(),
 	})
 	if err != nil {
 		return fmt.Errorf("image service: %w", err)
@@ -109,7 +116,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 	pods, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
-		ShimBinary: shimBinary, Logger: log.With("component", "sandbox"),
+		ShimBinary: shimBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)
@@ -139,6 +146,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		}, pods, podNet).WithStreams(streams),
 		Images:    cri.NewImageService(images),
 		Extension: cri.NewExtensionServer(images),
+		Metrics:   metrics.Registerer(),
 	})
 	if err := srv.Listen(); err != nil {
 		return err
@@ -148,7 +156,8 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
-	log.Info("berthd serving", "socket", cfg.Socket, "stream", streams.Addr(), "version", cri.RuntimeVersion,
+	go metrics.serve(log)
+	log.Info("berthd serving", "socket", cfg.Socket, "stream", streams.Addr(), "metrics", metrics.Addr(), "version", cri.RuntimeVersion,
 		"root", cfg.Root, "state", cfg.State, "network", cfg.Network.Mode, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
 
 	select {

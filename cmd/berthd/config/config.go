@@ -32,6 +32,7 @@ type Config struct {
 	Image      Image   `toml:"image"`
 	Network    Network `toml:"network"`
 	Stream     Stream  `toml:"stream"`
+	Metrics    Metrics `toml:"metrics"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000").
 	Registries map[string]registry.Host `toml:"registry"`
 }
@@ -73,6 +74,13 @@ type Stream struct {
 	// TLSCert and TLSKey (both or neither) serve https.
 	TLSCert string `toml:"tls_cert"`
 	TLSKey  string `toml:"tls_key"`
+}
+
+// Metrics holds the [metrics] table.
+type Metrics struct {
+	// Address is the host:port of the Prometheus endpoint (/metrics);
+	// empty: no endpoint.
+	Address string `toml:"address"`
 }
 
 // Image holds the [image] table.

@@ -210,6 +210,8 @@ func TestBadFiles(t *testing.T) {
 		{"stream idle timeout", "[stream]\nidle_timeout = \"0s\"", []string{`stream.idle_timeout = "0s"`, "greater than 0"}},
 		{"stream cert without key", "[stream]\ntls_cert = \"/etc/c.pem\"", []string{"stream.tls_cert", "together"}},
 		{"stream cert missing", "[stream]\ntls_cert = \"" + filepath.Join(dir, "nope.pem") + "\"\ntls_key = \"" + notPEM + "\"", []string{"stream.tls_cert", "nope.pem"}},
+		{"metrics host name", "[metrics]\naddress = \"localhost:9338\"", []string{`metrics.address = "localhost:9338"`, "IP:port"}},
+		{"metrics no port", "[metrics]\naddress = \"127.0.0.1\"", []string{`metrics.address = "127.0.0.1"`}},
 		{"syntax", `root = "/x`, []string{"toml"}},
 	}
 	for _, tt := range tests {

@@ -55,6 +55,11 @@ func (c *Config) validate() error {
 	if err := c.Stream.validate(); err != nil {
 		return err
 	}
+	if a := c.Metrics.Address; a != "" {
+		if err := listenAddress(a); err != nil {
+			return badValue("metrics.address", a, err)
+		}
+	}
 	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
 		return badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0"))
 	}
@@ -101,6 +106,19 @@ func (s *Stream) validate() error {
 		if _, err := os.Stat(f.val); err != nil {
 			return badValue(f.key, f.val, err)
 		}
+	}
+	return nil
+}
+
+// listenAddress is an IP address and a port: a host name would depend on
+// the resolver at start, and an empty host listens on every address.
+func listenAddress(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil || net.ParseIP(host) == nil {
+		return errors.New("must be IP:port, such as 127.0.0.1:9338")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number between 0 and 65535", port)
 	}
 	return nil
 }

@@ -1,0 +1,142 @@
+package integration
+
+import (
+	"bufio"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+const metricsTOML = "[metrics]\naddress = \"127.0.0.1:0\"\n"
+
+// metricsAddr is where berthd serves /metrics, from its start log.
+func metricsAddr(t *testing.T, e *podEnv) string {
+	t.Helper()
+	m := regexp.MustCompile(`metrics=(127\.0\.0\.1:\d+)`).FindStringSubmatch(e.d.Logs())
+	if m == nil {
+		t.Fatalf("berthd did not log its metrics address:\n%s", e.d.Logs())
+	}
+	return m[1]
+}
+
+// scrape reads the endpoint in the text format: series (name with its
+// labels as printed, sorted) → value.
+func scrape(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %s", resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// TestMetricsEndpoint scrapes berthd after a pull, a pod with a running
+// container, a container killed for memory and a failed call, and checks
+// that each moved the series that count it.
+func TestMetricsEndpoint(t *testing.T) {
+	e := startPodEnvTOML(t, v1.Config{}, metricsTOML) // pulls the test image
+	addr := metricsAddr(t, e)
+
+	m := scrape(t, addr)
+	for _, s := range []string{
+		`berth_image_pull_duration_seconds_count{result="success"}`,
+		`berth_image_pull_bytes_total`,
+		`berth_image_layers_total{result="unpacked"}`,
+		`berth_images`,
+		`berth_images_size_bytes`,
+		`berth_cri_request_duration_seconds_count{code="OK",method="PullImage"}`,
+	} {
+		if m[s] <= 0 {
+			t.Errorf("after a pull: %s = %v, want > 0", s, m[s])
+		}
+	}
+	if m[`berth_pods{state="SANDBOX_READY"}`] != 0 || m[`berth_shims`] != 0 {
+		t.Errorf("before any pod: pods ready %v, shims %v", m[`berth_pods{state="SANDBOX_READY"}`], m[`berth_shims`])
+	}
+
+	cfg := e.podConfig("metrics")
+	pod := e.runPod(t, cfg)
+	e.runContainer(t, pod, cfg, e.ctrConfig("sleeper", sleeper...))
+	hog := e.ctrConfig("hog", "/bin/sh", "-c", "x=$(/bin/busybox head -c 67108864 /dev/zero | /bin/busybox tr '\\0' a)")
+	hog.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 16 << 20}}
+	if st, _ := e.runToExit(t, pod, cfg, hog); st.Reason != "OOMKilled" {
+		t.Fatalf("hog ended %s (%d), want OOMKilled", st.Reason, st.ExitCode)
+	}
+	_, err := e.d.Runtime.StartContainer(t.Context(), &runtimeapi.StartContainerRequest{ContainerId: "0123456789"})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("StartContainer(unknown) = %v", err)
+	}
+
+	m = scrape(t, addr)
+	want := map[string]float64{
+		`berth_pods{state="SANDBOX_READY"}`:           1,
+		`berth_containers{state="CONTAINER_RUNNING"}`: 1,
+		`berth_containers{state="CONTAINER_EXITED"}`:  1,
+		`berth_shims`:           1,
+		`berth_oom_kills_total`: 1,
+		`berth_cri_request_duration_seconds_count{code="OK",method="RunPodSandbox"}`:        1,
+		`berth_cri_request_duration_seconds_count{code="OK",method="StartContainer"}`:       2,
+		`berth_cri_request_duration_seconds_count{code="NotFound",method="StartContainer"}`: 1,
+	}
+	for s, v := range want {
+		if m[s] != v {
+			t.Errorf("%s = %v, want %v", s, m[s], v)
+		}
+	}
+	for _, phase := range []string{"namespaces", "network", "cgroup", "files", "shim"} {
+		if s := `berth_start_phase_duration_seconds_count{object="pod",phase="` + phase + `"}`; m[s] != 1 {
+			t.Errorf("%s = %v, want 1", s, m[s])
+		}
+	}
+	for _, phase := range []string{"rootfs", "spec", "create", "start"} {
+		if s := `berth_start_phase_duration_seconds_count{object="container",phase="` + phase + `"}`; m[s] != 2 {
+			t.Errorf("%s = %v, want 2", s, m[s])
+		}
+	}
+	if m[`berth_shims_memory_bytes`] < 1<<20 {
+		t.Errorf("berth_shims_memory_bytes = %v, want a live shim's resident memory", m[`berth_shims_memory_bytes`])
+	}
+	if m[`process_resident_memory_bytes`] <= 0 {
+		t.Error("berthd's own process series are missing")
+	}
+	// The failed call's log line names what it was about.
+	if !eventually(5*time.Second, func() bool {
+		return regexp.MustCompile(`msg="cri call".*method=/runtime.v1.RuntimeService/StartContainer.*code=NotFound.*container_id=0123456789`).MatchString(e.d.Logs())
+	}) {
+		t.Errorf("no log line for the failed StartContainer with its container ID")
+	}
+	e.removePod(t, pod)
+	m = scrape(t, addr)
+	if m[`berth_pods{state="SANDBOX_READY"}`] != 0 || m[`berth_shims`] != 0 || m[`berth_oom_kills_total`] != 1 {
+		t.Errorf("after removal: pods ready %v, shims %v, oom kills %v (a counter: stays 1)",
+			m[`berth_pods{state="SANDBOX_READY"}`], m[`berth_shims`], m[`berth_oom_kills_total`])
+	}
+	e.assertNoLeaks(t)
+}
