@@ -55,18 +55,12 @@ func (r *RuntimeService) RemoveContainer(ctx context.Context, req *runtimeapi.Re
 }
 
 func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
-	f := req.GetFilter()
-	all, err := r.pods.ListContainers(ctx, f.GetPodSandboxId())
+	all, err := r.pods.ListContainers(ctx, containerFilter(req.GetFilter()))
 	if err != nil {
 		return nil, sandboxError(err)
 	}
 	resp := &runtimeapi.ListContainersResponse{}
 	for _, c := range all {
-		if f.GetId() != "" && !idMatches(c.ID, f.Id) ||
-			f.GetState() != nil && f.State.State != c.State ||
-			!labelsMatch(c.Config.Labels, f.GetLabelSelector()) {
-			continue
-		}
 		image, ref := containerImage(c.Container)
 		resp.Containers = append(resp.Containers, &runtimeapi.Container{
 			Id: c.ID, PodSandboxId: c.PodID, Metadata: c.Config.Metadata,

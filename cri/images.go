@@ -23,20 +23,9 @@ func NewImageService(images *image.Service) runtimeapi.ImageServiceServer {
 }
 
 func (s *imageService) ListImages(_ context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
-	var imgs []*image.Image
-	if ref := req.GetFilter().GetImage().GetImage(); ref != "" {
-		img, err := s.images.Get(ref)
-		if err != nil && !errors.Is(err, image.ErrNotFound) {
-			return nil, imageError("filter.image.image", err)
-		}
-		if img != nil {
-			imgs = append(imgs, img)
-		}
-	} else {
-		var err error
-		if imgs, err = s.images.List(); err != nil {
-			return nil, imageError("", err)
-		}
+	imgs, err := s.images.List(req.GetFilter().GetImage().GetImage())
+	if err != nil {
+		return nil, imageError("filter.image.image", err)
 	}
 	resp := &runtimeapi.ListImagesResponse{Images: make([]*runtimeapi.Image, 0, len(imgs))}
 	for _, img := range imgs {

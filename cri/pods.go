@@ -70,38 +70,18 @@ func (r *RuntimeService) PodSandboxStatus(_ context.Context, req *runtimeapi.Pod
 }
 
 func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
-	pods, err := r.pods.ListPods()
+	pods, err := r.pods.ListPods(podFilter(req.GetFilter()))
 	if err != nil {
 		return nil, sandboxError(err)
 	}
-	f := req.GetFilter()
 	resp := &runtimeapi.ListPodSandboxResponse{}
 	for _, p := range pods {
-		if f.GetId() != "" && !idMatches(p.ID, f.Id) ||
-			f.GetState() != nil && f.State.State != p.State ||
-			!labelsMatch(p.Config.Labels, f.GetLabelSelector()) {
-			continue
-		}
 		resp.Items = append(resp.Items, &runtimeapi.PodSandbox{
 			Id: p.ID, Metadata: p.Config.Metadata, State: p.State, CreatedAt: p.CreatedAt.UnixNano(),
 			Labels: p.Config.Labels, Annotations: p.Config.Annotations,
 		})
 	}
 	return resp, nil
-}
-
-// idMatches accepts a full ID or a prefix of one, as crictl users type.
-func idMatches(id, want string) bool { return len(want) <= len(id) && id[:len(want)] == want }
-
-// labelsMatch: every selector key must be present with that value (a key
-// the object lacks does not match an empty value).
-func labelsMatch(labels, selector map[string]string) bool {
-	for k, v := range selector {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }
 
 // sandboxError maps a sandbox error to its gRPC code.

@@ -29,16 +29,12 @@ func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.Conta
 // ListContainerStats reports the containers that have a cgroup (created or
 // running ones).
 func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
-	f := req.GetFilter()
-	all, err := r.pods.ListContainers(ctx, f.GetPodSandboxId())
+	all, err := r.pods.ListContainers(ctx, containerStatsFilter(req.GetFilter()))
 	if err != nil {
 		return nil, sandboxError(err)
 	}
 	resp := &runtimeapi.ListContainerStatsResponse{}
 	for _, c := range all {
-		if f.GetId() != "" && !idMatches(c.ID, f.Id) || !labelsMatch(c.Config.Labels, f.GetLabelSelector()) {
-			continue
-		}
 		if st, ok := r.listedContainerStats(c.Container); ok {
 			resp.Stats = append(resp.Stats, st)
 		}
@@ -105,16 +101,12 @@ func (r *RuntimeService) PodSandboxStats(ctx context.Context, req *runtimeapi.Po
 }
 
 func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
-	pods, err := r.pods.ListPods()
+	pods, err := r.pods.ListPods(podStatsFilter(req.GetFilter()))
 	if err != nil {
 		return nil, sandboxError(err)
 	}
-	f := req.GetFilter()
 	resp := &runtimeapi.ListPodSandboxStatsResponse{}
 	for _, p := range pods {
-		if f.GetId() != "" && !idMatches(p.ID, f.Id) || !labelsMatch(p.Config.Labels, f.GetLabelSelector()) {
-			continue
-		}
 		st, err := r.podStats(ctx, p)
 		if errors.Is(err, sandbox.ErrNotFound) {
 			continue // removed meanwhile
@@ -145,7 +137,7 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 	if st.Linux.Network, err = r.podNetworkStats(pod); err != nil {
 		return nil, err
 	}
-	ctrs, err := r.pods.ListContainers(ctx, pod.ID)
+	ctrs, err := r.pods.ListContainers(ctx, sandbox.Filter{PodID: pod.ID})
 	if err != nil {
 		return nil, err
 	}

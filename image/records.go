@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/berth-runtime/berth/image/reference"
 	bolt "go.etcd.io/bbolt"
@@ -104,6 +105,47 @@ func findImage(tx *bolt.Tx, ref string) (*Image, error) {
 		return nil, err
 	}
 	return getImage(tx, id)
+}
+
+// matchImages returns the images a list filter names: every image of a
+// repository given without tag (all its tags and digests), every image
+// whose ID starts with a hex prefix, else what findImage finds.
+func matchImages(tx *bolt.Tx, filter string) ([]*Image, error) {
+	repo, isRepo := reference.Repository(filter)
+	isPrefix := reference.IsIDPrefix(filter)
+	if !isRepo && !isPrefix {
+		img, err := findImage(tx, filter)
+		if img == nil {
+			return nil, err
+		}
+		return []*Image{img}, nil
+	}
+	prefix := reference.NormalizeID(filter)
+	var ids []string
+	err := forEachImageKeys(tx, func(k *imageKeys) error {
+		if isPrefix && strings.HasPrefix(k.ID, prefix) ||
+			isRepo && (slices.ContainsFunc(k.RepoTags, inRepository(repo, ":")) || slices.ContainsFunc(k.RepoDigests, inRepository(repo, "@"))) {
+			ids = append(ids, k.ID)
+		}
+		return nil
+	})
+	var out []*Image
+	for _, id := range ids {
+		if err != nil {
+			break
+		}
+		var img *Image
+		if img, err = getImage(tx, id); img != nil {
+			out = append(out, img)
+		}
+	}
+	return out, err
+}
+
+// inRepository matches the references of repo: repo, then sep ("name:tag",
+// "name@digest").
+func inRepository(repo, sep string) func(string) bool {
+	return func(ref string) bool { return strings.HasPrefix(ref, repo+sep) }
 }
 
 // recordImage stores img under its names. A tag names one image only: it

@@ -149,11 +149,16 @@ func (s *Service) Get(ref string) (*Image, error) {
 	return img, err
 }
 
-// List returns every stored image.
-func (s *Service) List() ([]*Image, error) {
+// List returns the images filter names (see matchImages), every stored
+// image when it is empty.
+func (s *Service) List(filter string) ([]*Image, error) {
 	var all []*Image
 	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
-		all, err = listImages(tx)
+		if filter == "" {
+			all, err = listImages(tx)
+		} else {
+			all, err = matchImages(tx, filter)
+		}
 		return err
 	})
 	return all, err

@@ -185,7 +185,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 func (m *Manager) reservePod(pod *Pod) error {
 	m.names.Lock()
 	defer m.names.Unlock()
-	all, err := m.ListPods()
+	all, err := m.ListPods(Filter{})
 	if err != nil {
 		return err
 	}
@@ -334,7 +334,7 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 
 // cgroupShared reports whether another pod has the same cgroup as pod.
 func (m *Manager) cgroupShared(pod *Pod) (bool, error) {
-	all, err := m.ListPods()
+	all, err := m.ListPods(Filter{})
 	if err != nil {
 		return false, err
 	}
@@ -357,19 +357,31 @@ func (m *Manager) GetPod(id string) (*Pod, error) {
 	return pod, err
 }
 
-// ListPods returns every pod.
-func (m *Manager) ListPods() ([]*Pod, error) {
+// ListPods returns the pods f selects.
+func (m *Manager) ListPods(f Filter) ([]*Pod, error) {
+	found, err := resolve(&f.ID, m.podID)
+	if !found {
+		return nil, err
+	}
 	var out []*Pod
-	err := m.view(func(tx *bolt.Tx) error {
+	err = m.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(podsBucket).ForEach(func(_, v []byte) error {
 			p, err := decodePod(v)
-			if err == nil {
+			if err == nil && f.matches(p.ID, p.Config.Labels, int32(p.State)) {
 				out = append(out, p)
 			}
 			return err
 		})
 	})
 	return out, err
+}
+
+func (m *Manager) podID(prefix string) (string, error) {
+	p, err := m.GetPod(prefix)
+	if err != nil {
+		return "", err
+	}
+	return p.ID, nil
 }
 
 func (m *Manager) deletePodRecord(id string) error {

@@ -25,7 +25,7 @@ func (m *Manager) recover() error {
 	if err := podns.PrepareRoot(m.podsDir()); err != nil {
 		return err
 	}
-	pods, err := m.ListPods()
+	pods, err := m.ListPods(Filter{})
 	if err != nil {
 		return err
 	}

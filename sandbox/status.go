@@ -39,15 +39,24 @@ func (m *Manager) GetContainer(id string) (*Container, error) {
 	return c, err
 }
 
-// ListContainers returns the containers of pod podID (every pod when podID
-// is empty) with their live state.
-func (m *Manager) ListContainers(ctx context.Context, podID string) ([]*ContainerStatus, error) {
-	ctrs, err := m.listContainers(podID)
+// ListContainers returns the containers f selects with their live state.
+func (m *Manager) ListContainers(ctx context.Context, f Filter) ([]*ContainerStatus, error) {
+	found, err := resolve(&f.ID, m.containerID)
+	if found {
+		found, err = resolve(&f.PodID, m.podID)
+	}
+	if !found {
+		return nil, err
+	}
+	ctrs, err := m.listContainers(f.PodID)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]*ContainerStatus, 0, len(ctrs))
 	for _, c := range ctrs {
+		if f.ID != "" && c.ID != f.ID || !labelsMatch(c.Config.Labels, f.Labels) {
+			continue
+		}
 		st, err := m.status(ctx, c)
 		if errors.Is(err, ErrNotFound) {
 			continue // removed since it was listed
@@ -55,9 +64,19 @@ func (m *Manager) ListContainers(ctx context.Context, podID string) ([]*Containe
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, st)
+		if f.matches(st.ID, st.Config.Labels, int32(st.State)) {
+			out = append(out, st)
+		}
 	}
 	return out, nil
+}
+
+func (m *Manager) containerID(prefix string) (string, error) {
+	c, err := m.GetContainer(prefix)
+	if err != nil {
+		return "", err
+	}
+	return c.ID, nil
 }
 
 // ContainerStatus returns one container's live state and its OCI spec.

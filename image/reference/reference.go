@@ -48,6 +48,27 @@ func Parse(s string) (Ref, error) {
 	return r, nil
 }
 
+// Repository returns the fully qualified repository s names when s is a
+// repository without tag or digest ("busybox" is
+// "docker.io/library/busybox"); ok is false for any other s.
+func Repository(s string) (name string, ok bool) {
+	if IsID(s) {
+		return "", false
+	}
+	named, err := dref.ParseNormalizedNamed(s)
+	if err != nil || !dref.IsNameOnly(named) {
+		return "", false
+	}
+	return named.Name(), true
+}
+
+// IsIDPrefix reports whether s may begin an image ID: hex digits, with or
+// without "sha256:".
+func IsIDPrefix(s string) bool {
+	hex := strings.TrimPrefix(s, "sha256:")
+	return hex != "" && len(hex) <= 64 && strings.Trim(hex, "0123456789abcdef") == ""
+}
+
 // Name is the repository without tag or digest ("docker.io/library/busybox").
 func (r Ref) Name() string { return r.Domain + "/" + r.Path }
 

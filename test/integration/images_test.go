@@ -180,6 +180,9 @@ func TestListImages(t *testing.T) {
 		{"by-tag", p1.Name, []harness.Pushed{p1}},
 		{"by-id", p2.ID, []harness.Pushed{p2}},
 		{"by-digest", p1.DigestRef(), []harness.Pushed{p1}},
+		{"by-repository", strings.TrimSuffix(p1.Name, ":1"), []harness.Pushed{p1}},
+		{"by-id-prefix", p2.ID[:len("sha256:")+12], []harness.Pushed{p2}},
+		{"by-bare-id-prefix", strings.TrimPrefix(p2.ID, "sha256:")[:12], []harness.Pushed{p2}},
 		{"no-match", reg.Host() + "/berth/three:1", nil},
 	}
 	for _, c := range cases {
