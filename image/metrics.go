@@ -74,7 +74,7 @@ func (c *imageCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *imageCollector) Collect(ch chan<- prometheus.Metric) {
-	all, err := c.s.List()
+	all, err := c.s.List("")
 	if err != nil {
 		c.s.log.Warn("metrics: list images", "err", err)
 		return

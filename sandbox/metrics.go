@@ -122,7 +122,7 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	pods, err := s.m.ListPods()
+	pods, err := s.m.ListPods(Filter{})
 	if err != nil {
 		s.m.log.Warn("metrics: list pods", "err", err)
 		return
@@ -140,7 +140,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
 	defer cancel()
-	ctrs, err := s.m.ListContainers(ctx, "")
+	ctrs, err := s.m.ListContainers(ctx, Filter{})
 	if err != nil {
 		s.m.log.Warn("metrics: list containers", "err", err)
 	} else {
