@@ -23,6 +23,7 @@ type Stats struct {
 	MemoryUsageBytes      uint64
 	MemoryWorkingSetBytes uint64 // usage minus inactive file pages, as cadvisor and the kubelet's eviction use
 	MemoryRSSBytes        uint64
+	MemoryCacheBytes      uint64 // page cache (v1 cache, v2 file)
 	PageFaults            uint64
 	MajorPageFaults       uint64
 	Pids                  uint64
@@ -93,6 +94,7 @@ func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
 		out.MemoryWorkingSetBytes = out.MemoryUsageBytes - inactive
 	}
 	out.MemoryRSSBytes = key("rss", "anon")
+	out.MemoryCacheBytes = key("cache", "file")
 	out.PageFaults = key("pgfault", "pgfault")
 	out.MajorPageFaults = key("pgmajfault", "pgmajfault")
 	out.Pids = st.PidsStats.Current

@@ -289,7 +289,7 @@ func writeV1Cgroup(t *testing.T, root, rel, oomControl string) {
 }
 
 var wantStats = Stats{CPUUsageNanos: 123456789, MemoryUsageBytes: 5000000, MemoryWorkingSetBytes: 4000000,
-	MemoryRSSBytes: 3000000, PageFaults: 700, MajorPageFaults: 7, Pids: 3}
+	MemoryRSSBytes: 3000000, MemoryCacheBytes: 4096, PageFaults: 700, MajorPageFaults: 7, Pids: 3}
 
 func checkStats(t *testing.T, m *Manager, path string, oomKills uint64) {
 	t.Helper()

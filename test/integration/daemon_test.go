@@ -140,10 +140,6 @@ func TestRuntimeServiceUnimplemented(t *testing.T) {
 			_, err := rt.CheckpointContainer(c, &runtimeapi.CheckpointContainerRequest{ContainerId: "x", Location: "/tmp/x.tar"})
 			return err
 		},
-		"ListMetricDescriptors": func(c context.Context) error {
-			_, err := rt.ListMetricDescriptors(c, &runtimeapi.ListMetricDescriptorsRequest{})
-			return err
-		},
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {

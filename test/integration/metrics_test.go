@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bufio"
+	"errors"
+	"io"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -138,5 +140,98 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Errorf("after removal: pods ready %v, shims %v, oom kills %v (a counter: stays 1)",
 			m[`berth_pods{state="SANDBOX_READY"}`], m[`berth_shims`], m[`berth_oom_kills_total`])
 	}
+	e.assertNoLeaks(t)
+}
+
+// TestCRIMetrics: what `crictl metricdescs` and `crictl metricsp` show, as
+// the kubelet's /metrics/cadvisor replacement reads it: every metric has a
+// descriptor with as many label keys as it has values, and the container
+// series carry the pod, namespace and container names.
+func TestCRIMetrics(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	descs, err := e.d.Runtime.ListMetricDescriptors(t.Context(), &runtimeapi.ListMetricDescriptorsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string][]string{}
+	for _, d := range descs.Descriptors {
+		keys[d.Name] = d.LabelKeys
+	}
+	for _, n := range []string{"container_cpu_usage_seconds_total", "container_memory_working_set_bytes", "container_memory_usage_bytes",
+		"container_memory_rss", "container_memory_cache", "container_oom_events_total", "container_processes",
+		"container_fs_usage_bytes", "container_network_receive_bytes_total", "container_network_transmit_bytes_total"} {
+		if keys[n] == nil {
+			t.Errorf("no descriptor for %s", n)
+		}
+	}
+
+	cfg := e.podConfig("crimetrics")
+	pod := e.runPod(t, cfg)
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("worker", sleeper...))
+	list, err := e.d.Runtime.ListPodSandboxMetrics(t.Context(), &runtimeapi.ListPodSandboxMetricsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.PodMetrics) != 1 || list.PodMetrics[0].PodSandboxId != pod {
+		t.Fatalf("ListPodSandboxMetrics = %v, want pod %s", list.PodMetrics, pod)
+	}
+	pm := list.PodMetrics[0]
+	labelled := func(m *runtimeapi.Metric) map[string]string {
+		k := keys[m.Name]
+		if len(k) != len(m.LabelValues) {
+			t.Fatalf("%s: %d label values for %d keys", m.Name, len(m.LabelValues), len(k))
+		}
+		out := map[string]string{}
+		for i := range k {
+			out[k[i]] = m.LabelValues[i]
+		}
+		return out
+	}
+	rx := false
+	for _, m := range pm.Metrics {
+		l := labelled(m)
+		if m.Name == "container_network_receive_bytes_total" && l["interface"] == "eth0" && l["pod"] == "crimetrics" {
+			rx = true
+		}
+	}
+	if !rx {
+		t.Errorf("no eth0 receive counter for the pod in %v", pm.Metrics)
+	}
+	if len(pm.ContainerMetrics) != 1 || pm.ContainerMetrics[0].ContainerId != ctr {
+		t.Fatalf("container metrics = %v, want container %s", pm.ContainerMetrics, ctr)
+	}
+	values := map[string]uint64{}
+	for _, m := range pm.ContainerMetrics[0].Metrics {
+		l := labelled(m)
+		if l["pod"] != "crimetrics" || l["namespace"] != cfg.Metadata.Namespace || l["container"] != "worker" || l["id"] != ctr {
+			t.Errorf("%s labels = %v", m.Name, l)
+		}
+		values[m.Name] = m.Value.GetValue()
+	}
+	if values["container_memory_working_set_bytes"] == 0 || values["container_processes"] != 1 {
+		t.Errorf("working set %d, processes %d: want > 0 and 1", values["container_memory_working_set_bytes"], values["container_processes"])
+	}
+
+	stream, err := e.d.Runtime.StreamPodSandboxMetrics(t.Context(), &runtimeapi.StreamPodSandboxMetricsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamed []string
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range resp.PodSandboxMetrics {
+			streamed = append(streamed, p.PodSandboxId)
+		}
+	}
+	if len(streamed) != 1 || streamed[0] != pod {
+		t.Errorf("StreamPodSandboxMetrics gave pods %v, want %s", streamed, pod)
+	}
+	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
