@@ -28,6 +28,9 @@ type Config struct {
 	State        string
 	Socket       string
 	CgroupDriver string // "cgroupfs" or "systemd"
+	// NetworkMode ("bridge", "cni") and MetricsAddress ("" when off) are
+	// shown in verbose Status.
+	NetworkMode, MetricsAddress string
 	// Registries is shown in verbose Status without credentials.
 	Registries map[string]registry.Host
 	// Logger takes what a call reports past instead of failing (one
@@ -138,6 +141,8 @@ type verboseConfig struct {
 	State        string                     `json:"state"`
 	Socket       string                     `json:"socket"`
 	CgroupDriver string                     `json:"cgroupDriver"`
+	Network      string                     `json:"network,omitempty"`
+	Metrics      string                     `json:"metrics,omitempty"`
 	Registries   map[string]verboseRegistry `json:"registries,omitempty"`
 }
 
@@ -158,6 +163,8 @@ func (r *RuntimeService) verboseConfig() verboseConfig {
 		State:        r.cfg.State,
 		Socket:       r.cfg.Socket,
 		CgroupDriver: r.cfg.CgroupDriver,
+		Network:      r.cfg.NetworkMode,
+		Metrics:      r.cfg.MetricsAddress,
 	}
 	if len(r.cfg.Registries) > 0 {
 		v.Registries = make(map[string]verboseRegistry, len(r.cfg.Registries))

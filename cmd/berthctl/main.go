@@ -1,5 +1,6 @@
-// Command berthctl talks to berthd for what crictl cannot do (image import)
-// and lists images in a compact table.
+// Command berthctl talks to berthd for what crictl cannot do (image import,
+// a pod's start timeline as a chart, berthd's setup), lists images and pods
+// in compact tables, and checks config files with berthd's own parser.
 package main
 
 import (
@@ -24,6 +25,10 @@ import (
 
 const usage = `usage: berthctl [--socket PATH] image import FILE
        berthctl [--socket PATH] image ls
+       berthctl [--socket PATH] pods
+       berthctl [--socket PATH] timeline POD     (ID, ID prefix, NAME or NAMESPACE/NAME)
+       berthctl [--socket PATH] info
+       berthctl config check FILE
 `
 
 func main() {
@@ -47,12 +52,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	args = fs.Args()
-	if len(args) < 2 || args[0] != "image" {
-		fs.Usage()
-		return errors.New("unknown command")
+	if len(args) == 3 && args[0] == "config" && args[1] == "check" {
+		return configCheck(stdout, args[2]) // no daemon needed
 	}
 	var cmd func(context.Context, *grpc.ClientConn, io.Writer) error
 	switch {
+	case len(args) == 1 && args[0] == "pods":
+		cmd = podList
+	case len(args) == 2 && args[0] == "timeline":
+		cmd = func(ctx context.Context, c *grpc.ClientConn, w io.Writer) error { return timeline(ctx, c, w, args[1]) }
+	case len(args) == 1 && args[0] == "info":
+		cmd = info
+	case len(args) < 2 || args[0] != "image":
+		fs.Usage()
+		return fmt.Errorf("unknown command %q", strings.Join(args, " "))
 	case args[1] == "import" && len(args) == 3:
 		// berthd opens the file on its own host; make it absolute here so a
 		// relative name means the user's directory, not berthd's.

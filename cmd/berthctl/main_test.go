@@ -117,3 +117,45 @@ func TestHumanSize(t *testing.T) {
 		}
 	}
 }
+
+func TestDrawCharts(t *testing.T) {
+	var b bytes.Buffer
+	drawCharts(&b, []startChart{
+		{title: "pod ns/web 0123456789abc", steps: []step{{"namespaces", 2 * time.Millisecond}, {"network", 40 * time.Millisecond}}},
+		{title: "container app 9876543210fed", steps: []step{{"start", 10 * time.Millisecond}, {"create", time.Microsecond}}},
+	})
+	lines := strings.Split(b.String(), "\n")
+	want := []string{
+		"pod ns/web 0123456789abc  total 42.0 ms",
+		"  namespaces ██                                            2.0 ms",
+		"  network    ████████████████████████████████████████     40.0 ms",
+		"",
+		"container app 9876543210fed  total 10.0 ms",
+		"  start      ██████████                                   10.0 ms",
+		"  create     ▏                                             0.0 ms",
+	}
+	for i, w := range want {
+		if i >= len(lines) || lines[i] != w {
+			t.Errorf("line %d:\n got %q\nwant %q\nall:\n%s", i, lines[min(i, len(lines)-1)], w, b.String())
+		}
+	}
+}
+
+func TestConfigCheck(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("log_level = \"loud\"\n[metrics]\naddress = \"127.0.0.1:9338\"\nbogus = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err := run([]string{"config", "check", path}, &out, io.Discard)
+	if err == nil || !strings.Contains(out.String(), path+":1: log_level = \"loud\"") || !strings.Contains(out.String(), path+":4: unknown key \"metrics.bogus\"") {
+		t.Errorf("config check = %v, output:\n%s", err, out.String())
+	}
+	if err := os.WriteFile(path, []byte("[metrics]\naddress = \"127.0.0.1:9338\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run([]string{"config", "check", path}, &out, io.Discard); err != nil || out.String() != path+": ok\n" {
+		t.Errorf("config check of a good file = %v, %q", err, out.String())
+	}
+}

@@ -142,6 +142,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		Runtime: cri.NewRuntimeService(cri.Config{
 			Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
 			CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
+			NetworkMode: cfg.Network.Mode, MetricsAddress: metrics.Addr(),
 			Logger: log.With("component", "cri"),
 		}, pods, podNet).WithStreams(streams),
 		Images:    cri.NewImageService(images),

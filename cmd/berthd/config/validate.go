@@ -26,8 +26,37 @@ var (
 	networkModes  = []string{NetworkBridge, NetworkCNI}
 )
 
+// problems collects every bad value of a file, so that one run of
+// berthd or `berthctl config check` reports them all.
+type problems struct{ errs []error }
+
+func (p *problems) add(err error) { p.errs = append(p.errs, err) }
+
+// err is nil, or every problem joined, one a line.
+func (p *problems) err() error { return errors.Join(p.errs...) }
+
+// KeyError is a bad value of one key, named as written in the file
+// (registry."docker.io".mirrors[0]).
+type KeyError struct {
+	Key   string
+	Value string
+	// Table: the key itself is wrong (a table name); Value is not shown.
+	Table bool
+	Err   error
+}
+
+func (e *KeyError) Error() string {
+	if e.Table {
+		return fmt.Sprintf("%s: %v", e.Key, e.Err)
+	}
+	return fmt.Sprintf("%s = %q: %v", e.Key, e.Value, e.Err)
+}
+
+func (e *KeyError) Unwrap() error { return e.Err }
+
 // validate checks every value, naming the offending key as written in the file.
 func (c *Config) validate() error {
+	var p problems
 	checks := []struct {
 		key, val string
 		check    func(string) error
@@ -41,33 +70,29 @@ func (c *Config) validate() error {
 	}
 	for _, ch := range checks {
 		if err := ch.check(ch.val); err != nil {
-			return badValue(ch.key, ch.val, err)
+			p.add(badValue(ch.key, ch.val, err))
 		}
 	}
 	if c.ShimBinary != "" {
 		if err := absPath(c.ShimBinary); err != nil {
-			return badValue("shim_binary", c.ShimBinary, err)
+			p.add(badValue("shim_binary", c.ShimBinary, err))
 		}
 	}
-	if err := c.Network.validate(); err != nil {
-		return err
-	}
-	if err := c.Stream.validate(); err != nil {
-		return err
-	}
+	c.Network.validate(&p)
+	c.Stream.validate(&p)
 	if a := c.Metrics.Address; a != "" {
 		if err := listenAddress(a); err != nil {
-			return badValue("metrics.address", a, err)
+			p.add(badValue("metrics.address", a, err))
 		}
 	}
 	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
-		return badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0"))
+		p.add(badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0")))
 	}
 	if n := c.Image.MaxLayerBytes; n <= 0 {
-		return badValue("image.max_layer_bytes", strconv.FormatInt(n, 10), errors.New("must be greater than 0"))
+		p.add(badValue("image.max_layer_bytes", strconv.FormatInt(n, 10), errors.New("must be greater than 0")))
 	}
 	if n := c.Image.MaxLayerEntries; n <= 0 {
-		return badValue("image.max_layer_entries", strconv.FormatInt(n, 10), errors.New("must be greater than 0"))
+		p.add(badValue("image.max_layer_entries", strconv.FormatInt(n, 10), errors.New("must be greater than 0")))
 	}
 	// Sorted so that the same bad file always reports the same key first.
 	hosts := make([]string, 0, len(c.Registries))
@@ -76,38 +101,35 @@ func (c *Config) validate() error {
 	}
 	sort.Strings(hosts)
 	for _, h := range hosts {
-		if err := validateHost(h, c.Registries[h]); err != nil {
-			return err
-		}
+		validateHost(&p, h, c.Registries[h])
 	}
-	return nil
+	return p.err()
 }
 
-func (s *Stream) validate() error {
+func (s *Stream) validate(p *problems) {
 	if net.ParseIP(s.Address) == nil {
-		return badValue("stream.address", s.Address, errors.New("must be an IP address"))
+		p.add(badValue("stream.address", s.Address, errors.New("must be an IP address")))
 	}
 	if s.Port < 0 || s.Port > 65535 {
-		return badValue("stream.port", strconv.Itoa(s.Port), errors.New("must be 0 (a free port) to 65535"))
+		p.add(badValue("stream.port", strconv.Itoa(s.Port), errors.New("must be 0 (a free port) to 65535")))
 	}
 	if d := s.IdleTimeout.Duration; d <= 0 {
-		return badValue("stream.idle_timeout", d.String(), errors.New("must be greater than 0"))
+		p.add(badValue("stream.idle_timeout", d.String(), errors.New("must be greater than 0")))
 	}
 	if (s.TLSCert == "") != (s.TLSKey == "") {
-		return badValue("stream.tls_cert", s.TLSCert, errors.New("tls_cert and tls_key go together"))
+		p.add(badValue("stream.tls_cert", s.TLSCert, errors.New("tls_cert and tls_key go together")))
 	}
 	for _, f := range []struct{ key, val string }{{"stream.tls_cert", s.TLSCert}, {"stream.tls_key", s.TLSKey}} {
 		if f.val == "" {
 			continue
 		}
 		if err := absPath(f.val); err != nil {
-			return badValue(f.key, f.val, err)
+			p.add(badValue(f.key, f.val, err))
 		}
 		if _, err := os.Stat(f.val); err != nil {
-			return badValue(f.key, f.val, err)
+			p.add(badValue(f.key, f.val, err))
 		}
 	}
-	return nil
 }
 
 // listenAddress is an IP address and a port: a host name would depend on
@@ -124,7 +146,7 @@ func listenAddress(a string) error {
 }
 
 func badValue(key, val string, err error) error {
-	return fmt.Errorf("%s = %q: %w", key, val, err)
+	return &KeyError{Key: key, Value: val, Err: err}
 }
 
 func absPath(p string) error {
@@ -153,25 +175,24 @@ func oneOf(allowed []string) func(string) error {
 	}
 }
 
-func validateHost(host string, h registry.Host) error {
+func validateHost(p *problems, host string, h registry.Host) {
 	key := func(k string) string { return fmt.Sprintf("registry.%q.%s", host, k) }
 	if host == "" || strings.ContainsAny(host, "/ ") {
-		return fmt.Errorf("registry.%q: the table name must be a registry host[:port]", host)
+		p.add(&KeyError{Key: fmt.Sprintf("registry.%q", host), Table: true, Err: errors.New("the table name must be a registry host[:port]")})
 	}
 	for i, m := range h.Mirrors {
 		if err := mirror(m); err != nil {
-			return badValue(fmt.Sprintf("%s[%d]", key("mirrors"), i), m, err)
+			p.add(badValue(fmt.Sprintf("%s[%d]", key("mirrors"), i), m, err))
 		}
 	}
 	if h.CAFile != "" {
 		if err := caFile(h.CAFile); err != nil {
-			return badValue(key("ca_file"), h.CAFile, err)
+			p.add(badValue(key("ca_file"), h.CAFile, err))
 		}
 	}
 	if h.Username != "" && h.PlainHTTP && !registry.IsLoopback(host) {
-		return badValue(key("username"), h.Username, errors.New("credentials are never sent over plain HTTP to another machine (plain_http = true)"))
+		p.add(badValue(key("username"), h.Username, errors.New("credentials are never sent over plain HTTP to another machine (plain_http = true)")))
 	}
-	return nil
 }
 
 // mirror checks a mirror the way the registry resolver will read it, plus
@@ -229,38 +250,36 @@ func caFile(p string) error {
 	return nil
 }
 
-func (n Network) validate() error {
+func (n Network) validate(p *problems) {
 	if err := oneOf(networkModes)(n.Mode); err != nil {
-		return badValue("network.mode", n.Mode, err)
+		p.add(badValue("network.mode", n.Mode, err))
 	}
 	if err := absPath(n.CNIConfDir); err != nil {
-		return badValue("network.cni_conf_dir", n.CNIConfDir, err)
+		p.add(badValue("network.cni_conf_dir", n.CNIConfDir, err))
 	}
 	if len(n.CNIBinDirs) == 0 {
-		return badValue("network.cni_bin_dirs", "[]", errors.New("must name at least one folder"))
+		p.add(badValue("network.cni_bin_dirs", "[]", errors.New("must name at least one folder")))
 	}
 	for i, d := range n.CNIBinDirs {
 		if err := absPath(d); err != nil {
-			return badValue(fmt.Sprintf("network.cni_bin_dirs[%d]", i), d, err)
+			p.add(badValue(fmt.Sprintf("network.cni_bin_dirs[%d]", i), d, err))
 		}
 	}
 	if n.CNICacheDir != "" {
 		if err := absPath(n.CNICacheDir); err != nil {
-			return badValue("network.cni_cache_dir", n.CNICacheDir, err)
+			p.add(badValue("network.cni_cache_dir", n.CNICacheDir, err))
 		}
 	}
 	if n.Bridge == "" || len(n.Bridge) > 15 || strings.ContainsAny(n.Bridge, "/ :") {
-		return badValue("network.bridge", n.Bridge, errors.New("must be an interface name of 1 to 15 characters"))
+		p.add(badValue("network.bridge", n.Bridge, errors.New("must be an interface name of 1 to 15 characters")))
 	}
 	ip, subnet, err := net.ParseCIDR(n.Subnet)
 	if err != nil || ip.To4() == nil {
-		return badValue("network.subnet", n.Subnet, errors.New("must be an IPv4 CIDR such as 10.89.0.0/16"))
-	}
-	if ones, _ := subnet.Mask.Size(); ones > 29 {
-		return badValue("network.subnet", n.Subnet, errors.New("is too small: a pod subnet needs at least a /29"))
+		p.add(badValue("network.subnet", n.Subnet, errors.New("must be an IPv4 CIDR such as 10.89.0.0/16")))
+	} else if ones, _ := subnet.Mask.Size(); ones > 29 {
+		p.add(badValue("network.subnet", n.Subnet, errors.New("is too small: a pod subnet needs at least a /29")))
 	}
 	if n.MTU < 576 || n.MTU > 65535 {
-		return badValue("network.mtu", strconv.Itoa(n.MTU), errors.New("must be between 576 and 65535"))
+		p.add(badValue("network.mtu", strconv.Itoa(n.MTU), errors.New("must be between 576 and 65535")))
 	}
-	return nil
 }
