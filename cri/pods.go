@@ -47,8 +47,20 @@ func (r *RuntimeService) PodSandboxStatus(_ context.Context, req *runtimeapi.Pod
 	if err != nil {
 		return nil, sandboxError(err)
 	}
+	resp := &runtimeapi.PodSandboxStatusResponse{Status: podSandboxStatus(pod)}
+	if req.GetVerbose() {
+		info, err := json.Marshal(map[string]any{"pod": pod, "timeline": pod.Timeline})
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "pod %s: %v", pod.ID, err)
+		}
+		resp.Info = map[string]string{"info": string(info)}
+	}
+	return resp, nil
+}
+
+func podSandboxStatus(pod *sandbox.Pod) *runtimeapi.PodSandboxStatus {
 	cfg := pod.Config
-	st := &runtimeapi.PodSandboxStatus{
+	return &runtimeapi.PodSandboxStatus{
 		Id:          pod.ID,
 		Metadata:    cfg.Metadata,
 		State:       pod.State,
@@ -58,15 +70,6 @@ func (r *RuntimeService) PodSandboxStatus(_ context.Context, req *runtimeapi.Pod
 		Labels:      cfg.Labels,
 		Annotations: cfg.Annotations,
 	}
-	resp := &runtimeapi.PodSandboxStatusResponse{Status: st}
-	if req.GetVerbose() {
-		info, err := json.Marshal(map[string]any{"pod": pod, "timeline": pod.Timeline})
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "pod %s: %v", pod.ID, err)
-		}
-		resp.Info = map[string]string{"info": string(info)}
-	}
-	return resp, nil
 }
 
 func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {

@@ -18,7 +18,6 @@ import (
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/spec"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -153,10 +152,11 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	t.step("create")
 
 	c.Timeline = t.steps
-	if err := m.update(func(tx *bolt.Tx) error { return putContainer(tx, c) }); err != nil {
+	if err := m.saveContainer(c); err != nil {
 		return nil, err
 	}
 	u.keep()
+	m.publish(EventContainerCreated, c.PodID, c.ID)
 	m.metrics.observeTimeline("container", c.Timeline)
 	return c, nil
 }
@@ -168,7 +168,7 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 	defer cancel()
 	err := client.Kill(ctx, id, syscall.SIGKILL, true)
 	if err == nil {
-		_, err = m.waitExit(ctx, client, id, 10*time.Second)
+		_, err = waitStopped(ctx, client, id, 10*time.Second)
 	}
 	if err == nil || shim.IsNotFound(err) || errors.Is(err, shim.ErrNotRunning) {
 		err = client.Delete(ctx, id)
@@ -213,17 +213,14 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 func (m *Manager) reserveContainer(c *Container) error {
 	m.names.Lock()
 	defer m.names.Unlock()
-	all, err := m.listContainers(c.PodID)
-	if err != nil {
-		return err
-	}
+	all := m.state.containersOf(c.PodID)
 	md := c.Config.Metadata
 	for _, o := range all {
 		if o.Config.Metadata.Name == md.Name && o.Config.Metadata.Attempt == md.Attempt {
 			return wrapf(ErrAlreadyExists, "container %q (attempt %d) already exists in pod %s as %s", md.Name, md.Attempt, c.PodID, o.ID)
 		}
 	}
-	return m.update(func(tx *bolt.Tx) error { return putContainer(tx, c) })
+	return m.saveContainer(c)
 }
 
 // StartContainer starts a created container.
@@ -233,11 +230,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
-	st, err := m.containerState(ctx, c)
-	if err != nil {
-		return err
-	}
-	if st.Status != shim.StatusCreated {
+	if st := m.containerState(c); st.Status != shim.StatusCreated {
 		return wrapf(ErrFailedPrecondition, "container %s is %s, not created", c.ID, st.Status)
 	}
 	client, err := m.podShim(c.PodID)
@@ -245,15 +238,17 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 		return err
 	}
 	t := newTimeline()
-	if _, err = client.Start(ctx, c.ID); err != nil {
+	st, err := client.Start(ctx, c.ID)
+	if err != nil {
 		return err
 	}
+	m.setContainerState(c.PodID, st)
 	t.step("start")
 	m.metrics.observeTimeline("container", t.steps)
 	// The start joins the create's phases in the timeline verbose status
 	// shows; the container runs whatever this write does.
 	c.Timeline = append(c.Timeline, t.steps...)
-	if err := m.update(func(tx *bolt.Tx) error { return putContainer(tx, c) }); err != nil {
+	if err := m.saveContainer(c); err != nil {
 		m.log.Warn("record container start phase", "container", c.ID, "err", err)
 	}
 	return nil
@@ -275,9 +270,8 @@ func (m *Manager) StopContainer(ctx context.Context, id string, timeout time.Dur
 }
 
 func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout time.Duration) error {
-	st, err := m.containerState(ctx, c)
-	if err != nil || st.Status == shim.StatusStopped {
-		return err
+	if m.containerState(c).Status == shim.StatusStopped {
+		return nil
 	}
 	client, err := m.podShim(c.PodID)
 	if err != nil {
@@ -291,14 +285,14 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 		if err := client.Kill(ctx, c.ID, sig, false); err != nil {
 			return err
 		}
-		if exited, err := m.waitExit(ctx, client, c.ID, timeout); err != nil || exited {
+		if exited, err := m.waitExit(ctx, client, c, timeout); err != nil || exited {
 			return err
 		}
 	}
 	if err := client.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil {
 		return err
 	}
-	exited, err := m.waitExit(ctx, client, c.ID, killGrace)
+	exited, err := m.waitExit(ctx, client, c, killGrace)
 	if err == nil && !exited {
 		// Stuck (frozen, or in the kernel): saying "stopped" would let the
 		// kubelet go on as if it were gone.
@@ -310,15 +304,27 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 // killGrace is how long a SIGKILLed container may take to be gone.
 const killGrace = 10 * time.Second
 
-// waitExit waits up to d for the container to exit.
-func (m *Manager) waitExit(ctx context.Context, client *shim.Client, id string, d time.Duration) (bool, error) {
+// waitExit waits up to d for the container to exit, and records its exit
+// (the shim's event may come after the reply).
+func (m *Manager) waitExit(ctx context.Context, client *shim.Client, c *Container, d time.Duration) (bool, error) {
+	st, err := waitStopped(ctx, client, c.ID, d)
+	if err == nil && st.Status == shim.StatusStopped {
+		m.setContainerState(c.PodID, st)
+		return true, nil
+	}
+	return false, err
+}
+
+// waitStopped waits up to d for a process in the shim to stop; a timeout
+// is no error, and the state returned is then not stopped.
+func waitStopped(ctx context.Context, client *shim.Client, id string, d time.Duration) (shim.State, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	st, err := client.Wait(ctx, id)
 	if errors.Is(err, context.DeadlineExceeded) {
-		return false, nil
+		return shim.State{}, nil
 	}
-	return err == nil && st.Status == shim.StatusStopped, err
+	return st, err
 }
 
 // RemoveContainer kills the container if it runs and removes it with its
@@ -359,7 +365,11 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 	if err := m.opts.Images.Release(c.ID); err != nil {
 		return err
 	}
-	return m.deleteContainerRecord(c.ID)
+	if err := m.deleteContainerRecord(c.ID); err != nil {
+		return err
+	}
+	m.publish(EventContainerDeleted, c.PodID, c.ID)
+	return nil
 }
 
 // lockContainer finds a container and locks its pod.
@@ -374,10 +384,6 @@ func (m *Manager) lockContainer(id string) (*Container, func(), error) {
 		return nil, nil, err
 	}
 	return c, unlock, nil
-}
-
-func (m *Manager) deleteContainerRecord(id string) error {
-	return m.update(func(tx *bolt.Tx) error { return tx.Bucket(containersBucket).Delete([]byte(id)) })
 }
 
 func writeJSON(path string, v any) error {

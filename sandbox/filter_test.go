@@ -31,14 +31,14 @@ func testManager(t *testing.T) *Manager {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return &Manager{opts: Options{DB: db, State: t.TempDir(), Root: t.TempDir()}, shims: map[string]*shim.Client{}}
+	return &Manager{opts: Options{DB: db, State: t.TempDir(), Root: t.TempDir()}, shims: map[string]*shim.Client{}, state: newView()}
 }
 
 func (m *Manager) addTestPod(t *testing.T, id string, state runtimeapi.PodSandboxState, labels map[string]string) {
 	t.Helper()
 	p := &Pod{ID: id, State: state, Config: &runtimeapi.PodSandboxConfig{Labels: labels,
 		Metadata: &runtimeapi.PodSandboxMetadata{Name: id, Namespace: "ns", Uid: id}}}
-	if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, p) }); err != nil {
+	if err := m.savePod(p); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -47,6 +47,9 @@ type Manager struct {
 	mu    sync.Mutex
 	shims map[string]*shim.Client // by pod ID
 
+	state  *view
+	events eventHub
+
 	cpu    cpuSamples
 	layers layerUsages
 
@@ -83,6 +86,10 @@ func New(opts Options) (*Manager, error) {
 		}
 		return nil
 	}); err != nil {
+		return nil, err
+	}
+	m.state = newView()
+	if err := opts.DB.View(m.state.load); err != nil {
 		return nil, err
 	}
 	return m, m.recover()

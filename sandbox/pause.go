@@ -13,7 +13,6 @@ import (
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/spec"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -137,15 +136,11 @@ func pidNamespace(pod *Pod) string {
 	return fmt.Sprintf("/proc/%d/ns/pid", pod.PausePID)
 }
 
-// watchPause waits for the pod's pause to exit. Its exit ends every
-// process of the pod's PID namespace, so a pod whose pause exits while
-// berthd counts on it turns NOTREADY, and the kubelet recreates it. A shim
-// that goes away is watchShim's to report.
-func (m *Manager) watchPause(podID string, c *shim.Client) {
-	st, err := c.Wait(context.Background(), pauseID)
-	if err != nil || st.Status != shim.StatusStopped {
-		return
-	}
+// pauseExited handles the exit of the pod's pause, which ends every
+// process of the pod's PID namespace: a pod whose pause exits while berthd
+// counts on it turns NOTREADY, and the kubelet recreates it. A shim that
+// goes away is followShim's to report.
+func (m *Manager) pauseExited(podID string, c *shim.Client, st shim.State) {
 	unlock := m.pods.lock(podID) // a stop in progress finishes first
 	defer unlock()
 	pod, err := m.GetPod(podID)
@@ -153,8 +148,7 @@ func (m *Manager) watchPause(podID string, c *shim.Client) {
 		return
 	}
 	m.log.Warn("pause process exited: pod is not ready", "pod", podID, "exit", st.ExitCode, "signal", st.Signal)
-	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
-	if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+	if err := m.podNotReady(pod); err != nil {
 		m.log.Error("record pod not ready", "pod", podID, "err", err)
 	}
 }
@@ -186,7 +180,7 @@ func (m *Manager) killPause(ctx context.Context, podID string) error {
 	if err := client.Kill(ctx, pauseID, syscall.SIGKILL, true); err != nil && !shim.IsNotFound(err) && !errors.Is(err, shim.ErrUnavailable) {
 		return fmt.Errorf("kill pause: %w", err)
 	}
-	_, err = m.waitExit(ctx, client, pauseID, 10*time.Second)
+	_, err = waitStopped(ctx, client, pauseID, 10*time.Second)
 	if errors.Is(err, shim.ErrUnavailable) || shim.IsNotFound(err) {
 		return nil
 	}

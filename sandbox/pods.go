@@ -14,7 +14,6 @@ import (
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
-	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -125,7 +124,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 
 	// Recorded before it is made: after a crash here, RemovePod finds it.
 	pod.Cgroup = m.opts.Cgroups.PodCgroup(cfg.GetLinux().GetCgroupParent(), cfg.Metadata.Uid)
-	if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+	if err := m.savePod(pod); err != nil {
 		return nil, err
 	}
 	if err := m.opts.Cgroups.CreatePod(pod.Cgroup, cfg.GetLinux().GetResources()); err != nil {
@@ -168,13 +167,12 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 
 	pod.State = runtimeapi.PodSandboxState_SANDBOX_READY
 	pod.Timeline = t.steps
-	if err := m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) }); err != nil {
+	if err := m.savePod(pod); err != nil {
 		return nil, err
 	}
 	u.keep()
-	if pod.PausePID > 0 {
-		go m.watchPause(pod.ID, client)
-	}
+	m.publish(EventContainerCreated, pod.ID, pod.ID)
+	m.publish(EventContainerStarted, pod.ID, pod.ID)
 	m.metrics.observeTimeline("pod", pod.Timeline)
 	m.log.Info("pod ready", "pod", pod.ID, "name", cfg.Metadata.Name, "namespace", cfg.Metadata.Namespace, "timeline", pod.Timeline)
 	return pod, nil
@@ -185,18 +183,14 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 func (m *Manager) reservePod(pod *Pod) error {
 	m.names.Lock()
 	defer m.names.Unlock()
-	all, err := m.ListPods(Filter{})
-	if err != nil {
-		return err
-	}
 	md := pod.Config.Metadata
-	for _, p := range all {
+	for _, p := range m.state.listPods(Filter{}) {
 		o := p.Config.Metadata
 		if o.Name == md.Name && o.Namespace == md.Namespace && o.Uid == md.Uid && o.Attempt == md.Attempt {
 			return wrapf(ErrAlreadyExists, "pod %s/%s (uid %s, attempt %d) already exists as %s", md.Namespace, md.Name, md.Uid, md.Attempt, p.ID)
 		}
 	}
-	return m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) })
+	return m.savePod(pod)
 }
 
 // StopPod kills the pod's containers, stops its shim and releases its
@@ -234,10 +228,7 @@ func (m *Manager) lockPod(id string) (*Pod, func(), error) {
 }
 
 func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
-	ctrs, err := m.listContainers(pod.ID)
-	if err != nil {
-		return err
-	}
+	ctrs := m.state.containersOf(pod.ID)
 	ids := []string{pauseID}
 	for _, c := range ctrs {
 		if err := m.stopContainerLocked(ctx, c, 0); err != nil {
@@ -267,9 +258,7 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 	if pod.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY && pod.PausePID == 0 {
 		return nil
 	}
-	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
-	pod.PausePID = 0
-	return m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) })
+	return m.podNotReady(pod)
 }
 
 // killLeftovers kills what still runs of the pod's containers and pause
@@ -302,10 +291,7 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 	if err := m.stopPodLocked(ctx, pod); err != nil {
 		return err
 	}
-	ctrs, err := m.listContainers(pod.ID)
-	if err != nil {
-		return err
-	}
+	ctrs := m.state.containersOf(pod.ID)
 	for _, c := range ctrs {
 		if err := m.removeContainerLocked(ctx, c); err != nil {
 			return err
@@ -329,7 +315,11 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 	if err := os.RemoveAll(m.podDir(pod.ID)); err != nil {
 		return err
 	}
-	return m.deletePodRecord(pod.ID)
+	if err := m.deletePodRecord(pod.ID); err != nil {
+		return err
+	}
+	m.publishPod(EventContainerDeleted, pod, pod.ID)
+	return nil
 }
 
 // cgroupShared reports whether another pod has the same cgroup as pod.
@@ -349,12 +339,7 @@ func (m *Manager) cgroupShared(pod *Pod) (bool, error) {
 // GetPod returns the pod whose ID is id or starts with id (CLI users type
 // short IDs), or an error wrapping ErrNotFound.
 func (m *Manager) GetPod(id string) (*Pod, error) {
-	var pod *Pod
-	err := m.view(func(tx *bolt.Tx) (err error) {
-		pod, err = findPod(tx, id)
-		return err
-	})
-	return pod, err
+	return m.state.pod(id)
 }
 
 // ListPods returns the pods f selects.
@@ -363,17 +348,7 @@ func (m *Manager) ListPods(f Filter) ([]*Pod, error) {
 	if !found {
 		return nil, err
 	}
-	var out []*Pod
-	err = m.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(podsBucket).ForEach(func(_, v []byte) error {
-			p, err := decodePod(v)
-			if err == nil && f.matches(p.ID, p.Config.Labels, int32(p.State)) {
-				out = append(out, p)
-			}
-			return err
-		})
-	})
-	return out, err
+	return m.state.listPods(f), nil
 }
 
 func (m *Manager) podID(prefix string) (string, error) {
@@ -384,9 +359,14 @@ func (m *Manager) podID(prefix string) (string, error) {
 	return p.ID, nil
 }
 
-func (m *Manager) deletePodRecord(id string) error {
-	return m.update(func(tx *bolt.Tx) error { return tx.Bucket(podsBucket).Delete([]byte(id)) })
+// podNotReady records that a pod no longer runs (stopped, or its shim or
+// pause is gone), and tells subscribers.
+func (m *Manager) podNotReady(pod *Pod) error {
+	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	pod.PausePID = 0
+	if err := m.savePod(pod); err != nil {
+		return err
+	}
+	m.publish(EventContainerStopped, pod.ID, pod.ID)
+	return nil
 }
-
-func (m *Manager) update(f func(*bolt.Tx) error) error { return m.opts.DB.Update(f) }
-func (m *Manager) view(f func(*bolt.Tx) error) error   { return m.opts.DB.View(f) }

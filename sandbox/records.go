@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -71,6 +70,40 @@ func marshalRecord(v any, cfg proto.Message, raw *json.RawMessage) ([]byte, erro
 	return json.Marshal(v)
 }
 
+// savePod writes the pod's record, then its view.
+func (m *Manager) savePod(p *Pod) error {
+	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return putPod(tx, p) }); err != nil {
+		return err
+	}
+	m.state.setPod(p)
+	return nil
+}
+
+func (m *Manager) deletePodRecord(id string) error {
+	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(podsBucket).Delete([]byte(id)) }); err != nil {
+		return err
+	}
+	m.state.deletePod(id)
+	return nil
+}
+
+// saveContainer writes the container's record, then its view.
+func (m *Manager) saveContainer(c *Container) error {
+	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return putContainer(tx, c) }); err != nil {
+		return err
+	}
+	m.state.setContainer(c)
+	return nil
+}
+
+func (m *Manager) deleteContainerRecord(id string) error {
+	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(containersBucket).Delete([]byte(id)) }); err != nil {
+		return err
+	}
+	m.state.deleteContainer(id)
+	return nil
+}
+
 func putPod(tx *bolt.Tx, p *Pod) error {
 	v, err := marshalRecord(p, p.Config, &p.RawConfig)
 	if err != nil {
@@ -109,43 +142,4 @@ func decodeContainer(v []byte) (*Container, error) {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	return &c, nil
-}
-
-// findPod returns the pod whose ID is id, or the only one whose ID starts
-// with it.
-func findPod(tx *bolt.Tx, id string) (*Pod, error) {
-	v, err := findRecord(tx.Bucket(podsBucket), "pod", id)
-	if err != nil {
-		return nil, err
-	}
-	return decodePod(v)
-}
-
-func findContainer(tx *bolt.Tx, id string) (*Container, error) {
-	v, err := findRecord(tx.Bucket(containersBucket), "container", id)
-	if err != nil {
-		return nil, err
-	}
-	return decodeContainer(v)
-}
-
-func findRecord(b *bolt.Bucket, kind, id string) ([]byte, error) {
-	if id == "" {
-		return nil, wrapf(ErrInvalid, "%s ID is required", kind)
-	}
-	if v := b.Get([]byte(id)); v != nil {
-		return v, nil
-	}
-	var found []byte
-	c := b.Cursor()
-	for k, v := c.Seek([]byte(id)); k != nil && bytes.HasPrefix(k, []byte(id)); k, v = c.Next() {
-		if found != nil {
-			return nil, wrapf(ErrInvalid, "%s ID %q is ambiguous", kind, id)
-		}
-		found = v
-	}
-	if found == nil {
-		return nil, wrapf(ErrNotFound, "%s %q", kind, id)
-	}
-	return found, nil
 }

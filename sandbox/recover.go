@@ -33,10 +33,12 @@ func (m *Manager) recover() error {
 	for _, pod := range pods {
 		c, err := m.podShim(pod.ID)
 		if err == nil {
-			if err = m.recoveryInfo(c); errors.Is(err, context.DeadlineExceeded) {
+			if err = m.recoverStates(pod.ID, c); errors.Is(err, context.DeadlineExceeded) {
 				// Wedged, not gone: its containers may run. Keep the pod as
-				// it is; the kubelet's calls will time out on it.
+				// it is, its containers as their records say; the
+				// kubelet's calls will time out on it.
 				m.log.Error("pod shim does not answer: pod left as it is", "pod", pod.ID, "after", recoveryCallTimeout)
+				m.loadRecordedStates(pod.ID, nil, false)
 				live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
 				m.metrics.recovered("unresponsive")
 				continue
@@ -49,15 +51,13 @@ func (m *Manager) recover() error {
 			m.log.Info("reconnected to pod shim", "pod", pod.ID)
 			m.metrics.recovered("reconnected")
 			live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
-			if live[pod.ID] && pod.PausePID > 0 {
-				go m.watchPause(pod.ID, c)
-			}
 			continue
 		}
 		if !errors.Is(err, shim.ErrUnavailable) {
 			return err
 		}
 		if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+			m.loadRecordedStates(pod.ID, nil, true)
 			continue
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
@@ -82,21 +82,30 @@ func (m *Manager) recover() error {
 // accepts but never answers does not keep berthd from serving.
 const recoveryCallTimeout = 3 * time.Second
 
-func (m *Manager) recoveryInfo(c *shim.Client) error {
+// recoverStates asks the shim for the state of every container it has
+// (its pause's exit included); the pod's other containers are as their
+// records say.
+func (m *Manager) recoverStates(podID string, c *shim.Client) error {
 	ctx, cancel := context.WithTimeout(context.Background(), recoveryCallTimeout)
 	defer cancel()
-	_, err := c.Info(ctx)
-	return err
+	r, err := c.Events(ctx, 0)
+	if err != nil {
+		return err
+	}
+	told := map[string]bool{}
+	for _, e := range r.Events {
+		told[e.State.ID] = true
+		m.applyShimEvent(podID, c, e)
+	}
+	m.loadRecordedStates(podID, told, true)
+	return nil
 }
 
 // reclaimUnknown removes what a crash left that no record names: pod
 // folders, container bundles and writable layers, and image leases of
 // containers that do not exist.
 func (m *Manager) reclaimUnknown(pods []*Pod) error {
-	ctrs, err := m.listContainers("")
-	if err != nil {
-		return err
-	}
+	ctrs := m.state.containersOf("")
 	knownPods, knownCtrs := map[string]bool{}, map[string]bool{pauseID: true}
 	for _, p := range pods {
 		knownPods[p.ID] = true

@@ -10,7 +10,6 @@ import (
 
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
-	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -31,15 +30,29 @@ func (m *Manager) setShim(podID string, c *shim.Client) {
 		old.Close()
 	}
 	m.shims[podID] = c
-	go m.watchShim(podID, c)
+	go m.followShim(podID, c)
 }
 
-// watchShim waits for the shim to go away. When it goes while berthd still
-// counts on it (no stop or replacement meanwhile), the pod is made NOTREADY
-// at once, so that the kubelet recreates it, instead of at berthd's next
-// start.
-func (m *Manager) watchShim(podID string, c *shim.Client) {
-	<-c.Gone()
+// followShim keeps one Events call parked on the shim and applies what it
+// pushes to the view, until the shim goes away. When it goes while berthd
+// still counts on it (no stop or replacement meanwhile), the pod is made
+// NOTREADY at once, so that the kubelet recreates it, instead of at
+// berthd's next start.
+func (m *Manager) followShim(podID string, c *shim.Client) {
+	var after uint64
+	for {
+		r, err := c.Events(context.Background(), after)
+		if err != nil && !errors.Is(err, shim.ErrUnavailable) {
+			m.log.Error("pod shim events", "pod", podID, "err", err)
+		}
+		if err != nil || r.Quit {
+			break
+		}
+		after = r.Seq
+		for _, e := range r.Events {
+			m.applyShimEvent(podID, c, e)
+		}
+	}
 	unlock := m.pods.lock(podID) // a stop in progress finishes first
 	defer unlock()
 	if m.shim(podID) != c {
@@ -60,19 +73,27 @@ func (m *Manager) watchShim(podID string, c *shim.Client) {
 // containers and pause is killed (their exit records say EXITED: make it
 // so), and its namespace pins are released.
 func (m *Manager) shimLost(pod *Pod) error {
-	ctrs, err := m.listContainers(pod.ID)
-	if err != nil {
-		return err
-	}
+	ctrs := m.state.containersOf(pod.ID)
 	if err := m.killLeftovers(pod, ctrs); err != nil {
 		return err
 	}
+	m.loadRecordedStates(pod.ID, nil, true)
 	if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
 		return err
 	}
-	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
-	pod.PausePID = 0
-	return m.update(func(tx *bolt.Tx) error { return putPod(tx, pod) })
+	return m.podNotReady(pod)
+}
+
+// applyShimEvent records what the shim says of a container; the pause's
+// exit makes the pod NOTREADY.
+func (m *Manager) applyShimEvent(podID string, c *shim.Client, e shim.Event) {
+	if e.State.ID != pauseID {
+		m.setContainerState(podID, e.State)
+		return
+	}
+	if e.State.Status == shim.StatusStopped {
+		go m.pauseExited(podID, c, e.State) // it waits for the pod's lock
+	}
 }
 
 // podShim returns a client of the pod's shim, dialing it when berthd has

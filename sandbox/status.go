@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -31,16 +29,12 @@ type ContainerStatus struct {
 
 // GetContainer returns the container whose ID is id or starts with id.
 func (m *Manager) GetContainer(id string) (*Container, error) {
-	var c *Container
-	err := m.view(func(tx *bolt.Tx) (err error) {
-		c, err = findContainer(tx, id)
-		return err
-	})
+	c, _, err := m.state.container(id)
 	return c, err
 }
 
 // ListContainers returns the containers f selects with their live state.
-func (m *Manager) ListContainers(ctx context.Context, f Filter) ([]*ContainerStatus, error) {
+func (m *Manager) ListContainers(_ context.Context, f Filter) ([]*ContainerStatus, error) {
 	found, err := resolve(&f.ID, m.containerID)
 	if found {
 		found, err = resolve(&f.PodID, m.podID)
@@ -48,23 +42,11 @@ func (m *Manager) ListContainers(ctx context.Context, f Filter) ([]*ContainerSta
 	if !found {
 		return nil, err
 	}
-	ctrs, err := m.listContainers(f.PodID)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*ContainerStatus, 0, len(ctrs))
-	for _, c := range ctrs {
-		if f.ID != "" && c.ID != f.ID || !labelsMatch(c.Config.Labels, f.Labels) {
-			continue
-		}
-		st, err := m.status(ctx, c)
-		if errors.Is(err, ErrNotFound) {
-			continue // removed since it was listed
-		}
-		if err != nil {
-			return nil, err
-		}
-		if f.matches(st.ID, st.Config.Labels, int32(st.State)) {
+	ctrs, states := m.state.listContainers(f.PodID)
+	var out []*ContainerStatus
+	for i, c := range ctrs {
+		st := statusOf(c, states[i])
+		if f.matches(c.ID, c.Config.Labels, int32(st.State)) {
 			out = append(out, st)
 		}
 	}
@@ -81,14 +63,11 @@ func (m *Manager) containerID(prefix string) (string, error) {
 
 // ContainerStatus returns one container's live state and its OCI spec.
 func (m *Manager) ContainerStatus(ctx context.Context, id string) (*ContainerStatus, error) {
-	c, err := m.GetContainer(id)
+	c, state, err := m.state.container(id)
 	if err != nil {
 		return nil, err
 	}
-	st, err := m.status(ctx, c)
-	if err != nil {
-		return nil, err
-	}
+	st := statusOf(c, state)
 	spec, err := m.readSpec(c)
 	if err != nil {
 		return nil, err
@@ -112,25 +91,8 @@ func (m *Manager) readSpec(c *Container) (*specs.Spec, error) {
 	return &s, json.Unmarshal(b, &s)
 }
 
-func (m *Manager) listContainers(podID string) ([]*Container, error) {
-	var out []*Container
-	err := m.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(containersBucket).ForEach(func(_, v []byte) error {
-			c, err := decodeContainer(v)
-			if err == nil && (podID == "" || c.PodID == podID) {
-				out = append(out, c)
-			}
-			return err
-		})
-	})
-	return out, err
-}
-
-func (m *Manager) status(ctx context.Context, c *Container) (*ContainerStatus, error) {
-	st, err := m.containerState(ctx, c)
-	if err != nil {
-		return nil, err
-	}
+// statusOf is a container's status from its live state.
+func statusOf(c *Container, st shim.State) *ContainerStatus {
 	cs := &ContainerStatus{Container: c, Pid: st.Pid, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, ExitCode: int32(st.ExitCode)}
 	switch st.Status {
 	case shim.StatusCreated:
@@ -142,7 +104,6 @@ func (m *Manager) status(ctx context.Context, c *Container) (*ContainerStatus, e
 		switch {
 		case st.OOMKilled:
 			cs.Reason = "OOMKilled"
-			m.metrics.sawOOM(c.ID)
 		case st.ExitCode == 0:
 			cs.Reason = "Completed"
 		default:
@@ -151,40 +112,54 @@ func (m *Manager) status(ctx context.Context, c *Container) (*ContainerStatus, e
 	default:
 		cs.State = runtimeapi.ContainerState_CONTAINER_UNKNOWN
 	}
-	return cs, nil
+	return cs
 }
 
-// containerState asks the pod's shim; when the shim is gone (stopped pod,
-// killed shim, reboot) the container is reported as exited with what its
-// exit record holds.
-func (m *Manager) containerState(ctx context.Context, c *Container) (shim.State, error) {
-	shimAnswered := false
-	client, err := m.podShim(c.PodID)
-	if err == nil {
-		st, err := client.State(ctx, c.ID)
-		switch {
-		case err == nil:
-			return st, nil
-		case errors.Is(err, shim.ErrUnavailable):
-			m.forgetShim(c.PodID)
-		case !shim.IsNotFound(err): // not found: deleted from the shim at pod stop
-			return st, fmt.Errorf("container %s: %w", c.ID, err)
-		default:
-			shimAnswered = true
+// containerState is the container's live state as the view has it.
+func (m *Manager) containerState(c *Container) shim.State {
+	_, st, err := m.state.container(c.ID)
+	if err != nil { // removed meanwhile
+		return shim.State{ID: c.ID, Status: shim.StatusStopped, ExitCode: shim.UnknownExitCode}
+	}
+	return st
+}
+
+// setContainerState records a container's state, as its shim reported it,
+// and tells subscribers when its status changed.
+func (m *Manager) setContainerState(podID string, st shim.State) {
+	if !m.state.setState(st) {
+		return
+	}
+	switch st.Status {
+	case shim.StatusRunning:
+		m.publish(EventContainerStarted, podID, st.ID)
+	case shim.StatusStopped:
+		if st.OOMKilled {
+			m.metrics.sawOOM(st.ID)
 		}
+		m.publish(EventContainerStopped, podID, st.ID)
 	}
-	st, err := shim.ReadRecordedState(m.bundleDir(c.PodID, c.ID))
-	if !shim.IsNotFound(err) {
-		return st, err
+}
+
+// loadRecordedStates sets the state of the pod's containers that its shim
+// does not tell (told are those it told) from their records. When the
+// shim is gone (or deleted them) none runs any more: one without an exit
+// record is stopped, exit code unknown. A wedged shim's are as their
+// records say, until it answers.
+func (m *Manager) loadRecordedStates(podID string, told map[string]bool, gone bool) {
+	_, states := m.state.listContainers(podID)
+	for _, st := range states {
+		if st.Status == shim.StatusStopped || told[st.ID] {
+			continue
+		}
+		started, exited, err := shim.ReadRecords(m.bundleDir(podID, st.ID))
+		if err != nil {
+			m.log.Warn("container records unreadable", "container", st.ID, "err", err)
+		}
+		rec := shim.StateFromRecords(st.ID, started, exited)
+		if gone && rec.Status != shim.StatusStopped {
+			rec.Status, rec.ExitCode = shim.StatusStopped, shim.UnknownExitCode
+		}
+		m.setContainerState(podID, rec)
 	}
-	// Nothing recorded at all: the container was removed since the caller
-	// read its record, or it is still being created (its record comes
-	// first), or its folder went with the state folder in a reboot.
-	if _, err := m.GetContainer(c.ID); err != nil {
-		return shim.State{}, err // ErrNotFound when removed
-	}
-	if shimAnswered {
-		return shim.State{ID: c.ID, Status: shim.StatusCreated}, nil
-	}
-	return shim.State{ID: c.ID, Status: shim.StatusStopped, ExitCode: shim.UnknownExitCode}, nil
 }

@@ -190,11 +190,7 @@ func (m *Manager) CheckRunning(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	st, err := m.containerState(ctx, c)
-	if err != nil {
-		return err
-	}
-	if st.Status != shim.StatusRunning {
+	if st := m.containerState(c); st.Status != shim.StatusRunning {
 		return wrapf(ErrFailedPrecondition, "container %s is not running (%s)", c.ID, st.Status)
 	}
 	return nil

@@ -29,16 +29,15 @@ func Dial(podDir string) (*Client, error) {
 // Close closes the connection; the shim keeps running.
 func (c *Client) Close() error { return c.rpc.Close() }
 
-// Gone is closed when the shim goes away: it quit, it died, or this client
-// was closed.
-func (c *Client) Gone() <-chan struct{} {
-	gone := make(chan struct{})
-	call := c.rpc.Go(ServiceName+".Park", &Empty{}, &Empty{}, make(chan *rpc.Call, 1))
-	go func() {
-		<-call.Done
-		close(gone)
-	}()
-	return gone
+// Events returns the container events after after (see EventsRequest)
+// once there are any. It fails with ErrUnavailable when the shim went away
+// or this client was closed.
+func (c *Client) Events(ctx context.Context, after uint64) (EventsReply, error) {
+	var r EventsReply
+	if err := c.call(ctx, "Events", &EventsRequest{After: after}, &r); err != nil {
+		return EventsReply{}, err
+	}
+	return r, nil
 }
 
 // PodDir is the pod folder this client was dialed for.

@@ -134,6 +134,40 @@ type State struct {
 	FinishedAt time.Time
 }
 
+// Event kinds: what happened to a container in the shim. A reply that
+// starts over (EventsReply.Snapshot) has one EventState per container.
+const (
+	EventCreated = "created"
+	EventStarted = "started"
+	EventExited  = "exited"
+	EventDeleted = "deleted"
+	EventState   = "state"
+)
+
+// Event is one change of a container, with its state after it.
+type Event struct {
+	Kind  string
+	State State
+}
+
+// EventsRequest asks for the events after sequence number After; 0 asks
+// for the state of every container.
+type EventsRequest struct {
+	After uint64
+}
+
+// EventsReply answers an EventsRequest once there is something to say.
+type EventsReply struct {
+	Events []Event
+	// Seq is the sequence number of the last event: the next request's After.
+	Seq uint64
+	// Snapshot: Events are the state of every container, not changes (asked
+	// for, or the shim no longer has every event after After).
+	Snapshot bool
+	// Quit: the shim is shutting down; nothing follows.
+	Quit bool
+}
+
 // Info describes the shim process itself.
 type Info struct {
 	Pid     int

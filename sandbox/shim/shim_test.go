@@ -451,3 +451,37 @@ func TestOOMKilled(t *testing.T) {
 		t.Fatalf("exit record %+v", ex)
 	}
 }
+
+// TestEventsPushed: a first Events call is a snapshot; the next ones wait
+// and bring each change (created, started, exited with its code, deleted)
+// in order, each with the state after it.
+func TestEventsPushed(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	snap, err := p.c.Events(ctx, 0)
+	if err != nil || !snap.Snapshot || len(snap.Events) != 0 {
+		t.Fatalf("first Events: %+v %v, want an empty snapshot", snap, err)
+	}
+	p.run("c", []string{"sh", "-c", "exit 7"})
+	p.wait("c")
+	if err := p.c.Delete(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	var got []shim.Event
+	for after := snap.Seq; len(got) < 4; {
+		r, err := p.c.Events(ctx, after)
+		if err != nil || r.Snapshot || r.Quit {
+			t.Fatalf("Events(%d): %+v %v", after, r, err)
+		}
+		got, after = append(got, r.Events...), r.Seq
+	}
+	kinds := []string{shim.EventCreated, shim.EventStarted, shim.EventExited, shim.EventDeleted}
+	for i, e := range got {
+		if i >= len(kinds) || e.Kind != kinds[i] || e.State.ID != "c" {
+			t.Fatalf("events %+v, want %v of c", got, kinds)
+		}
+	}
+	if ex := got[2].State; ex.Status != shim.StatusStopped || ex.ExitCode != 7 || ex.FinishedAt.IsZero() {
+		t.Errorf("exited event state %+v, want stopped, code 7", ex)
+	}
+}

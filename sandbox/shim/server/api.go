@@ -56,11 +56,12 @@ func (a *API) ReopenLog(req *shim.IDRequest, _ *shim.Empty) error {
 	return a.s.reopenLog(req.ID)
 }
 
-// Park returns when the shim quits. A client keeps one parked so that it
-// learns at once when the shim goes away: on quit, or when a death breaks
-// the connection.
-func (a *API) Park(_ *shim.Empty, _ *shim.Empty) error {
-	<-a.s.quit
+// Events returns the container events after req.After once there are
+// any, or when the shim quits. berthd keeps one call parked: it learns of
+// every change at once, and of the shim's end (quit, or a death that
+// breaks the connection).
+func (a *API) Events(req *shim.EventsRequest, r *shim.EventsReply) error {
+	*r = a.s.nextEvents(req)
 	return nil
 }
 

@@ -151,6 +151,7 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	}
 	s.mu.Lock()
 	s.ctrs[req.ID] = c
+	s.emit(shim.EventCreated, c.state)
 	s.mu.Unlock()
 	return nil
 }
@@ -178,6 +179,7 @@ func (c *ctr) onExit(s *Server) func(exit) {
 		c.state.Status = shim.StatusStopped
 		c.state.ExitCode, c.state.Signal, c.state.OOMKilled = code, sig, rec.OOMKilled
 		c.state.FinishedAt = e.at
+		s.emit(shim.EventExited, c.state)
 		s.mu.Unlock()
 		close(c.exited)
 	}
@@ -208,6 +210,7 @@ func (s *Server) start(id string) (shim.State, error) {
 	c.state.StartedAt = rec.StartedAt
 	if c.state.Status == shim.StatusCreated {
 		c.state.Status = shim.StatusRunning
+		s.emit(shim.EventStarted, c.state)
 	}
 	return c.state, nil
 }
@@ -300,6 +303,7 @@ func (s *Server) delete(id string) error {
 	c.io.close()
 	s.mu.Lock()
 	delete(s.ctrs, id)
+	s.emit(shim.EventDeleted, c.state)
 	s.mu.Unlock()
 	return nil
 }

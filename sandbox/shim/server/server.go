@@ -31,6 +31,7 @@ type Server struct {
 	mu       sync.Mutex
 	ctrs     map[string]*ctr
 	creating map[string]bool
+	events   *eventLog
 	quit     chan struct{}
 	quitOnce sync.Once
 }
@@ -54,6 +55,7 @@ func Run(dir string, ready *os.File) error {
 		reaper:   newReaper(),
 		ctrs:     map[string]*ctr{},
 		creating: map[string]bool{},
+		events:   newEventLog(),
 		quit:     make(chan struct{}),
 	}
 	// The bundles below Containers must be reachable by a container's init

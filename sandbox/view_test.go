@@ -1,0 +1,95 @@
+package sandbox
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func (m *Manager) addTestContainer(t *testing.T, id, podID string) {
+	t.Helper()
+	c := &Container{ID: id, PodID: podID, Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: id}}}
+	if err := m.saveContainer(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestViewStateOrder: a container's state never goes back, whatever order
+// the shim's events and berthd's own replies come in, and each change is
+// one event, in order, with the pod's containers as they were then.
+func TestViewStateOrder(t *testing.T) {
+	m := testManager(t)
+	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	m.addTestContainer(t, "ctr1", "pod1")
+	sub := m.Subscribe()
+	defer sub.Close()
+
+	exited := shim.State{ID: "ctr1", Status: shim.StatusStopped, ExitCode: 3, FinishedAt: time.Now()}
+	for _, st := range []shim.State{
+		{ID: "ctr1", Status: shim.StatusCreated},
+		{ID: "ctr1", Status: shim.StatusRunning, Pid: 42},
+		exited,
+		{ID: "ctr1", Status: shim.StatusRunning, Pid: 42}, // Start's reply, late
+		{ID: "ctr1", Status: shim.StatusCreated},
+	} {
+		m.setContainerState("pod1", st)
+	}
+	c, err := m.ContainerStatus(t.Context(), "ctr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != runtimeapi.ContainerState_CONTAINER_EXITED || c.ExitCode != 3 || c.Reason != "Error" {
+		t.Errorf("status %v exit %d %q, want EXITED 3 Error", c.State, c.ExitCode, c.Reason)
+	}
+	for _, want := range []runtimeapi.ContainerEventType{EventContainerStarted, EventContainerStopped} {
+		select {
+		case ev := <-sub.C:
+			if ev.Type != want || ev.ContainerID != "ctr1" || ev.Pod.ID != "pod1" || len(ev.Containers) != 1 {
+				t.Fatalf("event %v %s pod %s, %d containers; want %v ctr1 pod1, 1", ev.Type, ev.ContainerID, ev.Pod.ID, len(ev.Containers), want)
+			}
+		default:
+			t.Fatalf("no %v event", want)
+		}
+	}
+	select {
+	case ev := <-sub.C:
+		t.Errorf("unexpected event %v", ev.Type)
+	default:
+	}
+}
+
+// TestSlowSubscriberDropped: a subscriber that reads nothing is dropped
+// once its buffer is full, with an error saying so; the runtime goes on
+// and other subscribers get every event.
+func TestSlowSubscriberDropped(t *testing.T) {
+	m := testManager(t)
+	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	slow, fast := m.Subscribe(), m.Subscribe()
+	defer fast.Close()
+	done := make(chan struct{})
+	go func() { // publish returns whatever slow does
+		defer close(done)
+		for i := range SubscriberBuffer + 10 {
+			m.publish(EventContainerStarted, "pod1", "pod1")
+			if _, ok := <-fast.C; !ok {
+				t.Errorf("fast subscriber dropped at event %d: %v", i, fast.Err())
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("publishing blocked on a slow subscriber")
+	}
+	n := 0
+	for range slow.C {
+		n++
+	}
+	if n != SubscriberBuffer || !errors.Is(slow.Err(), ErrResourceExhausted) {
+		t.Errorf("slow subscriber: %d events then %v; want %d then ErrResourceExhausted", n, slow.Err(), SubscriberBuffer)
+	}
+}
