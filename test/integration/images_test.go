@@ -188,6 +188,24 @@ func TestListImages(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got := listImages(t, d, c.filter)
+			var f *runtimeapi.ImageFilter
+			if c.filter != "" {
+				f = &runtimeapi.ImageFilter{Image: &runtimeapi.ImageSpec{Image: c.filter}}
+			}
+			stream, err := d.Images.StreamImages(t.Context(), &runtimeapi.StreamImagesRequest{Filter: f})
+			streamed := streamAll(t, stream, err, func(r *runtimeapi.StreamImagesResponse) (ids []string) {
+				for _, img := range r.Images {
+					ids = append(ids, img.Id)
+				}
+				return ids
+			})
+			var listed []string
+			for _, img := range got {
+				listed = append(listed, img.Id)
+			}
+			if !sameSet(streamed, listed) {
+				t.Errorf("StreamImages(%q) = %v, ListImages = %v", c.filter, streamed, listed)
+			}
 			byID := map[string]*runtimeapi.Image{}
 			for _, img := range got {
 				byID[img.Id] = img

@@ -3,6 +3,8 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"regexp"
 	"strings"
@@ -117,7 +119,8 @@ func (e *podEnv) stop(t *testing.T, id string, timeout int64) {
 	}
 }
 
-// listPodIDs lists the IDs of the pods that filter selects.
+// listPodIDs lists the IDs of the pods that filter selects, and checks
+// that StreamPodSandboxes streams the same.
 func (e *podEnv) listPodIDs(t *testing.T, f *runtimeapi.PodSandboxFilter) []string {
 	t.Helper()
 	resp, err := e.d.Runtime.ListPodSandbox(t.Context(), &runtimeapi.ListPodSandboxRequest{Filter: f})
@@ -128,10 +131,21 @@ func (e *podEnv) listPodIDs(t *testing.T, f *runtimeapi.PodSandboxFilter) []stri
 	for _, p := range resp.Items {
 		ids = append(ids, p.Id)
 	}
+	stream, err := e.d.Runtime.StreamPodSandboxes(t.Context(), &runtimeapi.StreamPodSandboxesRequest{Filter: f})
+	streamed := streamAll(t, stream, err, func(r *runtimeapi.StreamPodSandboxesResponse) (ids []string) {
+		for _, p := range r.PodSandboxes {
+			ids = append(ids, p.Id)
+		}
+		return ids
+	})
+	if !sameSet(streamed, ids) {
+		t.Errorf("StreamPodSandboxes(%v) = %v, ListPodSandbox = %v", f, streamed, ids)
+	}
 	return ids
 }
 
-// listContainerIDs lists the IDs of the containers that filter selects.
+// listContainerIDs lists the IDs of the containers that filter selects,
+// and checks that StreamContainers streams the same.
 func (e *podEnv) listContainerIDs(t *testing.T, f *runtimeapi.ContainerFilter) []string {
 	t.Helper()
 	resp, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{Filter: f})
@@ -142,7 +156,34 @@ func (e *podEnv) listContainerIDs(t *testing.T, f *runtimeapi.ContainerFilter) [
 	for _, c := range resp.Containers {
 		ids = append(ids, c.Id)
 	}
+	stream, err := e.d.Runtime.StreamContainers(t.Context(), &runtimeapi.StreamContainersRequest{Filter: f})
+	streamed := streamAll(t, stream, err, func(r *runtimeapi.StreamContainersResponse) (ids []string) {
+		for _, c := range r.Containers {
+			ids = append(ids, c.Id)
+		}
+		return ids
+	})
+	if !sameSet(streamed, ids) {
+		t.Errorf("StreamContainers(%v) = %v, ListContainers = %v", f, streamed, ids)
+	}
 	return ids
+}
+
+// streamAll reads a Stream* call to its end and returns the IDs of what
+// each message carried.
+func streamAll[R any](t *testing.T, stream grpc.ServerStreamingClient[R], err error, ids func(*R) []string) []string {
+	t.Helper()
+	var out []string
+	for err == nil {
+		var r *R
+		if r, err = stream.Recv(); err == nil {
+			out = append(out, ids(r)...)
+		}
+	}
+	if !errors.Is(err, io.EOF) {
+		t.Fatalf("stream: %v", err)
+	}
+	return out
 }
 
 // logRecord is one line of a CRI log file.
