@@ -50,7 +50,7 @@ type Manager struct {
 	state  *view
 	events eventHub
 
-	cpu    cpuSamples
+	usages usageCache
 	layers layerUsages
 
 	features KernelFeatures
@@ -92,7 +92,11 @@ func New(opts Options) (*Manager, error) {
 	if err := opts.DB.View(m.state.load); err != nil {
 		return nil, err
 	}
-	return m, m.recover()
+	if err := m.recover(); err != nil {
+		return nil, err
+	}
+	go m.collectStats()
+	return m, nil
 }
 
 func (m *Manager) podsDir() string              { return filepath.Join(m.opts.State, "pods") }

@@ -18,39 +18,107 @@ import (
 // Usage is what one container or pod uses.
 type Usage struct {
 	cgroups.Stats
-	// CPUNanoCores is the CPU rate since the previous sample of the same
-	// cgroup (0 for the first).
+	// CPUNanoCores is the CPU rate over the collector's last period (0
+	// until it has two samples).
 	CPUNanoCores uint64
 	// Writable layer (containers only).
 	LayerBytes, LayerInodes uint64
 }
 
-// cpuSamples remembers the last CPU reading per cgroup to turn the
-// cumulative counter into a rate, as the kubelet expects.
-type cpuSamples struct {
-	mu   sync.Mutex
-	last map[string]cgroups.Stats
+// statsPeriod is how often the collector samples the cgroups whose usage
+// is asked for: CPU rates are over this period, and figures never older.
+const statsPeriod = time.Second
+
+// statsInterest is how long after a stats call the collector keeps
+// sampling a cgroup: the kubelet asks every 10-15 s, and nobody's cgroup is
+// read while nobody asks.
+const statsInterest = time.Minute
+
+// usageCache holds the collector's last sample of each cgroup asked for.
+type usageCache struct {
+	mu     sync.Mutex
+	byPath map[string]*cgroupSample
 }
 
-func (c *cpuSamples) rate(path string, s cgroups.Stats) uint64 {
+type cgroupSample struct {
+	u       Usage
+	askedAt time.Time
+}
+
+// get returns the last sample of path and notes the interest.
+func (c *usageCache) get(path string) (Usage, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.last == nil {
-		c.last = map[string]cgroups.Stats{}
+	s := c.byPath[path]
+	if s == nil {
+		return Usage{}, false
 	}
-	prev, ok := c.last[path]
-	c.last[path] = s
-	dt := s.Timestamp.Sub(prev.Timestamp)
-	if !ok || dt <= 0 || s.CPUUsageNanos < prev.CPUUsageNanos {
+	s.askedAt = time.Now()
+	return s.u, true
+}
+
+// put stores a sample of path; the first one has no CPU rate.
+func (c *usageCache) put(path string, st cgroups.Stats) Usage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byPath == nil {
+		c.byPath = map[string]*cgroupSample{}
+	}
+	s := c.byPath[path]
+	if s == nil {
+		s = &cgroupSample{askedAt: time.Now()}
+		c.byPath[path] = s
+	} else {
+		s.u.CPUNanoCores = cpuRate(s.u.Stats, st)
+	}
+	s.u.Stats = st
+	return s.u
+}
+
+func cpuRate(prev, cur cgroups.Stats) uint64 {
+	dt := cur.Timestamp.Sub(prev.Timestamp)
+	if dt <= 0 || cur.CPUUsageNanos < prev.CPUUsageNanos {
 		return 0
 	}
-	return uint64(float64(s.CPUUsageNanos-prev.CPUUsageNanos) / dt.Seconds())
+	return uint64(float64(cur.CPUUsageNanos-prev.CPUUsageNanos) / dt.Seconds())
 }
 
-func (c *cpuSamples) forget(path string) {
+func (c *usageCache) forget(path string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.last, path)
+	delete(c.byPath, path)
+}
+
+// watched lists the cgroups asked for within statsInterest and forgets
+// the others.
+func (c *usageCache) watched() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for p, s := range c.byPath {
+		if time.Since(s.askedAt) > statsInterest {
+			delete(c.byPath, p)
+		} else {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// collectStats samples every watched cgroup each statsPeriod, off the
+// request path. A cgroup that is gone or unreadable is dropped: the next
+// call reads it itself and says why.
+func (m *Manager) collectStats() {
+	for range time.Tick(statsPeriod) {
+		for _, path := range m.usages.watched() {
+			st, err := m.opts.Cgroups.Stats(path)
+			if err != nil {
+				m.usages.forget(path)
+				continue
+			}
+			m.usages.put(path, st)
+		}
+	}
 }
 
 // ContainerUsage reads a container's cgroup and writable layer. A container
@@ -135,16 +203,20 @@ func (m *Manager) PodUsage(pod *Pod) (Usage, bool, error) {
 	return m.usage(pod.Cgroup)
 }
 
+// usage is the collector's last sample of a cgroup, or for one nobody
+// asked for lately, a reading now (with no CPU rate yet).
 func (m *Manager) usage(path string) (Usage, bool, error) {
+	if u, ok := m.usages.get(path); ok {
+		return u, true, nil
+	}
 	s, err := m.opts.Cgroups.Stats(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		m.cpu.forget(path)
 		return Usage{}, false, nil
 	}
 	if err != nil {
 		return Usage{}, false, err
 	}
-	return Usage{Stats: s, CPUNanoCores: m.cpu.rate(path, s)}, true, nil
+	return m.usages.put(path, s), true, nil
 }
 
 // diskUsage sums the sizes and counts the inodes under dir.

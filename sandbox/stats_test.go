@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/berth-runtime/berth/cgroups"
 )
 
 // TestLayerUsagesInBackground: a stats call never walks the layer itself; it
@@ -38,5 +40,31 @@ func TestLayerUsagesInBackground(t *testing.T) {
 	l.forget("c")
 	if _, ok := l.byID["c"]; ok {
 		t.Error("forget kept the figures")
+	}
+}
+
+// TestUsageCacheRate: the CPU rate is over the collector's period, from
+// its last two samples; a cgroup nobody asked for within statsInterest is
+// no longer sampled.
+func TestUsageCacheRate(t *testing.T) {
+	var c usageCache
+	t0 := time.Now()
+	u := c.put("/p", cgroups.Stats{Timestamp: t0, CPUUsageNanos: 1e9})
+	if u.CPUNanoCores != 0 {
+		t.Errorf("first sample: rate %d, want 0", u.CPUNanoCores)
+	}
+	c.put("/p", cgroups.Stats{Timestamp: t0.Add(statsPeriod), CPUUsageNanos: 1e9 + 5e8})
+	if u, ok := c.get("/p"); !ok || u.CPUNanoCores != 5e8 || u.CPUUsageNanos != 1e9+5e8 {
+		t.Errorf("get = %+v, %v; want half a core, the last counter", u, ok)
+	}
+	if w := c.watched(); len(w) != 1 || w[0] != "/p" {
+		t.Errorf("watched = %v, want [/p]", w)
+	}
+	c.byPath["/p"].askedAt = time.Now().Add(-statsInterest - time.Second)
+	if w := c.watched(); len(w) != 0 {
+		t.Errorf("watched = %v after the interest passed, want none", w)
+	}
+	if _, ok := c.get("/p"); ok {
+		t.Error("a cgroup nobody watches still has a sample")
 	}
 }
