@@ -135,27 +135,24 @@ func (s *Service) collectGarbage() error {
 // pickGarbage chooses, among candidates, what no image, lease or hold
 // references, and marks it as being removed. References are read under
 // holdMu: a pull records its image before it drops its holds, so every
-// reference is either in the records read here or in a hold. The read is a
-// bbolt view (memory-mapped, no disk write), the only work done under holdMu.
+// reference is either in the records read here or in a hold. The reads (a
+// bbolt view of the leases, memory-mapped, and the images in memory) are
+// the only work done under holdMu.
 func (s *Service) pickGarbage(candidates []string) ([]string, error) {
 	s.holdMu.Lock()
 	defer s.holdMu.Unlock()
-	used := map[string]bool{}
-	err := s.opts.DB.View(func(tx *bolt.Tx) error {
-		leased, err := leasedChainIDs(tx)
-		if err != nil {
-			return err
-		}
-		used = leased
-		return forEachImageKeys(tx, func(img *imageKeys) error {
-			for _, k := range img.references() {
-				used[k] = true
-			}
-			return nil
-		})
+	var used map[string]bool
+	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
+		used, err = leasedChainIDs(tx)
+		return err
 	})
 	if err != nil {
 		return nil, err
+	}
+	for _, img := range s.images.all(nil) {
+		for _, k := range img.references() {
+			used[k] = true
+		}
 	}
 	var doomed []string
 	for _, k := range candidates {

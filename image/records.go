@@ -2,10 +2,10 @@ package image
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/berth-runtime/berth/image/reference"
 	bolt "go.etcd.io/bbolt"
@@ -19,127 +19,152 @@ type names struct {
 	digests []string
 }
 
-func getImage(tx *bolt.Tx, id string) (*Image, error) {
-	v := tx.Bucket(imagesBucket).Get([]byte(id))
-	if v == nil {
-		return nil, nil
-	}
-	var img Image
-	if err := json.Unmarshal(v, &img); err != nil {
-		return nil, fmt.Errorf("image record %s: %w", id, err)
-	}
-	return &img, nil
+// images is every image record in memory, indexed by ID and by name (repo
+// tag and repo digest), written through to bolt and loaded from it at
+// start: lookups never decode the database. It hands out copies.
+type images struct {
+	// writeMu serializes the transactions that change records: the
+	// memory follows a commit (OnCommit), after bbolt let the next writer
+	// in, which must not read what that commit changed before it shows.
+	writeMu sync.Mutex
+
+	mu     sync.RWMutex
+	byID   map[string]*Image
+	byName map[string]string // repo tag or repo digest → image ID
 }
 
-func putImage(tx *bolt.Tx, img *Image) error {
+func loadImages(db *bolt.DB) (*images, error) {
+	x := &images{byID: map[string]*Image{}, byName: map[string]string{}}
+	err := db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(imagesBucket).ForEach(func(k, v []byte) error {
+			var img Image
+			if err := json.Unmarshal(v, &img); err != nil {
+				return fmt.Errorf("image record %s: %w", k, err)
+			}
+			x.set(&img)
+			return nil
+		})
+	})
+	return x, err
+}
+
+// update runs a transaction that changes records; the memory shows its
+// changes when it returns.
+func (x *images) update(db *bolt.DB, f func(*bolt.Tx) error) error {
+	x.writeMu.Lock()
+	defer x.writeMu.Unlock()
+	return db.Update(f)
+}
+
+func cloneImage(img *Image) *Image {
+	c := *img
+	c.RepoTags = slices.Clone(img.RepoTags)
+	c.RepoDigests = slices.Clone(img.RepoDigests)
+	c.ChainIDs = slices.Clone(img.ChainIDs)
+	c.Manifests = slices.Clone(img.Manifests)
+	return &c
+}
+
+func (x *images) set(img *Image) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.unindex(img.ID)
+	x.byID[img.ID] = img
+	for _, n := range append(slices.Clone(img.RepoTags), img.RepoDigests...) {
+		x.byName[n] = img.ID
+	}
+}
+
+// unindex drops id's names; x.mu is held.
+func (x *images) unindex(id string) {
+	if old := x.byID[id]; old != nil {
+		for _, n := range append(slices.Clone(old.RepoTags), old.RepoDigests...) {
+			if x.byName[n] == id {
+				delete(x.byName, n)
+			}
+		}
+	}
+}
+
+// put writes img in tx; the memory has it once tx commits.
+func (x *images) put(tx *bolt.Tx, img *Image) error {
 	v, err := json.Marshal(img)
 	if err != nil {
 		return err
 	}
+	img = cloneImage(img)
+	tx.OnCommit(func() { x.set(img) })
 	return tx.Bucket(imagesBucket).Put([]byte(img.ID), v)
 }
 
-func listImages(tx *bolt.Tx) ([]*Image, error) {
+func (x *images) delete(tx *bolt.Tx, id string) error {
+	tx.OnCommit(func() {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		x.unindex(id)
+		delete(x.byID, id)
+	})
+	return tx.Bucket(imagesBucket).Delete([]byte(id))
+}
+
+// get returns the image whose ID is id, or nil.
+func (x *images) get(id string) *Image {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if img := x.byID[id]; img != nil {
+		return cloneImage(img)
+	}
+	return nil
+}
+
+// all returns the images keep selects (every one for nil).
+func (x *images) all(keep func(*Image) bool) []*Image {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	var out []*Image
-	err := tx.Bucket(imagesBucket).ForEach(func(k, _ []byte) error {
-		img, err := getImage(tx, string(k))
-		if err == nil {
-			out = append(out, img)
+	for _, img := range x.byID {
+		if keep == nil || keep(img) {
+			out = append(out, cloneImage(img))
 		}
-		return err
-	})
-	return out, err
+	}
+	return out
 }
 
-// imageKeys is the part of an image record that lookups and collection
-// read: decoding only this skips building the config, which may be large.
-type imageKeys struct {
-	ID          string   `json:"id"`
-	RepoTags    []string `json:"repoTags,omitempty"`
-	RepoDigests []string `json:"repoDigests,omitempty"`
-	ChainIDs    []string `json:"chainIDs"`
-	Manifests   []string `json:"manifests,omitempty"`
-}
-
-// references are the snapshots and blobs an image needs.
-func (k *imageKeys) references() []string {
-	refs := append([]string{k.ID}, k.ChainIDs...)
-	return append(refs, k.Manifests...)
-}
-
-// forEachImageKeys calls fn with the keys of every stored image.
-func forEachImageKeys(tx *bolt.Tx, fn func(*imageKeys) error) error {
-	return tx.Bucket(imagesBucket).ForEach(func(k, v []byte) error {
-		var keys imageKeys
-		if err := json.Unmarshal(v, &keys); err != nil {
-			return fmt.Errorf("image record %s: %w", k, err)
-		}
-		return fn(&keys)
-	})
-}
-
-// errFound ends a forEachImageKeys walk early.
-var errFound = errors.New("found")
-
-// findImage resolves what a CRI caller may pass as an image: an ID (with or
+// find resolves what a CRI caller may pass as an image: an ID (with or
 // without "sha256:"), a tag or a digest reference in any form users write.
 // It returns nil when nothing matches.
-func findImage(tx *bolt.Tx, ref string) (*Image, error) {
+func (x *images) find(ref string) (*Image, error) {
 	if reference.IsID(ref) {
-		return getImage(tx, reference.NormalizeID(ref))
+		return x.get(reference.NormalizeID(ref)), nil
 	}
 	r, err := reference.Parse(ref)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidReference, err)
 	}
-	var id string
-	err = forEachImageKeys(tx, func(k *imageKeys) error {
-		if r.Digest != "" && slices.Contains(k.RepoDigests, r.DigestString(r.Digest)) ||
-			r.Digest == "" && slices.Contains(k.RepoTags, r.TagString()) {
-			id = k.ID
-			return errFound
-		}
-		return nil
-	})
-	if id == "" || !errors.Is(err, errFound) {
-		return nil, err
-	}
-	return getImage(tx, id)
+	x.mu.RLock()
+	id := x.byName[r.String()]
+	x.mu.RUnlock()
+	return x.get(id), nil
 }
 
-// matchImages returns the images a list filter names: every image of a
+// match returns the images a list filter names: every image of a
 // repository given without tag (all its tags and digests), every image
-// whose ID starts with a hex prefix, else what findImage finds.
-func matchImages(tx *bolt.Tx, filter string) ([]*Image, error) {
+// whose ID starts with a hex prefix, else what find finds.
+func (x *images) match(filter string) ([]*Image, error) {
 	repo, isRepo := reference.Repository(filter)
 	isPrefix := reference.IsIDPrefix(filter)
 	if !isRepo && !isPrefix {
-		img, err := findImage(tx, filter)
+		img, err := x.find(filter)
 		if img == nil {
 			return nil, err
 		}
 		return []*Image{img}, nil
 	}
 	prefix := reference.NormalizeID(filter)
-	var ids []string
-	err := forEachImageKeys(tx, func(k *imageKeys) error {
-		if isPrefix && strings.HasPrefix(k.ID, prefix) ||
-			isRepo && (slices.ContainsFunc(k.RepoTags, inRepository(repo, ":")) || slices.ContainsFunc(k.RepoDigests, inRepository(repo, "@"))) {
-			ids = append(ids, k.ID)
-		}
-		return nil
-	})
-	var out []*Image
-	for _, id := range ids {
-		if err != nil {
-			break
-		}
-		var img *Image
-		if img, err = getImage(tx, id); img != nil {
-			out = append(out, img)
-		}
-	}
-	return out, err
+	return x.all(func(img *Image) bool {
+		return isPrefix && strings.HasPrefix(img.ID, prefix) ||
+			isRepo && (slices.ContainsFunc(img.RepoTags, inRepository(repo, ":")) || slices.ContainsFunc(img.RepoDigests, inRepository(repo, "@")))
+	}), nil
 }
 
 // inRepository matches the references of repo: repo, then sep ("name:tag",
@@ -148,55 +173,42 @@ func inRepository(repo, sep string) func(string) bool {
 	return func(ref string) bool { return strings.HasPrefix(ref, repo+sep) }
 }
 
-// recordImage stores img under its names. A tag names one image only: it
-// moves from whatever image had it before (that image stays, untagged if it
-// was its last tag, as with other runtimes).
-func recordImage(tx *bolt.Tx, img *Image, n names) (*Image, error) {
-	stored, err := getImage(tx, img.ID)
-	if err != nil {
-		return nil, err
-	}
-	if stored != nil {
+// record stores img under its names. A tag names one image only: it moves
+// from whatever image had it before (that image stays, untagged if it was
+// its last tag, as with other runtimes). Run it within update.
+func (x *images) record(tx *bolt.Tx, img *Image, n names) (*Image, error) {
+	if stored := x.get(img.ID); stored != nil {
 		img.Created = stored.Created
 		img.RepoTags = stored.RepoTags
 		img.RepoDigests = stored.RepoDigests
 		img.Pinned = stored.Pinned
 		img.Manifests = union(stored.Manifests, img.Manifests)
 	}
-	if err := untag(tx, img.ID, n.tags); err != nil {
+	if err := x.untag(tx, img.ID, n.tags); err != nil {
 		return nil, err
 	}
 	img.RepoTags = union(img.RepoTags, n.tags)
 	img.RepoDigests = union(img.RepoDigests, n.digests)
-	return img, putImage(tx, img)
+	return img, x.put(tx, img)
 }
 
 // untag removes tags from every image but id.
-func untag(tx *bolt.Tx, id string, tags []string) error {
-	if len(tags) == 0 {
-		return nil
-	}
-	var losers []string // changed after the walk: bbolt forbids writes during ForEach
-	err := forEachImageKeys(tx, func(k *imageKeys) error {
-		if k.ID != id && slices.ContainsFunc(k.RepoTags, func(t string) bool { return slices.Contains(tags, t) }) {
-			losers = append(losers, k.ID)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for _, l := range losers {
-		o, err := getImage(tx, l)
-		if err != nil {
-			return err
-		}
-		o.RepoTags = slices.DeleteFunc(o.RepoTags, func(t string) bool { return slices.Contains(tags, t) })
-		if err := putImage(tx, o); err != nil {
+func (x *images) untag(tx *bolt.Tx, id string, tags []string) error {
+	tagged := func(t string) bool { return slices.Contains(tags, t) }
+	losers := x.all(func(img *Image) bool { return img.ID != id && slices.ContainsFunc(img.RepoTags, tagged) })
+	for _, o := range losers {
+		o.RepoTags = slices.DeleteFunc(o.RepoTags, tagged)
+		if err := x.put(tx, o); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// references are the snapshots and blobs img needs.
+func (img *Image) references() []string {
+	refs := append([]string{img.ID}, img.ChainIDs...)
+	return append(refs, img.Manifests...)
 }
 
 // union appends the elements of b missing from a, keeping a's order.

@@ -39,6 +39,7 @@ type Service struct {
 	content  *content.Store
 	snaps    *snapshot.Store
 	resolver *registry.Resolver
+	images   *images // the records, in memory
 	platform v1.Platform
 	metrics  *metrics // nil: no metrics
 
@@ -101,6 +102,9 @@ func New(opts Options) (*Service, error) {
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.holdCond = sync.NewCond(&s.holdMu)
+	if s.images, err = loadImages(opts.DB); err != nil {
+		return nil, err
+	}
 	s.metrics = newMetrics(opts.Metrics, s)
 	if err := s.dropBrokenImages(); err != nil {
 		return nil, err
@@ -115,16 +119,12 @@ func New(opts Options) (*Service, error) {
 // dropBrokenImages forgets images whose snapshots did not survive (a crash
 // mid-removal, or a hand-cleaned folder), so that the kubelet pulls them again.
 func (s *Service) dropBrokenImages() error {
-	return s.opts.DB.Update(func(tx *bolt.Tx) error {
-		all, err := listImages(tx)
-		if err != nil {
-			return err
-		}
-		for _, img := range all {
+	return s.images.update(s.opts.DB, func(tx *bolt.Tx) error {
+		for _, img := range s.images.all(nil) {
 			for _, c := range img.ChainIDs {
 				if _, ok, err := s.snaps.Get(c); err != nil || !ok {
 					s.log.Warn("forgetting image with a missing layer", "image", img.ID, "layer", c)
-					if err := tx.Bucket(imagesBucket).Delete([]byte(img.ID)); err != nil {
+					if err := s.images.delete(tx, img.ID); err != nil {
 						return err
 					}
 					break
@@ -138,30 +138,20 @@ func (s *Service) dropBrokenImages() error {
 // Get returns the image ref names (ID, tag or digest), or an error wrapping
 // ErrNotFound.
 func (s *Service) Get(ref string) (*Image, error) {
-	var img *Image
-	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
-		img, err = findImage(tx, ref)
-		return err
-	})
+	img, err := s.images.find(ref)
 	if err == nil && img == nil {
 		err = fmt.Errorf("%w: %s", ErrNotFound, ref)
 	}
 	return img, err
 }
 
-// List returns the images filter names (see matchImages), every stored
+// List returns the images filter names (see images.match), every stored
 // image when it is empty.
 func (s *Service) List(filter string) ([]*Image, error) {
-	var all []*Image
-	err := s.opts.DB.View(func(tx *bolt.Tx) (err error) {
-		if filter == "" {
-			all, err = listImages(tx)
-		} else {
-			all, err = matchImages(tx, filter)
-		}
-		return err
-	})
-	return all, err
+	if filter == "" {
+		return s.images.all(nil), nil
+	}
+	return s.images.match(filter)
 }
 
 // Remove deletes what ref names: a tag of an image that has other names
@@ -170,16 +160,16 @@ func (s *Service) List(filter string) ([]*Image, error) {
 // image is not an error.
 func (s *Service) Remove(ref string) error {
 	r, parseErr := reference.Parse(ref)
-	err := s.opts.DB.Update(func(tx *bolt.Tx) error {
-		img, err := findImage(tx, ref)
+	err := s.images.update(s.opts.DB, func(tx *bolt.Tx) error {
+		img, err := s.images.find(ref)
 		if err != nil || img == nil {
 			return err
 		}
 		if parseErr == nil && r.Digest == "" && len(img.RepoTags) > 1 {
 			img.RepoTags = slices.DeleteFunc(img.RepoTags, func(t string) bool { return t == r.TagString() })
-			return putImage(tx, img)
+			return s.images.put(tx, img)
 		}
-		return tx.Bucket(imagesBucket).Delete([]byte(img.ID))
+		return s.images.delete(tx, img.ID)
 	})
 	if err != nil {
 		return err

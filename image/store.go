@@ -110,8 +110,8 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 		}
 		rec.Size += uint64(snap.Size)
 	}
-	err = s.opts.DB.Update(func(tx *bolt.Tx) (err error) {
-		rec, err = recordImage(tx, rec, n)
+	err = s.images.update(s.opts.DB, func(tx *bolt.Tx) (err error) {
+		rec, err = s.images.record(tx, rec, n)
 		return err
 	})
 	return rec, err
