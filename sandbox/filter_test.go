@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -31,7 +32,8 @@ func testManager(t *testing.T) *Manager {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return &Manager{opts: Options{DB: db, State: t.TempDir(), Root: t.TempDir()}, shims: map[string]*shim.Client{}, state: newView()}
+	return &Manager{opts: Options{DB: db, State: t.TempDir(), Root: t.TempDir()}, log: slog.New(slog.DiscardHandler),
+		shims: map[string]*shim.Client{}, state: newView()}
 }
 
 func (m *Manager) addTestPod(t *testing.T, id string, state runtimeapi.PodSandboxState, labels map[string]string) {

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -10,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-runtime/berth/cgroups"
-	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
 	"github.com/berth-runtime/berth/sandbox/podns"
@@ -25,11 +24,13 @@ type Options struct {
 	Root       string // persistent: Root/containers/<id>/{upper,work}
 	State      string // volatile: State/pods/<id>/…
 	DB         *bolt.DB
-	Images     *image.Service
-	Cgroups    *cgroups.Manager
+	Images     Images
+	Cgroups    Cgroups
 	Network    network.PodNetwork
 	ShimBinary string
-	Logger     *slog.Logger
+	// StartShim starts a pod's shim; nil: shim.Start with ShimBinary.
+	StartShim ShimStarter
+	Logger    *slog.Logger
 	// Metrics takes the start phase, recovery and state series; nil: none.
 	Metrics prometheus.Registerer
 }
@@ -62,6 +63,11 @@ type Manager struct {
 func New(opts Options) (*Manager, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.StartShim == nil {
+		opts.StartShim = func(ctx context.Context, podDir string) (*shim.Client, error) {
+			return shim.Start(ctx, opts.ShimBinary, podDir)
+		}
 	}
 	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{},
 		apparmor: apparmor.Setup(filepath.Join(opts.Root, "apparmor"), opts.Logger)}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
-	"github.com/berth-runtime/berth/sandbox/shim"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -144,7 +143,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	pod.Files = map[string]string{"hosts": files.Hosts, "resolv": files.Resolv, "hostname": files.Hostname, "shm": files.Shm}
 	t.step("files")
 
-	client, err := shim.Start(ctx, m.opts.ShimBinary, dir)
+	client, err := m.opts.StartShim(ctx, dir)
 	if err != nil {
 		return nil, fmt.Errorf("start shim: %w", err)
 	}
