@@ -22,14 +22,14 @@ func (r *RuntimeService) CreateContainer(ctx context.Context, req *runtimeapi.Cr
 	}
 	c, err := r.pods.CreateContainer(ctx, req.GetPodSandboxId(), req.Config)
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.CreateContainerResponse{ContainerId: c.ID}, nil
 }
 
 func (r *RuntimeService) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
 	if err := r.pods.StartContainer(ctx, req.GetContainerId()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.StartContainerResponse{}, nil
 }
@@ -41,7 +41,7 @@ func (r *RuntimeService) StopContainer(ctx context.Context, req *runtimeapi.Stop
 		return nil, status.Errorf(codes.InvalidArgument, "timeout %d: must not be negative", req.Timeout)
 	}
 	if err := r.pods.StopContainer(ctx, req.GetContainerId(), time.Duration(req.GetTimeout())*time.Second); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.StopContainerResponse{}, nil
 }
@@ -49,7 +49,7 @@ func (r *RuntimeService) StopContainer(ctx context.Context, req *runtimeapi.Stop
 // RemoveContainer is idempotent: an unknown container is OK.
 func (r *RuntimeService) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
 	if err := r.pods.RemoveContainer(ctx, req.GetContainerId()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.RemoveContainerResponse{}, nil
 }
@@ -57,7 +57,7 @@ func (r *RuntimeService) RemoveContainer(ctx context.Context, req *runtimeapi.Re
 func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
 	all, err := r.pods.ListContainers(ctx, containerFilter(req.GetFilter()))
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	resp := &runtimeapi.ListContainersResponse{}
 	for _, c := range all {
@@ -74,7 +74,7 @@ func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.Lis
 func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
 	c, err := r.pods.ContainerStatus(ctx, req.GetContainerId())
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	st := containerStatus(c)
 	st.User = containerUser(c.User)
@@ -129,14 +129,14 @@ func (r *RuntimeService) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncR
 	}
 	res, err := r.pods.ExecSync(ctx, req.GetContainerId(), req.Cmd, time.Duration(req.GetTimeout())*time.Second)
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.ExecSyncResponse{Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: int32(res.ExitCode)}, nil
 }
 
 func (r *RuntimeService) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
 	if err := r.pods.ReopenLog(ctx, req.GetContainerId()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.ReopenContainerLogResponse{}, nil
 }
@@ -148,7 +148,7 @@ func (r *RuntimeService) UpdateContainerResources(ctx context.Context, req *runt
 		return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 	}
 	if err := r.pods.UpdateResources(ctx, req.GetContainerId(), req.Linux); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox"
 )
 
@@ -108,14 +109,14 @@ func (r *RuntimeService) StreamPodSandboxMetrics(_ *runtimeapi.StreamPodSandboxM
 func (r *RuntimeService) eachPodMetrics(ctx context.Context, send func(*runtimeapi.PodSandboxMetrics) error) error {
 	pods, err := r.pods.ListPods(sandbox.Filter{})
 	if err != nil {
-		return sandboxError(err)
+		return grpcError(err)
 	}
 	for _, p := range pods {
 		if p.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 			continue
 		}
 		pm, err := r.podMetrics(ctx, p)
-		if errors.Is(err, sandbox.ErrNotFound) {
+		if errors.Is(err, errkind.NotFound) {
 			continue // removed meanwhile
 		}
 		if err != nil {

@@ -25,7 +25,7 @@ func (r *RuntimeService) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stre
 			return nil
 		case ev, ok := <-sub.C:
 			if !ok {
-				return sandboxError(sub.Err())
+				return grpcError(sub.Err())
 			}
 			if err := stream.Send(containerEvent(ev)); err != nil {
 				return err

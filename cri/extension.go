@@ -108,16 +108,7 @@ func (e extension) Import(ctx context.Context, req *runtimeapi.ImageSpec) (*runt
 	}
 	imgs, err := e.images.Import(ctx, path)
 	if err != nil {
-		code := codes.Internal
-		switch {
-		case errors.Is(err, image.ErrInvalidReference), errors.Is(err, fs.ErrNotExist):
-			code = codes.InvalidArgument
-		case errors.Is(err, context.Canceled):
-			code = codes.Canceled
-		case errors.Is(err, context.DeadlineExceeded):
-			code = codes.DeadlineExceeded
-		}
-		return nil, status.Error(code, withPath(path, err))
+		return nil, grpcError(withPath(path, err))
 	}
 	resp := &runtimeapi.ListImagesResponse{Images: make([]*runtimeapi.Image, 0, len(imgs))}
 	for _, img := range imgs {
@@ -127,11 +118,11 @@ func (e extension) Import(ctx context.Context, req *runtimeapi.ImageSpec) (*runt
 }
 
 // withPath names the path unless the image package's message already does.
-func withPath(path string, err error) string {
+func withPath(path string, err error) error {
 	if strings.Contains(err.Error(), path) {
-		return err.Error()
+		return err
 	}
-	return fmt.Sprintf("import %s: %v", path, err)
+	return fmt.Errorf("import %s: %w", path, err)
 }
 
 // toCRIImage converts a stored image to its CRI form. The user is split into

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -82,7 +83,8 @@ func TestImportErrors(t *testing.T) {
 		{"empty", "", nil, codes.InvalidArgument, "absolute path"},
 		{"missing", missing, nil, codes.InvalidArgument, missing + ": no such file"},
 		{"bad reference", dir, fmt.Errorf("tag %q: %w", "A:B", image.ErrInvalidReference), codes.InvalidArgument, dir},
-		{"vanished", dir, fmt.Errorf("open %s/index.json: %w", dir, os.ErrNotExist), codes.InvalidArgument, dir + "/index.json"},
+		{"vanished", dir, fmt.Errorf("%w: open %s/index.json: %w", image.ErrInvalidReference, dir, os.ErrNotExist), codes.InvalidArgument, dir + "/index.json"},
+		{"disk full", dir, fmt.Errorf("write layer: %w", syscall.ENOSPC), codes.ResourceExhausted, "no space left"},
 		{"broken", dir, errors.New("layer sha256:12: digest mismatch"), codes.Internal, "import " + dir + ": layer"},
 		{"canceled", dir, context.Canceled, codes.Canceled, dir},
 	}

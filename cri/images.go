@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 
 	"github.com/berth-runtime/berth/image"
 	"google.golang.org/grpc/codes"
@@ -99,26 +98,4 @@ func (s *imageService) ImageFsInfo(context.Context, *runtimeapi.ImageFsInfoReque
 		UsedBytes:  &runtimeapi.UInt64Value{Value: u.UsedBytes},
 		InodesUsed: &runtimeapi.UInt64Value{Value: u.Inodes},
 	}}}, nil
-}
-
-// imageError maps an image package error to its gRPC code. field, when set,
-// names the request field a bad reference came from.
-func imageError(field string, err error) error {
-	code := codes.Internal
-	switch {
-	case errors.Is(err, image.ErrInvalidReference):
-		code = codes.InvalidArgument
-		if field != "" {
-			err = fmt.Errorf("%s: %w", field, err)
-		}
-	case errors.Is(err, image.ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, image.ErrUnauthorized):
-		code = codes.Unauthenticated
-	case errors.Is(err, image.ErrNoProgress), errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
 }

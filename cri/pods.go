@@ -3,7 +3,6 @@ package cri
 import (
 	"context"
 	"encoding/json"
-	"errors"
 
 	"github.com/berth-runtime/berth/sandbox"
 	"google.golang.org/grpc/codes"
@@ -21,7 +20,7 @@ func (r *RuntimeService) RunPodSandbox(ctx context.Context, req *runtimeapi.RunP
 	}
 	pod, err := r.pods.RunPod(ctx, req.Config)
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: pod.ID}, nil
 }
@@ -29,7 +28,7 @@ func (r *RuntimeService) RunPodSandbox(ctx context.Context, req *runtimeapi.RunP
 // StopPodSandbox is idempotent: an unknown or stopped pod is OK.
 func (r *RuntimeService) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
 	if err := r.pods.StopPod(ctx, req.GetPodSandboxId()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
@@ -37,7 +36,7 @@ func (r *RuntimeService) StopPodSandbox(ctx context.Context, req *runtimeapi.Sto
 // RemovePodSandbox is idempotent: an unknown pod is OK.
 func (r *RuntimeService) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
 	if err := r.pods.RemovePod(ctx, req.GetPodSandboxId()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
@@ -45,7 +44,7 @@ func (r *RuntimeService) RemovePodSandbox(ctx context.Context, req *runtimeapi.R
 func (r *RuntimeService) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
 	pod, err := r.pods.GetPod(req.GetPodSandboxId())
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	resp := &runtimeapi.PodSandboxStatusResponse{Status: podSandboxStatus(pod)}
 	if req.GetVerbose() {
@@ -75,7 +74,7 @@ func podSandboxStatus(pod *sandbox.Pod) *runtimeapi.PodSandboxStatus {
 func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
 	pods, err := r.pods.ListPods(podFilter(req.GetFilter()))
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	resp := &runtimeapi.ListPodSandboxResponse{}
 	for _, p := range pods {
@@ -85,26 +84,4 @@ func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListP
 		})
 	}
 	return resp, nil
-}
-
-// sandboxError maps a sandbox error to its gRPC code.
-func sandboxError(err error) error {
-	code := codes.Internal
-	switch {
-	case errors.Is(err, sandbox.ErrInvalid):
-		code = codes.InvalidArgument
-	case errors.Is(err, sandbox.ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, sandbox.ErrAlreadyExists):
-		code = codes.AlreadyExists
-	case errors.Is(err, sandbox.ErrFailedPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, sandbox.ErrResourceExhausted):
-		code = codes.ResourceExhausted
-	case errors.Is(err, sandbox.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
 }

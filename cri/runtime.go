@@ -185,7 +185,7 @@ func (r *RuntimeService) verboseConfig() verboseConfig {
 // the control plane has given the node one, for the pod network.
 func (r *RuntimeService) UpdateRuntimeConfig(_ context.Context, req *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
 	if err := r.pods.SetPodCIDR(req.GetRuntimeConfig().GetNetworkConfig().GetPodCidr()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
 }

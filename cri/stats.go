@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -14,11 +15,11 @@ import (
 func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
 	c, err := r.pods.GetContainer(req.GetContainerId())
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	st, ok, err := r.containerStats(c)
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	if !ok {
 		return nil, status.Errorf(codes.FailedPrecondition, "container %s is not running: it has no usage", c.ID)
@@ -31,7 +32,7 @@ func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.Conta
 func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
 	all, err := r.pods.ListContainers(ctx, containerStatsFilter(req.GetFilter()))
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	resp := &runtimeapi.ListContainerStatsResponse{}
 	for _, c := range all {
@@ -91,11 +92,11 @@ func memoryUsage(u sandbox.Usage) *runtimeapi.MemoryUsage {
 func (r *RuntimeService) PodSandboxStats(ctx context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
 	pod, err := r.pods.GetPod(req.GetPodSandboxId())
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	st, err := r.podStats(ctx, pod)
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return &runtimeapi.PodSandboxStatsResponse{Stats: st}, nil
 }
@@ -103,12 +104,12 @@ func (r *RuntimeService) PodSandboxStats(ctx context.Context, req *runtimeapi.Po
 func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
 	pods, err := r.pods.ListPods(podStatsFilter(req.GetFilter()))
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	resp := &runtimeapi.ListPodSandboxStatsResponse{}
 	for _, p := range pods {
 		st, err := r.podStats(ctx, p)
-		if errors.Is(err, sandbox.ErrNotFound) {
+		if errors.Is(err, errkind.NotFound) {
 			continue // removed meanwhile
 		}
 		if err != nil {

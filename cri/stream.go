@@ -218,7 +218,7 @@ func (r *RuntimeService) Exec(ctx context.Context, req *runtimeapi.ExecRequest) 
 		return nil, status.Error(codes.InvalidArgument, "cmd is required")
 	}
 	if err := r.pods.CheckRunning(ctx, req.GetContainerId()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	return r.stream.lib.GetExec(req)
 }
@@ -229,11 +229,11 @@ func (r *RuntimeService) Attach(ctx context.Context, req *runtimeapi.AttachReque
 		return nil, status.Error(codes.Unimplemented, "berthd runs without a streaming server")
 	}
 	if err := r.pods.CheckRunning(ctx, req.GetContainerId()); err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	c, err := r.pods.GetContainer(req.GetContainerId())
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	// A container created without stdin has nowhere to send it: refuse
 	// rather than drop what the client types.
@@ -250,7 +250,7 @@ func (r *RuntimeService) PortForward(ctx context.Context, req *runtimeapi.PortFo
 	}
 	pod, err := r.pods.GetPod(req.GetPodSandboxId())
 	if err != nil {
-		return nil, sandboxError(err)
+		return nil, grpcError(err)
 	}
 	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return nil, status.Errorf(codes.FailedPrecondition, "pod %s is not ready", pod.ID)

@@ -4,12 +4,12 @@
 package image
 
 import (
-	"errors"
 	"strings"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image/reference"
 )
 
@@ -56,17 +56,17 @@ type FsUsage struct {
 
 // ErrNotFound is returned (wrapped) when no stored image matches a reference,
 // or a registry has no such image.
-var ErrNotFound = errors.New("image not found")
+var ErrNotFound = errkind.New(errkind.NotFound, "image not found")
 
 // ErrInvalidReference is returned (wrapped) for a malformed image reference.
-var ErrInvalidReference = errors.New("invalid image reference")
+var ErrInvalidReference = errkind.New(errkind.Invalid, "invalid image reference")
 
 // ErrUnauthorized is returned (wrapped) when a registry refuses the credentials.
-var ErrUnauthorized = errors.New("unauthorized")
+var ErrUnauthorized = errkind.New(errkind.Unauthenticated, "unauthorized")
 
 // ErrNoProgress is returned (wrapped) when a pull moved no byte for longer
 // than its progress timeout.
-var ErrNoProgress = errors.New("no progress")
+var ErrNoProgress = errkind.New(errkind.DeadlineExceeded, "no progress")
 
 // Names returns how a container made from img should show its image to the
 // kubelet: name is the reference the user wrote (asked, or the first repo tag

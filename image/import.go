@@ -2,8 +2,10 @@ package image
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 
 	"github.com/berth-runtime/berth/image/reference"
@@ -41,6 +43,10 @@ func (s *Service) Import(ctx context.Context, path string) ([]*Image, error) {
 		err = s.importLayout(path, add)
 	} else {
 		err = importTarball(path, add)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		// Part of what the caller pointed at is missing.
+		err = fmt.Errorf("%w: import %s: %w", ErrInvalidReference, path, err)
 	}
 	if err == nil && len(out) == 0 {
 		err = fmt.Errorf("%w: import %s: no image for %s/%s", ErrNotFound, path, s.platform.OS, s.platform.Architecture)

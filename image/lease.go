@@ -21,7 +21,8 @@ func (s *Service) Lease(owner string, img *Image) ([]string, error) {
 			return nil, err
 		}
 		if !ok {
-			return nil, fmt.Errorf("image %s: layer %s is missing", img.ID, c)
+			// Removed since the caller looked the image up: pull it again.
+			return nil, fmt.Errorf("%w: image %s: layer %s was removed", ErrNotFound, img.ID, c)
 		}
 		dirs = append(dirs, s.snaps.Dir(snap))
 	}

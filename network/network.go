@@ -11,12 +11,14 @@ import (
 	"regexp"
 	"sync"
 	"time"
+
+	"github.com/berth-runtime/berth/cri/errkind"
 )
 
 // Errors callers tell apart (wrapped, with the details).
 var (
-	ErrPortInUse = errors.New("network: host port in use")
-	ErrNoAddress = errors.New("network: no free address")
+	ErrPortInUse = errkind.New(errkind.AlreadyExists, "network: host port in use")
+	ErrNoAddress = errkind.New(errkind.ResourceExhausted, "network: no free address")
 )
 
 // Config describes the built-in bridge network. Start from DefaultConfig:

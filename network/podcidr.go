@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/berth-runtime/berth/cri/errkind"
 )
 
 // Errors of SetPodCIDR callers tell apart (wrapped, with the details).
 var (
-	ErrBadPodCIDR   = errors.New("network: bad pod CIDR")
-	ErrSubnetInUse  = errors.New("network: pods hold addresses in the current subnet")
+	ErrBadPodCIDR   = errkind.New(errkind.Invalid, "network: bad pod CIDR")
+	ErrSubnetInUse  = errkind.New(errkind.FailedPrecondition, "network: pods hold addresses in the current subnet")
 	podCIDRFileName = "pod-cidr"
 )
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
@@ -46,13 +47,13 @@ func (m *Manager) podLayout(pod *Pod, c *Container, lowers []string) rootfs.Layo
 func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*Container, error) {
 	switch {
 	case cfg.GetMetadata().GetName() == "":
-		return nil, wrapf(ErrInvalid, "config.metadata.name is required")
+		return nil, errkind.Errorf(errkind.Invalid, "config.metadata.name is required")
 	case cfg.GetImage().GetImage() == "":
-		return nil, wrapf(ErrInvalid, "config.image.image is required")
+		return nil, errkind.Errorf(errkind.Invalid, "config.image.image is required")
 	}
 	// The kubelet sends NAME/RESTART.log: local, but not always one element.
 	if p := cfg.GetLogPath(); p != "" && !filepath.IsLocal(p) {
-		return nil, wrapf(ErrInvalid, "config.log_path %q: must be a relative path inside the pod's log_directory", p)
+		return nil, errkind.Errorf(errkind.Invalid, "config.log_path %q: must be a relative path inside the pod's log_directory", p)
 	}
 	if err := m.checkFeatures(cfg); err != nil {
 		return nil, err
@@ -60,13 +61,13 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	pod, unlock, err := m.lockPod(podID)
 	if pod == nil {
 		if err == nil {
-			err = wrapf(ErrNotFound, "pod %q", podID)
+			err = errkind.Errorf(errkind.NotFound, "pod %q", podID)
 		}
 		return nil, err
 	}
 	defer unlock()
 	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
-		return nil, wrapf(ErrFailedPrecondition, "pod %s is not ready", pod.ID)
+		return nil, errkind.Errorf(errkind.FailedPrecondition, "pod %s is not ready", pod.ID)
 	}
 	if err := checkContainerUserns(pod, cfg); err != nil {
 		return nil, err
@@ -76,13 +77,13 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}
 	img, err := m.opts.Images.Get(cfg.Image.Image)
 	if errors.Is(err, image.ErrNotFound) {
-		return nil, wrapf(ErrNotFound, "image %q: pull it first", cfg.Image.Image)
+		return nil, errkind.Errorf(errkind.NotFound, "image %q: pull it first", cfg.Image.Image)
 	}
 	if err != nil {
-		return nil, wrapf(ErrInvalid, "config.image.image: %v", err)
+		return nil, fmt.Errorf("config.image.image: %w", err)
 	}
 	if _, err := spec.StopSignal(img.Config.Config.StopSignal); err != nil {
-		return nil, wrapf(ErrInvalid, "image %s: StopSignal: %v", img.ID, err)
+		return nil, errkind.Errorf(errkind.Invalid, "image %s: StopSignal: %v", img.ID, err)
 	}
 	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
 		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now()}
@@ -184,7 +185,7 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string) (*specs.Spec, error) {
 	res, err := cgroups.SpecResources(c.Config.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
 	if err != nil {
-		return nil, wrapf(ErrInvalid, "config.linux.resources: %v", err)
+		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
 	}
 	ns := namespaceOptions(pod.Config)
 	in := spec.Input{
@@ -205,7 +206,7 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 	}
 	s, err := spec.Generate(in)
 	if err != nil {
-		return nil, wrapf(ErrInvalid, "%v", err)
+		return nil, errkind.Errorf(errkind.Invalid, "%v", err)
 	}
 	return s, nil
 }
@@ -217,7 +218,7 @@ func (m *Manager) reserveContainer(c *Container) error {
 	md := c.Config.Metadata
 	for _, o := range all {
 		if o.Config.Metadata.Name == md.Name && o.Config.Metadata.Attempt == md.Attempt {
-			return wrapf(ErrAlreadyExists, "container %q (attempt %d) already exists in pod %s as %s", md.Name, md.Attempt, c.PodID, o.ID)
+			return errkind.Errorf(errkind.AlreadyExists, "container %q (attempt %d) already exists in pod %s as %s", md.Name, md.Attempt, c.PodID, o.ID)
 		}
 	}
 	return m.saveContainer(c)
@@ -231,7 +232,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 	}
 	defer unlock()
 	if st := m.containerState(c); st.Status != shim.StatusCreated {
-		return wrapf(ErrFailedPrecondition, "container %s is %s, not created", c.ID, st.Status)
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s is %s, not created", c.ID, st.Status)
 	}
 	client, err := m.podShim(c.PodID)
 	if err != nil {
@@ -259,7 +260,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 // the CRI asks: an unknown container is OK.
 func (m *Manager) StopContainer(ctx context.Context, id string, timeout time.Duration) error {
 	c, unlock, err := m.lockContainer(id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, errkind.NotFound) {
 		return nil
 	}
 	if err != nil {
@@ -296,7 +297,7 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 	if err == nil && !exited {
 		// Stuck (frozen, or in the kernel): saying "stopped" would let the
 		// kubelet go on as if it were gone.
-		return fmt.Errorf("%w: container %s still runs %v after SIGKILL", ErrDeadlineExceeded, c.ID, killGrace)
+		return errkind.Errorf(errkind.DeadlineExceeded, "container %s still runs %v after SIGKILL", c.ID, killGrace)
 	}
 	return err
 }
@@ -331,7 +332,7 @@ func waitStopped(ctx context.Context, client *shim.Client, id string, d time.Dur
 // rootfs and writable layer. Removing an unknown container is not an error.
 func (m *Manager) RemoveContainer(ctx context.Context, id string) error {
 	c, unlock, err := m.lockContainer(id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, errkind.NotFound) {
 		return nil
 	}
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -84,7 +85,7 @@ func (h *eventHub) send(ev Event) {
 		case s.ch <- ev:
 		default:
 			delete(h.subs, s)
-			s.err = wrapf(ErrResourceExhausted, "event subscriber dropped: it left %d events unread", SubscriberBuffer)
+			s.err = errkind.Errorf(errkind.ResourceExhausted, "event subscriber dropped: it left %d events unread", SubscriberBuffer)
 			close(s.ch)
 		}
 	}

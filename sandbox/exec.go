@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
@@ -17,16 +18,16 @@ func (m *Manager) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	}
 	client, err := m.podShim(c.PodID)
 	if err != nil {
-		return shim.ExecResponse{}, wrapf(ErrFailedPrecondition, "container %s is not running: %v", c.ID, err)
+		return shim.ExecResponse{}, errkind.Errorf(errkind.FailedPrecondition, "container %s is not running: %v", c.ID, err)
 	}
 	res, err := client.Exec(ctx, shim.ExecRequest{ID: c.ID, Args: cmd, Timeout: timeout})
 	switch {
 	case errors.Is(err, shim.ErrNotRunning), shim.IsNotFound(err):
-		return res, wrapf(ErrFailedPrecondition, "container %s is not running", c.ID)
+		return res, errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
 	case errors.Is(err, shim.ErrOutputTooLarge):
-		return res, wrapf(ErrResourceExhausted, "exec in container %s: %v", c.ID, err)
+		return res, errkind.Errorf(errkind.ResourceExhausted, "exec in container %s: %v", c.ID, err)
 	case err == nil && res.TimedOut:
-		return res, wrapf(ErrDeadlineExceeded, "exec in container %s: command timed out after %s and was killed", c.ID, timeout)
+		return res, errkind.Errorf(errkind.DeadlineExceeded, "exec in container %s: command timed out after %s and was killed", c.ID, timeout)
 	}
 	return res, err
 }
@@ -43,7 +44,7 @@ func (m *Manager) ReopenLog(ctx context.Context, id string) error {
 		err = client.ReopenLog(ctx, c.ID)
 	}
 	if errors.Is(err, shim.ErrNotRunning) || shim.IsNotFound(err) || errors.Is(err, shim.ErrUnavailable) {
-		return wrapf(ErrFailedPrecondition, "container %s is not running", c.ID)
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
 	}
 	return err
 }

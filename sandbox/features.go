@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
 
@@ -76,7 +77,7 @@ func (m *Manager) Features() KernelFeatures { return m.features }
 func (m *Manager) checkFeatures(cfg *runtimeapi.ContainerConfig) error {
 	for _, mnt := range cfg.GetMounts() {
 		if mnt.GetRecursiveReadOnly() && !m.features.RecursiveReadOnlyMounts {
-			return wrapf(ErrInvalid, "mount %s: recursive_read_only needs mount_setattr (Linux 5.12 or later), which this kernel lacks",
+			return errkind.Errorf(errkind.Invalid, "mount %s: recursive_read_only needs mount_setattr (Linux 5.12 or later), which this kernel lacks",
 				mnt.GetContainerPath())
 		}
 	}

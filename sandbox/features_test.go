@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -15,7 +16,7 @@ func TestCheckFeaturesRefusesRecursiveReadOnlyWithoutMountSetattr(t *testing.T) 
 	}}
 	old := &Manager{}
 	err := old.checkFeatures(cfg)
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "mount /data: recursive_read_only") {
+	if !errors.Is(err, errkind.Invalid) || !strings.Contains(err.Error(), "mount /data: recursive_read_only") {
 		t.Fatalf("without mount_setattr: %v, want an invalid argument naming the mount and the field", err)
 	}
 	recent := &Manager{features: KernelFeatures{RecursiveReadOnlyMounts: true}}

@@ -1,12 +1,16 @@
 package sandbox
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/berth-runtime/berth/cri/errkind"
+)
 
 // Filter selects pods or containers in a list; its zero fields select
 // every one. It is the one filter behind every CRI list call.
 type Filter struct {
 	// ID and PodID (containers only) are a full ID or a unique prefix of
-	// one, as CLI users type them: a prefix of several is ErrInvalid, one
+	// one, as CLI users type them: a prefix of several is errkind.Invalid, one
 	// of none selects nothing.
 	ID, PodID string
 	// State is a runtimeapi.PodSandboxState or ContainerState.
@@ -37,7 +41,7 @@ func resolve(id *string, find func(string) (string, error)) (found bool, err err
 		return true, nil
 	}
 	full, err := find(*id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, errkind.NotFound) {
 		return false, nil
 	}
 	*id = full

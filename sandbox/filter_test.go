@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -46,7 +47,7 @@ func (m *Manager) addTestPod(t *testing.T, id string, state runtimeapi.PodSandbo
 }
 
 // TestListPodsFilter: IDs are full or unique prefixes; an ambiguous one is
-// ErrInvalid saying so, one of nothing lists nothing; state and labels AND.
+// errkind.Invalid saying so, one of nothing lists nothing; state and labels AND.
 func TestListPodsFilter(t *testing.T) {
 	m := testManager(t)
 	m.addTestPod(t, "aa11", runtimeapi.PodSandboxState_SANDBOX_READY, map[string]string{"app": "x"})
@@ -81,7 +82,7 @@ func TestListPodsFilter(t *testing.T) {
 		}
 	}
 	_, err := m.ListPods(Filter{ID: "aa"})
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `"aa" is ambiguous`) {
-		t.Errorf("ambiguous prefix: %v, want ErrInvalid saying so", err)
+	if !errors.Is(err, errkind.Invalid) || !strings.Contains(err.Error(), `"aa" is ambiguous`) {
+		t.Errorf("ambiguous prefix: %v, want errkind.Invalid saying so", err)
 	}
 }

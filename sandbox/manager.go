@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -159,8 +158,4 @@ func (t *timeline) step(name string) {
 	now := time.Now()
 	t.steps = append(t.steps, Step{Name: name, Duration: now.Sub(t.last)})
 	t.last = now
-}
-
-func wrapf(kind error, format string, args ...any) error {
-	return fmt.Errorf("%w: %s", kind, fmt.Sprintf(format, args...))
 }

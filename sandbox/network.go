@@ -48,14 +48,11 @@ func podIPs(pod *Pod) []string {
 	return append([]string{pod.IP}, pod.AdditionalIPs...)
 }
 
-// networkError sorts a network failure into the kind the CRI caller can act
-// on: a host port in use is a conflict, a full subnet is exhaustion.
+// networkError names the field a network failure came from; the network
+// chose its kind.
 func networkError(err error) error {
-	switch {
-	case errors.Is(err, network.ErrPortInUse):
-		return fmt.Errorf("%w: port_mappings: %v", ErrAlreadyExists, err)
-	case errors.Is(err, network.ErrNoAddress):
-		return fmt.Errorf("%w: %v", ErrResourceExhausted, err)
+	if errors.Is(err, network.ErrPortInUse) {
+		return fmt.Errorf("port_mappings: %w", err)
 	}
 	return fmt.Errorf("pod network: %w", err)
 }
@@ -66,12 +63,8 @@ func (m *Manager) SetPodCIDR(cidr string) error {
 	if cidr == "" {
 		return nil
 	}
-	err := m.opts.Network.SetPodCIDR(cidr)
-	switch {
-	case errors.Is(err, network.ErrBadPodCIDR):
-		return fmt.Errorf("%w: runtime_config.network_config.pod_cidr: %v", ErrInvalid, err)
-	case errors.Is(err, network.ErrSubnetInUse):
-		return fmt.Errorf("%w: %v", ErrFailedPrecondition, err)
+	if err := m.opts.Network.SetPodCIDR(cidr); err != nil {
+		return fmt.Errorf("runtime_config.network_config.pod_cidr: %w", err)
 	}
-	return err
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/spec"
@@ -33,11 +34,11 @@ func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig) (pauseCon
 	sc := cfg.GetLinux().GetSecurityContext()
 	filter, err := spec.PauseSeccomp(sc)
 	if err != nil {
-		return pauseConfinement{}, wrapf(ErrInvalid, "linux.security_context: %v", err)
+		return pauseConfinement{}, errkind.Errorf(errkind.Invalid, "linux.security_context: %v", err)
 	}
 	profile, err := spec.PauseAppArmor(sc, m.apparmor)
 	if err != nil {
-		return pauseConfinement{}, wrapf(ErrInvalid, "linux.security_context: %v", err)
+		return pauseConfinement{}, errkind.Errorf(errkind.Invalid, "linux.security_context: %v", err)
 	}
 	return pauseConfinement{seccomp: filter, apparmor: profile}, nil
 }
@@ -161,11 +162,11 @@ func (m *Manager) checkPause(ctx context.Context, pod *Pod) error {
 	}
 	client, err := m.podShim(pod.ID)
 	if err != nil {
-		return wrapf(ErrFailedPrecondition, "pod %s is not ready: %v", pod.ID, err)
+		return errkind.Errorf(errkind.FailedPrecondition, "pod %s is not ready: %v", pod.ID, err)
 	}
 	st, err := client.State(ctx, pauseID)
 	if err != nil || st.Status != shim.StatusRunning {
-		return wrapf(ErrFailedPrecondition, "pod %s is not ready: its pause process (PID 1 of the pod) is gone (%s, %v)", pod.ID, st.Status, err)
+		return errkind.Errorf(errkind.FailedPrecondition, "pod %s is not ready: its pause process (PID 1 of the pod) is gone (%s, %v)", pod.ID, st.Status, err)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -20,16 +21,16 @@ func validatePodConfig(cfg *runtimeapi.PodSandboxConfig) error {
 	md := cfg.GetMetadata()
 	switch {
 	case md == nil:
-		return wrapf(ErrInvalid, "config.metadata is required")
+		return errkind.Errorf(errkind.Invalid, "config.metadata is required")
 	case md.Name == "":
-		return wrapf(ErrInvalid, "config.metadata.name is required")
+		return errkind.Errorf(errkind.Invalid, "config.metadata.name is required")
 	case md.Namespace == "":
-		return wrapf(ErrInvalid, "config.metadata.namespace is required")
+		return errkind.Errorf(errkind.Invalid, "config.metadata.namespace is required")
 	case md.Uid == "":
-		return wrapf(ErrInvalid, "config.metadata.uid is required")
+		return errkind.Errorf(errkind.Invalid, "config.metadata.uid is required")
 	}
 	if dir := cfg.GetLogDirectory(); dir != "" && (!filepath.IsAbs(dir) || slices.Contains(strings.Split(dir, "/"), "..")) {
-		return wrapf(ErrInvalid, "config.log_directory %q: must be an absolute path without ..", dir)
+		return errkind.Errorf(errkind.Invalid, "config.log_directory %q: must be an absolute path without ..", dir)
 	}
 	return nil
 }
@@ -97,7 +98,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	nsOpts.Kinds = kinds
 	pins, err := podns.Create(nsOpts)
 	if err != nil {
-		return nil, wrapf(ErrInvalid, "namespaces: %v", err)
+		return nil, fmt.Errorf("namespaces: %w", err)
 	}
 	u.add("remove namespace pins", func() error { return podns.Remove(m.nsDir(pod.ID)) })
 	pod.Pins = map[string]string{}
@@ -137,7 +138,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
 	})
 	if err != nil {
-		return nil, wrapf(ErrInvalid, "pod files: %v", err)
+		return nil, fmt.Errorf("pod files: %w", err)
 	}
 	u.add("remove pod files", func() error { return podfiles.Remove(dir) })
 	pod.Files = map[string]string{"hosts": files.Hosts, "resolv": files.Resolv, "hostname": files.Hostname, "shm": files.Shm}
@@ -186,7 +187,7 @@ func (m *Manager) reservePod(pod *Pod) error {
 	for _, p := range m.state.listPods(Filter{}) {
 		o := p.Config.Metadata
 		if o.Name == md.Name && o.Namespace == md.Namespace && o.Uid == md.Uid && o.Attempt == md.Attempt {
-			return wrapf(ErrAlreadyExists, "pod %s/%s (uid %s, attempt %d) already exists as %s", md.Namespace, md.Name, md.Uid, md.Attempt, p.ID)
+			return errkind.Errorf(errkind.AlreadyExists, "pod %s/%s (uid %s, attempt %d) already exists as %s", md.Namespace, md.Name, md.Uid, md.Attempt, p.ID)
 		}
 	}
 	return m.savePod(pod)
@@ -210,7 +211,7 @@ func (m *Manager) StopPod(ctx context.Context, id string) error {
 func (m *Manager) lockPod(id string) (*Pod, func(), error) {
 	pod, err := m.GetPod(id)
 	if err != nil {
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, errkind.NotFound) {
 			err = nil
 		}
 		return nil, nil, err
@@ -218,7 +219,7 @@ func (m *Manager) lockPod(id string) (*Pod, func(), error) {
 	unlock := m.pods.lock(pod.ID)
 	if pod, err = m.GetPod(pod.ID); err != nil {
 		unlock()
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, errkind.NotFound) {
 			err = nil
 		}
 		return nil, nil, err
@@ -336,7 +337,7 @@ func (m *Manager) cgroupShared(pod *Pod) (bool, error) {
 }
 
 // GetPod returns the pod whose ID is id or starts with id (CLI users type
-// short IDs), or an error wrapping ErrNotFound.
+// short IDs), or an error wrapping errkind.NotFound.
 func (m *Manager) GetPod(id string) (*Pod, error) {
 	return m.state.pod(id)
 }

@@ -9,6 +9,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podns"
 )
 
@@ -21,10 +22,10 @@ func (m *Manager) PortForward(ctx context.Context, podID string, port int32, str
 		return err
 	}
 	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
-		return wrapf(ErrFailedPrecondition, "pod %s is not ready", pod.ID)
+		return errkind.Errorf(errkind.FailedPrecondition, "pod %s is not ready", pod.ID)
 	}
 	if port <= 0 || port > 65535 {
-		return wrapf(ErrInvalid, "port %d: must be 1 to 65535", port)
+		return errkind.Errorf(errkind.Invalid, "port %d: must be 1 to 65535", port)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
 	var conn net.Conn

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
@@ -40,7 +41,7 @@ func (m *Manager) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	}
 	client, err := m.podShim(c.PodID)
 	if err != nil {
-		return 0, wrapf(ErrFailedPrecondition, "container %s is not running: %v", c.ID, err)
+		return 0, errkind.Errorf(errkind.FailedPrecondition, "container %s is not running: %v", c.ID, err)
 	}
 	var p execPipes
 	defer p.close()
@@ -53,7 +54,7 @@ func (m *Manager) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	st, err := shim.StartStream(ctx, client.PodDir(), req, p.child)
 	switch {
 	case errors.Is(err, shim.ErrNotRunning), shim.IsNotFound(err):
-		return 0, wrapf(ErrFailedPrecondition, "container %s is not running", c.ID)
+		return 0, errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
 	case err != nil:
 		return 0, err
 	}
@@ -183,15 +184,15 @@ func resize(pty *os.File, size TermSize) {
 }
 
 // CheckRunning is nil when container id is running: the check before a
-// streaming URL is handed out. Unknown: ErrNotFound; not running:
-// ErrFailedPrecondition.
+// streaming URL is handed out. Unknown: errkind.NotFound; not running:
+// errkind.FailedPrecondition.
 func (m *Manager) CheckRunning(ctx context.Context, id string) error {
 	c, err := m.GetContainer(id)
 	if err != nil {
 		return err
 	}
 	if st := m.containerState(c); st.Status != shim.StatusRunning {
-		return wrapf(ErrFailedPrecondition, "container %s is not running (%s)", c.ID, st.Status)
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s is not running (%s)", c.ID, st.Status)
 	}
 	return nil
 }
@@ -207,7 +208,7 @@ func (m *Manager) Attach(ctx context.Context, id string, s ExecStreams) error {
 	}
 	client, err := m.podShim(c.PodID)
 	if err != nil {
-		return wrapf(ErrFailedPrecondition, "container %s is not running: %v", c.ID, err)
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s is not running: %v", c.ID, err)
 	}
 	var p execPipes
 	defer p.close()
@@ -218,7 +219,7 @@ func (m *Manager) Attach(ctx context.Context, id string, s ExecStreams) error {
 	st, err := shim.StartStream(ctx, client.PodDir(), req, p.child)
 	switch {
 	case errors.Is(err, shim.ErrNotRunning), shim.IsNotFound(err):
-		return wrapf(ErrFailedPrecondition, "container %s is not running", c.ID)
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
 	case err != nil:
 		return err
 	}

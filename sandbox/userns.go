@@ -3,6 +3,7 @@ package sandbox
 import (
 	"syscall"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -26,12 +27,12 @@ func podUserNS(cfg *runtimeapi.PodSandboxConfig, f KernelFeatures) (*runtimeapi.
 	switch o.GetMode() {
 	case runtimeapi.NamespaceMode_NODE:
 		if len(o.GetUids()) != 0 || len(o.GetGids()) != 0 {
-			return nil, wrapf(ErrInvalid, "%s: mode NODE takes no uids or gids", usernsField)
+			return nil, errkind.Errorf(errkind.Invalid, "%s: mode NODE takes no uids or gids", usernsField)
 		}
 		return nil, nil
 	case runtimeapi.NamespaceMode_POD:
 	default:
-		return nil, wrapf(ErrInvalid, "%s.mode %s: only NODE and POD are supported", usernsField, o.GetMode())
+		return nil, errkind.Errorf(errkind.Invalid, "%s.mode %s: only NODE and POD are supported", usernsField, o.GetMode())
 	}
 	if err := checkIDMapping(usernsField+".uids", o.GetUids()); err != nil {
 		return nil, err
@@ -40,7 +41,7 @@ func podUserNS(cfg *runtimeapi.PodSandboxConfig, f KernelFeatures) (*runtimeapi.
 		return nil, err
 	}
 	if !f.UserNamespaces {
-		return nil, wrapf(ErrFailedPrecondition, "%s.mode POD: this kernel cannot idmap mounts on berth's root folder, which user namespaces need (Status advertises user_namespaces false)", usernsField)
+		return nil, errkind.Errorf(errkind.FailedPrecondition, "%s.mode POD: this kernel cannot idmap mounts on berth's root folder, which user namespaces need (Status advertises user_namespaces false)", usernsField)
 	}
 	return o, nil
 }
@@ -50,13 +51,13 @@ func podUserNS(cfg *runtimeapi.PodSandboxConfig, f KernelFeatures) (*runtimeapi.
 func checkIDMapping(field string, m []*runtimeapi.IDMapping) error {
 	switch {
 	case len(m) != 1:
-		return wrapf(ErrInvalid, "%s: want exactly one mapping, got %d", field, len(m))
+		return errkind.Errorf(errkind.Invalid, "%s: want exactly one mapping, got %d", field, len(m))
 	case m[0].GetContainerId() != 0:
-		return wrapf(ErrInvalid, "%s: container ID 0 is not mapped (mapping starts at %d)", field, m[0].GetContainerId())
+		return errkind.Errorf(errkind.Invalid, "%s: container ID 0 is not mapped (mapping starts at %d)", field, m[0].GetContainerId())
 	case m[0].GetLength() == 0:
-		return wrapf(ErrInvalid, "%s: mapping length is 0", field)
+		return errkind.Errorf(errkind.Invalid, "%s: mapping length is 0", field)
 	case uint64(m[0].GetHostId())+uint64(m[0].GetLength()) > 1<<32-1:
-		return wrapf(ErrInvalid, "%s: host range %d+%d goes past the largest ID", field, m[0].GetHostId(), m[0].GetLength())
+		return errkind.Errorf(errkind.Invalid, "%s: host range %d+%d goes past the largest ID", field, m[0].GetHostId(), m[0].GetLength())
 	}
 	return nil
 }
@@ -81,7 +82,7 @@ func checkContainerUserns(pod *Pod, cfg *runtimeapi.ContainerConfig) error {
 		p = &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}
 	}
 	if !proto.Equal(c, p) {
-		return wrapf(ErrInvalid, "config.linux.security_context.namespace_options.userns_options: %v differs from the pod's %v", c, p)
+		return errkind.Errorf(errkind.Invalid, "config.linux.security_context.namespace_options.userns_options: %v differs from the pod's %v", c, p)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -21,18 +22,18 @@ func TestCheckUserns(t *testing.T) {
 	}{
 		{"unset", nil, nil, ""},
 		{"node", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}, nil, ""},
-		{"node-with-map", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE, Uids: good}, ErrInvalid, "mode NODE takes no uids"},
-		{"container", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_CONTAINER}, ErrInvalid, "mode CONTAINER"},
-		{"target", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_TARGET}, ErrInvalid, "mode TARGET"},
+		{"node-with-map", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE, Uids: good}, errkind.Invalid, "mode NODE takes no uids"},
+		{"container", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_CONTAINER}, errkind.Invalid, "mode CONTAINER"},
+		{"target", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_TARGET}, errkind.Invalid, "mode TARGET"},
 		{"two-gids", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: append(one(0, 1, 1), one(1, 5, 1)...)},
-			ErrInvalid, "gids: want exactly one"},
+			errkind.Invalid, "gids: want exactly one"},
 		{"root-unmapped", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: one(1, 100000, 10), Gids: good},
-			ErrInvalid, "uids: container ID 0 is not mapped"},
+			errkind.Invalid, "uids: container ID 0 is not mapped"},
 		{"empty", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: one(0, 100000, 0)},
-			ErrInvalid, "gids: mapping length is 0"},
+			errkind.Invalid, "gids: mapping length is 0"},
 		{"wraps", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: one(0, 1<<32-10, 20), Gids: good},
-			ErrInvalid, "uids: host range"},
-		{"pod-old-kernel", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: good}, ErrFailedPrecondition, "mode POD"},
+			errkind.Invalid, "uids: host range"},
+		{"pod-old-kernel", &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: good, Gids: good}, errkind.FailedPrecondition, "mode POD"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
@@ -76,7 +77,7 @@ func TestCheckContainerUserns(t *testing.T) {
 		"node-in-userns-pod": {podNS, node, false}, "userns-in-host-pod": {nil, podNS, false},
 	} {
 		err := checkContainerUserns(pod(c.pod), ctr(c.ctr))
-		if (err == nil) != c.ok || (err != nil && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "userns_options"))) {
+		if (err == nil) != c.ok || (err != nil && (!errors.Is(err, errkind.Invalid) || !strings.Contains(err.Error(), "userns_options"))) {
 			t.Errorf("%s: %v, want ok %v", name, err, c.ok)
 		}
 	}

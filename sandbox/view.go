@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	bolt "go.etcd.io/bbolt"
 )
@@ -154,7 +155,7 @@ func (v *view) container(id string) (*Container, shim.State, error) {
 // findID resolves a full ID or a unique prefix among the keys of m.
 func findID[T any](m map[string]T, kind, id string) (string, error) {
 	if id == "" {
-		return "", wrapf(ErrInvalid, "%s ID is required", kind)
+		return "", errkind.Errorf(errkind.Invalid, "%s ID is required", kind)
 	}
 	if _, ok := m[id]; ok {
 		return id, nil
@@ -163,13 +164,13 @@ func findID[T any](m map[string]T, kind, id string) (string, error) {
 	for k := range m {
 		if strings.HasPrefix(k, id) {
 			if found != "" {
-				return "", wrapf(ErrInvalid, "%s ID %q is ambiguous: it begins %s and %s", kind, id, found, k)
+				return "", errkind.Errorf(errkind.Invalid, "%s ID %q is ambiguous: it begins %s and %s", kind, id, found, k)
 			}
 			found = k
 		}
 	}
 	if found == "" {
-		return "", wrapf(ErrNotFound, "%s %q", kind, id)
+		return "", errkind.Errorf(errkind.NotFound, "%s %q", kind, id)
 	}
 	return found, nil
 }

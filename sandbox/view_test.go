@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -89,7 +90,7 @@ func TestSlowSubscriberDropped(t *testing.T) {
 	for range slow.C {
 		n++
 	}
-	if n != SubscriberBuffer || !errors.Is(slow.Err(), ErrResourceExhausted) {
-		t.Errorf("slow subscriber: %d events then %v; want %d then ErrResourceExhausted", n, slow.Err(), SubscriberBuffer)
+	if n != SubscriberBuffer || !errors.Is(slow.Err(), errkind.ResourceExhausted) {
+		t.Errorf("slow subscriber: %d events then %v; want %d then errkind.ResourceExhausted", n, slow.Err(), SubscriberBuffer)
 	}
 }

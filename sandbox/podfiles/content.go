@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -86,7 +87,7 @@ func resolvContent(dns *runtimeapi.DNSConfig) ([]byte, error) {
 	}
 	for _, s := range dns.GetServers() {
 		if _, err := netip.ParseAddr(s); err != nil {
-			return nil, fmt.Errorf("DNS server %q is not an IP address", s)
+			return nil, errkind.Errorf(errkind.Invalid, "DNS server %q is not an IP address", s)
 		}
 		fmt.Fprintf(&b, "nameserver %s\n", s)
 	}
@@ -100,7 +101,7 @@ func resolvContent(dns *runtimeapi.DNSConfig) ([]byte, error) {
 // line and in a file read by the kernel's sethostname limits (64 bytes).
 func checkHostname(name string) error {
 	if name == "" || len(name) > 64 || !isWord(name) {
-		return fmt.Errorf("podfiles: hostname %q is not a valid host name", name)
+		return errkind.Errorf(errkind.Invalid, "podfiles: hostname %q is not a valid host name", name)
 	}
 	return nil
 }
@@ -109,7 +110,7 @@ func checkHostname(name string) error {
 func checkWords(what string, words []string) error {
 	for _, w := range words {
 		if !isWord(w) {
-			return fmt.Errorf("%s %q is empty or has spaces or control characters", what, w)
+			return errkind.Errorf(errkind.Invalid, "%s %q is empty or has spaces or control characters", what, w)
 		}
 	}
 	return nil

@@ -1,15 +1,18 @@
 package podfiles
 
 import (
+	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // FuzzPodFiles builds hosts, resolv.conf and hostname from a CRI hostname,
 // pod IP and DNS config: whatever is accepted must not add a line to any of
-// them.
+// them, and whatever is refused is an invalid argument.
 func FuzzPodFiles(f *testing.F) {
 	f.Add("web-0", "10.1.2.3", "10.96.0.10", "default.svc.cluster.local", "ndots:5")
 	f.Add("a\nb", "::1", "fe80::1%eth0", "x y", "")
@@ -18,6 +21,11 @@ func FuzzPodFiles(f *testing.F) {
 		c, err := build(Options{Hostname: hostname, PodIPs: []string{ip},
 			DNS: &runtimeapi.DNSConfig{Servers: []string{server}, Searches: []string{search}, Options: []string{option}}})
 		if err != nil {
+			// The CRI fields are the caller's: refusing them is its error.
+			// The pod IP comes from berth's own network.
+			if _, ipErr := netip.ParseAddr(ip); ipErr == nil && !errors.Is(err, errkind.Invalid) {
+				t.Errorf("refused with %v, not an invalid argument", err)
+			}
 			return
 		}
 		lines := func(b []byte) int { return strings.Count(string(b), "\n") }

@@ -4,10 +4,10 @@ package podfiles
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -54,7 +54,7 @@ func Write(opts Options) (Files, error) {
 	}
 	size := opts.ShmSize
 	if size < 0 {
-		return Files{}, fmt.Errorf("podfiles: shm size %d is negative", size)
+		return Files{}, errkind.Errorf(errkind.Invalid, "podfiles: shm size %d is negative", size)
 	}
 	if size == 0 {
 		size = DefaultShmSize

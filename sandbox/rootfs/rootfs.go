@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -48,14 +50,12 @@ func Mount(l Layout) (err error) {
 	}
 	lowers := slices.Clone(l.Lowers)
 	if l.UserNS != "" {
-		trees, err := idmapLowers(l)
+		attached, err := idmapLowers(l)
 		if err != nil {
 			return err
 		}
-		defer closeAll(trees)
-		for i, fd := range trees {
-			lowers[i] = fmt.Sprintf("/proc/self/fd/%d", fd)
-		}
+		defer attached.release()
+		lowers = attached.paths
 	}
 	// overlayfs lists lower dirs top first.
 	slices.Reverse(lowers)
@@ -75,7 +75,7 @@ func Unmount(l Layout) error {
 	if err := unix.Unmount(l.Target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("rootfs: unmount %s: %w", l.Target, err)
 	}
-	var errs []error
+	errs := []error{detachIDMapped(l.Target + ".idmap")}
 	for _, d := range []string{l.Target, l.Upper, l.Work} {
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, err)
@@ -84,36 +84,104 @@ func Unmount(l Layout) error {
 	return errors.Join(errs...)
 }
 
-// idmapLowers makes a detached idmapped mount of each lower layer and
-// chowns Upper's root to the container's root.
+// idmappedLowers are the idmapped lower layers, attached for the time the
+// overlay is mounted: Linux before 6.5 refuses a detached mount as an
+// overlay layer ("failed to clone lowerpath"), so each detached idmapped tree
+// is moved onto a numbered folder of dir first. The overlay holds private
+// clones of its layers, so release detaches them again right after the
+// mount, and nothing of them outlives Mount.
+type idmappedLowers struct {
+	dir   *os.File // the folder holding the mount points, kept open for paths
+	paths []string // lowerdir paths through dir's descriptor, bottom first
+}
+
+// idmapLowers makes an idmapped mount of each lower layer, attached under
+// Target+".idmap", and chowns Upper's root to the container's root.
 //
 // Only the lower layers are idmapped: a root-owned image file then shows as
 // the container's root inside, and copy-up and new files land in Upper with
 // the container's host IDs (overlayfs creates them as the caller, whose
 // IDs are host IDs). Idmapping Upper too would store files as host root,
 // so that a file the container made would be root's, or setuid root, on
-// the host. The mounts are detached, held only by the overlay, and go away
-// with it: nothing to clean up.
-func idmapLowers(l Layout) ([]int, error) {
+// the host.
+func idmapLowers(l Layout) (a *idmappedLowers, err error) {
 	ns, err := os.Open(l.UserNS)
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: user namespace: %w", err)
 	}
 	defer ns.Close()
-	var trees []int
-	for _, d := range l.Lowers {
-		fd, err := IDMapTree(d, int(ns.Fd()))
-		if err != nil {
-			closeAll(trees)
-			return nil, err
-		}
-		trees = append(trees, fd)
-	}
-	if err := os.Lchown(l.Upper, l.RootUID, l.RootGID); err != nil {
-		closeAll(trees)
+	dir := l.Target + ".idmap"
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("rootfs: %w", err)
 	}
-	return trees, nil
+	a = &idmappedLowers{}
+	if a.dir, err = os.Open(dir); err != nil {
+		os.Remove(dir)
+		return nil, fmt.Errorf("rootfs: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			a.release()
+		}
+	}()
+	for i, d := range l.Lowers {
+		if err := a.attach(d, int(ns.Fd()), strconv.Itoa(i)); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Lchown(l.Upper, l.RootUID, l.RootGID); err != nil {
+		return nil, fmt.Errorf("rootfs: %w", err)
+	}
+	return a, nil
+}
+
+// attach mounts an idmapped view of layer on the folder name of a.dir. The
+// overlay option names it through the open folder's descriptor, which keeps
+// a lowerdir option short whatever the length of the state path.
+func (a *idmappedLowers) attach(layer string, usernsFD int, name string) error {
+	if err := os.Mkdir(filepath.Join(a.dir.Name(), name), 0o700); err != nil {
+		return fmt.Errorf("rootfs: %w", err)
+	}
+	tree, err := IDMapTree(layer, usernsFD)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tree)
+	if err := unix.MoveMount(tree, "", int(a.dir.Fd()), name, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("rootfs: attach idmapped %s: %w", layer, err)
+	}
+	a.paths = append(a.paths, fmt.Sprintf("/proc/self/fd/%d/%s", a.dir.Fd(), name))
+	return nil
+}
+
+// release detaches every attached layer and removes the folder.
+func (a *idmappedLowers) release() {
+	a.dir.Close()
+	detachIDMapped(a.dir.Name())
+}
+
+// detachIDMapped detaches the layer mounts under dir and removes it, also
+// after a crash between attach and release. Never RemoveAll: a mount point
+// still attached would lead it into an image layer.
+func detachIDMapped(dir string) error {
+	names, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	for _, n := range names {
+		p := filepath.Join(dir, n.Name())
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("rootfs: detach %s: %w", p, err))
+		}
+		if err := os.Remove(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // IDMapTree returns a detached bind mount of dir, idmapped through the user
@@ -130,10 +198,4 @@ func IDMapTree(dir string, usernsFD int) (int, error) {
 		return -1, fmt.Errorf("rootfs: idmap %s: %w", dir, err)
 	}
 	return fd, nil
-}
-
-func closeAll(fds []int) {
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
 }

@@ -1,14 +1,15 @@
 package rootfs
 
 import (
+	"errors"
 	"fmt"
-	"syscall"
-
-	"github.com/berth-runtime/berth/sandbox/podns"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/berth-runtime/berth/sandbox/podns"
 )
 
 func TestMountOverlay(t *testing.T) {
@@ -92,6 +93,13 @@ func TestMountIDMapped(t *testing.T) {
 			return err
 		}
 		defer Unmount(l)
+		// The idmapped layers were attached only for the overlay mount.
+		if _, err := os.Stat(l.Target + ".idmap"); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("idmapped layer folder left after the mount: %v", err)
+		}
+		if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), ".idmap/") {
+			t.Errorf("idmapped layer still attached:\n%s", mi)
+		}
 		for _, name := range []string{"a", "."} {
 			var st syscall.Stat_t
 			if err := syscall.Stat(filepath.Join(l.Target, name), &st); err != nil || st.Uid != 300000 || st.Gid != 300000 {
