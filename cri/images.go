@@ -49,7 +49,13 @@ func (s *imageService) ImageStatus(_ context.Context, req *runtimeapi.ImageStatu
 	}
 	resp := &runtimeapi.ImageStatusResponse{Image: toCRIImage(img)}
 	if req.GetVerbose() {
-		info, err := json.Marshal(map[string]any{"config": img.Config, "chainIDs": img.ChainIDs, "manifests": img.Manifests, "created": img.Created})
+		// leases: the containers holding the image's layers.
+		leases, err := s.images.LeaseOwnersOf(img)
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		info, err := json.Marshal(map[string]any{"config": img.Config, "chainIDs": img.ChainIDs, "manifests": img.Manifests,
+			"created": img.Created, "leases": leases})
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "image %s: %v", img.ID, err)
 		}

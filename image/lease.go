@@ -61,6 +61,29 @@ func (s *Service) LeaseOwners() ([]string, error) {
 	return owners, err
 }
 
+// LeaseOwnersOf lists the owners whose lease holds img's layers: the
+// containers made from it.
+func (s *Service) LeaseOwnersOf(img *Image) ([]string, error) {
+	if len(img.ChainIDs) == 0 {
+		return nil, nil
+	}
+	top := img.ChainIDs[len(img.ChainIDs)-1]
+	var owners []string
+	err := s.opts.DB.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(leasesBucket).ForEach(func(k, v []byte) error {
+			var ids []string
+			if err := json.Unmarshal(v, &ids); err != nil {
+				return fmt.Errorf("lease %s: %w", k, err)
+			}
+			if len(ids) > 0 && ids[len(ids)-1] == top {
+				owners = append(owners, string(k))
+			}
+			return nil
+		})
+	})
+	return owners, err
+}
+
 // leasedChainIDs lists every chain ID some owner holds.
 func leasedChainIDs(tx *bolt.Tx) (map[string]bool, error) {
 	used := map[string]bool{}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/reference"
 	"github.com/berth-runtime/berth/image/registry"
@@ -174,6 +175,7 @@ func (s *Service) Remove(ref string) error {
 	if err != nil {
 		return err
 	}
+	crashpoint.Hit("remove image: record deleted")
 	s.requestGC()
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/unpack"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/gzip"
@@ -96,6 +97,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	if err := s.content.Put(id, cfgRaw); err != nil {
 		return nil, err
 	}
+	crashpoint.Hit("pull: config stored")
 	for _, b := range keep {
 		d := digest.FromBytes(b)
 		if err := s.content.Put(d, b); err != nil {
@@ -114,6 +116,9 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 		rec, err = s.images.record(tx, rec, n)
 		return err
 	})
+	if err == nil {
+		crashpoint.Hit("pull: image recorded")
+	}
 	return rec, err
 }
 
@@ -222,6 +227,7 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	if _, err := s.snaps.Commit(chainID, dir, stats.Bytes, stats.Inodes); err != nil {
 		return err
 	}
+	crashpoint.Hit("pull: layer stored")
 	s.log.Debug("unpacked layer", "diffID", diffID, "bytes", stats.Bytes, "duration", time.Since(start))
 	return nil
 }

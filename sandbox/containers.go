@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/podns"
@@ -94,7 +95,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := m.reserveContainer(c); err != nil {
 		return nil, err
 	}
-	u := &undo{log: m.log}
+	u := &undo{log: m.log, op: "create container"}
 	defer u.run()
 	u.add("forget container record", func() error { return m.deleteContainerRecord(c.ID) })
 
@@ -104,11 +105,13 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	u.add("release image layers", func() error { return m.opts.Images.Release(c.ID) })
-	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(pod.ID, c.ID)} {
-		if err := privateDir(d); err != nil {
+	for _, d := range []struct{ path, undo string }{
+		{m.layerDir(c.ID), "remove writable layer folder"}, {m.bundleDir(pod.ID, c.ID), "remove bundle folder"},
+	} {
+		if err := privateDir(d.path); err != nil {
 			return nil, err
 		}
-		u.add("remove "+d, func() error { return os.RemoveAll(d) })
+		u.add(d.undo, func() error { return os.RemoveAll(d.path) })
 	}
 	if err := openToPodRoot(m.bundleDir(pod.ID, c.ID), pod); err != nil {
 		return nil, err
@@ -156,6 +159,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := m.saveContainer(c); err != nil {
 		return nil, err
 	}
+	crashpoint.Hit("create container: recorded") // the reply may be lost
 	u.keep()
 	m.publish(EventContainerCreated, c.PodID, c.ID)
 	m.metrics.observeTimeline("container", c.Timeline)
@@ -244,6 +248,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 		return err
 	}
 	m.setContainerState(c.PodID, st)
+	crashpoint.Hit("start container: started")
 	t.step("start")
 	m.metrics.observeTimeline("container", t.steps)
 	// The start joins the create's phases in the timeline verbose status
@@ -284,20 +289,31 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 			sig = syscall.SIGTERM // checked at create; a record from before cannot be worse
 		}
 		if err := client.Kill(ctx, c.ID, sig, false); err != nil {
-			return err
+			return ignoreNeverMade(err)
 		}
+		crashpoint.Hit("stop container: signalled")
 		if exited, err := m.waitExit(ctx, client, c, timeout); err != nil || exited {
 			return err
 		}
 	}
 	if err := client.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil {
-		return err
+		return ignoreNeverMade(err)
 	}
 	exited, err := m.waitExit(ctx, client, c, killGrace)
 	if err == nil && !exited {
 		// Stuck (frozen, or in the kernel): saying "stopped" would let the
 		// kubelet go on as if it were gone.
 		return errkind.Errorf(errkind.DeadlineExceeded, "container %s still runs %v after SIGKILL", c.ID, killGrace)
+	}
+	return err
+}
+
+// ignoreNeverMade: a container the shim does not know, while its pod is
+// locked, was recorded and never made in the shim (berthd died during its
+// create). There is nothing to stop.
+func ignoreNeverMade(err error) error {
+	if shim.IsNotFound(err) {
+		return nil
 	}
 	return err
 }
@@ -350,15 +366,18 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 		if err := client.Delete(ctx, c.ID); err != nil && !shim.IsNotFound(err) && !errors.Is(err, shim.ErrUnavailable) {
 			return err
 		}
+		crashpoint.Hit("remove container: deleted in shim")
 	}
 	if err := rootfs.Unmount(m.layout(c, nil)); err != nil {
 		return err
 	}
+	crashpoint.Hit("remove container: rootfs unmounted")
 	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(c.PodID, c.ID)} {
 		if err := os.RemoveAll(d); err != nil {
 			return err
 		}
 	}
+	crashpoint.Hit("remove container: folders removed")
 	m.layers.forget(c.ID)
 	m.metrics.forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
@@ -366,6 +385,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 	if err := m.opts.Images.Release(c.ID); err != nil {
 		return err
 	}
+	crashpoint.Hit("remove container: image released")
 	if err := m.deleteContainerRecord(c.ID); err != nil {
 		return err
 	}

@@ -3,12 +3,15 @@ package sandbox
 import (
 	"log/slog"
 	"slices"
+
+	"github.com/berth-runtime/berth/cri/crashpoint"
 )
 
 // undo collects the steps that roll back a half-done operation, so a failure
 // at any point leaves nothing behind.
 type undo struct {
 	log   *slog.Logger
+	op    string // the operation, naming its crash points
 	steps []undoStep
 }
 
@@ -17,7 +20,13 @@ type undoStep struct {
 	fn   func() error
 }
 
-func (u *undo) add(what string, fn func() error) { u.steps = append(u.steps, undoStep{what, fn}) }
+// add records how to undo the step just done. Right after a step is where a
+// crash leaves the most behind: each is a crash point, named after its undo
+// ("run pod: remove namespace pins").
+func (u *undo) add(what string, fn func() error) {
+	u.steps = append(u.steps, undoStep{what, fn})
+	crashpoint.Hit(u.op + ": " + what)
+}
 
 // run undoes every recorded step, last first, logging (not returning) what
 // fails: the caller is already returning the original error.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berth-runtime/berth/cri/crashpoint"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 )
@@ -191,6 +192,7 @@ func (s *Store) Remove(chainID string) error {
 	if err != nil || snap.Name == "" {
 		return err
 	}
+	crashpoint.Hit("collect image garbage: snapshot record deleted")
 	return os.RemoveAll(filepath.Join(s.root, snap.Name))
 }
 

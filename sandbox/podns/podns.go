@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"golang.org/x/sys/unix"
 )
 
@@ -116,7 +117,7 @@ func validate(opts Options) error {
 	}
 	// HOST_NAME_MAX; sethostname would fail later with a vaguer EINVAL.
 	if len(opts.Hostname) > 64 {
-		return fmt.Errorf("podns: hostname %q is longer than 64 bytes", opts.Hostname)
+		return errkind.Errorf(errkind.Invalid, "podns: hostname %q is longer than 64 bytes", opts.Hostname)
 	}
 	for key := range opts.Sysctls {
 		kind, err := sysctlKind(key)
@@ -124,7 +125,7 @@ func validate(opts Options) error {
 			return err
 		}
 		if !have[kind] {
-			return fmt.Errorf("podns: sysctl %q needs the pod's own %s namespace, which is not created (host namespace?)", key, kind)
+			return errkind.Errorf(errkind.Invalid, "podns: sysctl %q needs the pod's own %s namespace, which is not created (host namespace?)", key, kind)
 		}
 	}
 	return nil

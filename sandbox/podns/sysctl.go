@@ -2,9 +2,9 @@ package podns
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,7 +36,7 @@ func sysctlPath(key string) (string, error) {
 	rel := swapDots(dotted(key))
 	for part := range strings.SplitSeq(rel, "/") {
 		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, "\x00\n") {
-			return "", fmt.Errorf("podns: sysctl %q: malformed key", key)
+			return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q: malformed key", key)
 		}
 	}
 	return "/proc/sys/" + rel, nil
@@ -58,9 +58,9 @@ func sysctlKind(key string) (Kind, error) {
 	case d == "kernel.domainname":
 		return UTS, nil
 	case d == "kernel.hostname":
-		return "", fmt.Errorf("podns: sysctl %q: set Options.Hostname instead", key)
+		return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q: set Options.Hostname instead", key)
 	}
-	return "", fmt.Errorf("podns: sysctl %q is not namespaced", key)
+	return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q is not namespaced", key)
 }
 
 // writeSysctl must run on the thread inside the pod's namespaces: files
@@ -72,9 +72,11 @@ func writeSysctl(key, value string) error {
 		return err
 	}
 	// Raw syscalls keep the open and write on this locked thread.
+	// The key and value are the caller's: the kernel refusing either (no
+	// such key, a value it does not take) is the caller's error.
 	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("podns: sysctl %q: %w", key, err)
+		return errkind.Errorf(errkind.Invalid, "podns: sysctl %q: %w", key, err)
 	}
 	defer unix.Close(fd)
 	n, err := unix.Write(fd, []byte(value))
@@ -82,7 +84,7 @@ func writeSysctl(key, value string) error {
 		err = errors.New("short write")
 	}
 	if err != nil {
-		return fmt.Errorf("podns: sysctl %q=%q: %w", key, value, err)
+		return errkind.Errorf(errkind.Invalid, "podns: sysctl %q=%q: %w", key, value, err)
 	}
 	return nil
 }

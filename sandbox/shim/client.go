@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/rpc"
@@ -147,13 +148,28 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 
 // Exec runs a command in the container and returns its output. Output
 // beyond MaxOutput gives an error that matches ErrOutputTooLarge.
+//
+// When ctx ends first, the shim is told to kill the command: nobody reads
+// its output any more.
 func (c *Client) Exec(ctx context.Context, req ExecRequest) (ExecResponse, error) {
+	req.Token = rand.Text()
 	var r ExecResponse
-	if err := c.call(ctx, "Exec", &req, &r); err != nil {
+	err := c.call(ctx, "Exec", &req, &r)
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		cancelCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelTimeout)
+		defer cancel()
+		if cerr := c.call(cancelCtx, "CancelExec", &CancelRequest{Token: req.Token}, &Empty{}); cerr != nil {
+			err = fmt.Errorf("%w (and the shim was not told to stop the command: %v)", err, cerr)
+		}
+	}
+	if err != nil {
 		return ExecResponse{}, err
 	}
 	return r, nil
 }
+
+// cancelTimeout bounds telling the shim that a caller has gone.
+const cancelTimeout = 5 * time.Second
 
 // ReopenLog makes the shim reopen the container's CRI log file (rotation).
 func (c *Client) ReopenLog(ctx context.Context, id string) error {

@@ -111,6 +111,13 @@ type ExecRequest struct {
 	Timeout time.Duration
 	// MaxOutput caps stdout+stderr; 0 means DefaultMaxOutput.
 	MaxOutput int
+	// Token names the exec for CancelExec; set by the client.
+	Token string
+}
+
+// CancelRequest names an exec whose caller has gone.
+type CancelRequest struct {
+	Token string
 }
 
 // ExecResponse is the outcome of an Exec.

@@ -1,6 +1,7 @@
 package shim_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -211,6 +212,22 @@ func TestExecTimeoutKillsTree(t *testing.T) {
 		t.Fatalf("timed-out exec took %v", d)
 	}
 	for _, marker := range []string{"987651", "987652"} {
+		eventually(t, "no process with "+marker, func() bool { return len(procsWithArg(marker)) == 0 })
+	}
+}
+
+// TestExecCallerGone: an exec without a timeout whose caller gives up is
+// killed with what it started, not left running and buffering its output.
+func TestExecCallerGone(t *testing.T) {
+	p := newPod(t)
+	p.run("c", []string{"sleep", "1000"})
+	ctx, cancel := context.WithTimeout(ctxT(t), 500*time.Millisecond)
+	defer cancel()
+	_, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"sh", "-c", "sleep 987653 & yes marker-5c1d | sleep 987654"}})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("exec: %v, want the caller's deadline", err)
+	}
+	for _, marker := range []string{"987653", "987654", "marker-5c1d"} {
 		eventually(t, "no process with "+marker, func() bool { return len(procsWithArg(marker)) == 0 })
 	}
 }

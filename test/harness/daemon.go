@@ -57,7 +57,7 @@ func runMain(m *testing.M, env string) int {
 			binaries.dir = dir
 			return m.Run()
 		}
-		dir, err := buildBinaries()
+		dir, err := buildBinaries(env == "BERTH_INTEGRATION")
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "harness: %v\n", err)
 			return 1
@@ -111,7 +111,10 @@ func ModuleRoot() (string, error) {
 // seccomp support with libseccomp).
 const ShimBuildTags = "netgo,osusergo,seccomp"
 
-func buildBinaries() (string, error) {
+// buildBinaries builds berthd, berthctl and berth-shim into a temp folder;
+// crashpoints builds berthd with its crash points (cri/crashpoint), which
+// the integration tests drive and benchmarks must not pay for.
+func buildBinaries(crashpoints bool) (string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return "", err
@@ -123,6 +126,9 @@ func buildBinaries() (string, error) {
 	args := []string{"build", "-o", dir + "/"}
 	if os.Getenv("BERTH_RACE") == "1" {
 		args = append(args, "-race")
+	}
+	if crashpoints {
+		args = append(args, "-tags", "crashpoints")
 	}
 	args = append(args, "./cmd/berthd", "./cmd/berthctl")
 	// The shim runs as the pods' pause process inside an empty rootfs, so it
@@ -157,12 +163,15 @@ type Options struct {
 	Root, State, Socket string
 	// Args are extra berthd flags.
 	Args []string
+	// Env is added to berthd's environment ("BERTH_CRASHPOINT=...").
+	Env []string
 }
 
 // Daemon is a berthd started by StartDaemon.
 type Daemon struct {
 	t    testing.TB
 	args []string
+	env  []string
 
 	// Root, State, Socket and Config are what berthd was started with.
 	Root, State, Socket, Config string
@@ -200,7 +209,7 @@ func (b *SyncBuffer) String() string {
 // newDaemon lays out the folders and config file of a berthd, without starting it.
 func newDaemon(t testing.TB, o Options) *Daemon {
 	t.Helper()
-	d := &Daemon{t: t, Root: o.Root, State: o.State, Socket: o.Socket, logs: &SyncBuffer{}}
+	d := &Daemon{t: t, Root: o.Root, State: o.State, Socket: o.Socket, env: o.Env, logs: &SyncBuffer{}}
 	if d.Root == "" {
 		d.Root = t.TempDir()
 	}
@@ -268,6 +277,7 @@ func (d *Daemon) spawn() {
 	d.t.Helper()
 	cmd := exec.Command(BinaryPath(d.t, "berthd"), d.args...)
 	cmd.Stdout, cmd.Stderr = d.logs, d.logs
+	cmd.Env = append(os.Environ(), d.env...)
 	// berthd must not outlive a crashed test binary.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -443,6 +453,15 @@ func (d *Daemon) Kill() {
 func (d *Daemon) Restart() {
 	d.t.Helper()
 	d.Stop()
+	d.start()
+}
+
+// RestartEnv is Restart with env, from now on, as the extra environment
+// instead of Options.Env.
+func (d *Daemon) RestartEnv(env ...string) {
+	d.t.Helper()
+	d.Stop()
+	d.env = env
 	d.start()
 }
 

@@ -118,6 +118,22 @@ func (e *podEnv) network(t *testing.T) (bridge string, subnet *net.IPNet) {
 	return m[1], subnet
 }
 
+// builtinBridge is the bridge of the built-in network, if this daemon runs
+// it and it exists (not in CNI mode).
+func (e *podEnv) builtinBridge(t *testing.T) (string, bool) {
+	t.Helper()
+	b, err := os.ReadFile(e.d.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`bridge = "([^"]+)"`).FindStringSubmatch(string(b))
+	if m == nil {
+		return "", false
+	}
+	_, err = netlink.LinkByName(m[1])
+	return m[1], err == nil
+}
+
 // bridgePorts counts the veths attached to the daemon's bridge.
 func (e *podEnv) bridgePorts(t *testing.T) int {
 	t.Helper()

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -263,7 +264,47 @@ func (e *podEnv) assertNoLeaks(t *testing.T) {
 	if pids := harness.LiveProcessesWithArg(t, podsRoot); len(pids) != 0 {
 		t.Errorf("shim processes still alive: %v", pids)
 	}
-	harness.AssertNoLeaks(t, e.d.Root)
+	if leases := e.leases(t); len(leases) != 0 {
+		t.Errorf("IP leases left: %v", leases)
+	}
+	if bridge, ok := e.builtinBridge(t); ok {
+		if n := linksOn(t, bridge); n != 0 {
+			t.Errorf("%d veths left on bridge %s", n, bridge)
+		}
+	}
+	harness.AssertNoLeaks(t, e.d.Root, harness.WantSnapshots(e.storedLayers(t)))
+}
+
+// storedLayers counts the distinct layers of the images berthd lists, and
+// checks that no container holds a lease on any of them any more.
+func (e *podEnv) storedLayers(t *testing.T) int {
+	t.Helper()
+	list, err := e.d.Images.ListImages(t.Context(), &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		t.Fatalf("ListImages: %v", err)
+	}
+	layers := map[string]bool{}
+	for _, img := range list.Images {
+		resp, err := e.d.Images.ImageStatus(t.Context(), &runtimeapi.ImageStatusRequest{
+			Image: &runtimeapi.ImageSpec{Image: img.Id}, Verbose: true})
+		if err != nil {
+			t.Fatalf("ImageStatus %s: %v", img.Id, err)
+		}
+		var info struct {
+			ChainIDs []string `json:"chainIDs"`
+			Leases   []string `json:"leases"`
+		}
+		if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil {
+			t.Fatalf("image %s verbose info: %v", img.Id, err)
+		}
+		if len(info.Leases) != 0 {
+			t.Errorf("image %s still leased by %v", img.Id, info.Leases)
+		}
+		for _, c := range info.ChainIDs {
+			layers[c] = true
+		}
+	}
+	return len(layers)
 }
 
 // mountPoints lists the mount points of this mount namespace.

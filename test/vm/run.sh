@@ -50,9 +50,11 @@ cgroup_tests='^Test(Pod|Container|UpdateContainerResources|RuntimeVersionStatusC
 integration_run=${BERTH_VM_RUN:-.}
 [[ $integration_run == cgroup ]] && integration_run=$cgroup_tests
 # Load tests whose deadlines assume real CPUs: 50 pods started at once need
-# more than the shim's 10 s ready timeout on 2 emulated CPUs. Nothing in
-# them depends on the cgroup version; the host tier runs them.
-tcg_too_slow='^TestConcurrentPodsGetDistinctIPs$'
+# more than the shim's 10 s ready timeout on 2 emulated CPUs. And the crash
+# point walk: some 30 berthd restarts, minutes under TCG, and a berthd built
+# with crash points. Nothing in them depends on the cgroup version; the
+# host tier runs them.
+tcg_too_slow='^(TestConcurrentPodsGetDistinctIPs|TestCrashPoints)$'
 integration_skip=${BERTH_VM_SKIP-$tcg_too_slow}
 vm_init=${BERTH_VM_INIT:-busybox}
 # Under systemd: the tests of the systemd driver (cgroups/systemd_test.go,

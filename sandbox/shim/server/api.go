@@ -48,6 +48,11 @@ func (a *API) Exec(req *shim.ExecRequest, r *shim.ExecResponse) (err error) {
 	return err
 }
 
+func (a *API) CancelExec(req *shim.CancelRequest, _ *shim.Empty) error {
+	a.s.cancelExec(req.Token)
+	return nil
+}
+
 func (a *API) Update(req *shim.UpdateRequest, _ *shim.Empty) error {
 	return a.s.update(req)
 }

@@ -18,6 +18,8 @@ import (
 )
 
 func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
+	cancelled := s.trackExec(req.Token)
+	defer s.cancelExec(req.Token)
 	c, err := s.runningCtr(req.ID, req.Args)
 	if err != nil {
 		return shim.ExecResponse{}, err
@@ -67,6 +69,11 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 	case <-out.over:
 		killTree(proc, pid)
 		e = <-exited
+	case <-cancelled:
+		// Nobody waits for the output: stop the command rather than keep
+		// buffering it until it ends.
+		killTree(proc, pid)
+		e = <-exited
 	}
 	out.finish(drainLimit)
 	if out.total > 1<<20 {
@@ -82,6 +89,34 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 }
 
 var errNoCommand = errors.New("exec: no command")
+
+// trackExec returns what closes when the exec named token is cancelled (a
+// nil channel, never ready, for an exec without a token).
+func (s *Server) trackExec(token string) <-chan struct{} {
+	if token == "" {
+		return nil
+	}
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.execs[token] = ch
+	s.mu.Unlock()
+	return ch
+}
+
+// cancelExec tells the exec named token that its caller has gone, and
+// forgets the token (the exec calls it too, when it ends). A cancel that
+// overtakes its exec on the way in finds nothing: that exec runs its course.
+func (s *Server) cancelExec(token string) {
+	if token == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch, ok := s.execs[token]; ok {
+		close(ch)
+		delete(s.execs, token)
+	}
+}
 
 // runningCtr is the container an exec of args runs in; it must be running.
 func (s *Server) runningCtr(id string, args []string) (*ctr, error) {

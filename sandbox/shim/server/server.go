@@ -32,6 +32,7 @@ type Server struct {
 	ctrs     map[string]*ctr
 	creating map[string]bool
 	events   *eventLog
+	execs    map[string]chan struct{} // by token: closed when the caller has gone
 	quit     chan struct{}
 	quitOnce sync.Once
 }
@@ -56,6 +57,7 @@ func Run(dir string, ready *os.File) error {
 		ctrs:     map[string]*ctr{},
 		creating: map[string]bool{},
 		events:   newEventLog(),
+		execs:    map[string]chan struct{}{},
 		quit:     make(chan struct{}),
 	}
 	// The bundles below Containers must be reachable by a container's init

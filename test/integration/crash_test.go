@@ -1,0 +1,212 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-runtime/berth/test/harness"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// TestCrashPoints kills berthd (SIGKILL, from inside: cri/crashpoint) at
+// every crash point a pod's and an image's life passes, restarts it, lets a
+// kubelet-style client retry and clean up, and checks that no container the
+// client was told about is lost and that no mount, link, IP lease, cgroup,
+// pin, shim, image lease or snapshot is left over.
+//
+// The points are learned, not listed: a first run logs every point it
+// passes, so a point added to the code is walked without touching the test.
+func TestCrashPoints(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	// An image with a layer of its own, so that its pull stores a layer and
+	// its removal collects one.
+	p := e.reg.Push(t, "berth/busybox:crash", harness.BusyboxImage(t, harness.ImageSpec{
+		Layers: [][]harness.File{{harness.Reg("crash", "crash test layer\n", 0o644)}}}))
+	w := &crashWorkload{e: e, image: p.Name}
+
+	log := filepath.Join(t.TempDir(), "points")
+	e.d.RestartEnv("BERTH_CRASHPOINT_LOG=" + log)
+	if err := w.run(t, 0); err != nil {
+		t.Fatalf("the workload without a crash: %v", err)
+	}
+	w.waitCollected(t)
+	points := loggedPoints(t, log)
+	if len(points) == 0 {
+		t.Fatal("berthd logged no crash point: was it built with the crashpoints tag?")
+	}
+	for i, point := range points {
+		if t.Failed() {
+			break // one leak would show at every later point too
+		}
+		t.Logf("crash point %d/%d: %s", i+1, len(points), point)
+		w.crashAt(t, point, uint32(i+1))
+	}
+	t.Logf("walked %d crash points", len(points))
+}
+
+// crashWorkload is one pod's life as the kubelet drives it, with the pull
+// and the removal of its image.
+type crashWorkload struct {
+	e     *podEnv
+	image string
+	// created are the containers CreateContainer answered for and the
+	// client has not removed: a crash must not lose them.
+	created []string
+}
+
+// run goes through the workload once, as attempt; the first failing call
+// ends it (berthd died).
+func (w *crashWorkload) run(t *testing.T, attempt uint32) error {
+	rt, img := w.e.d.Runtime, w.e.d.Images
+	c := t.Context()
+	spec := &runtimeapi.ImageSpec{Image: w.image}
+	if _, err := img.PullImage(c, &runtimeapi.PullImageRequest{Image: spec}); err != nil {
+		return err
+	}
+	cfg := w.e.podConfig("crash")
+	cfg.Metadata.Attempt = attempt
+	pod, err := rt.RunPodSandbox(c, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	if err != nil {
+		return err
+	}
+	cc := w.e.ctrConfig("crash", "/bin/sh", "-c", `trap "exit 0" TERM; while :; do sleep 0.1; done`)
+	cc.Image = spec
+	cc.Metadata.Attempt = attempt
+	ctr, err := rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: cc, SandboxConfig: cfg})
+	if err != nil {
+		return err
+	}
+	w.created = append(w.created, ctr.ContainerId)
+	steps := []func() error{
+		func() error {
+			_, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId})
+			return err
+		},
+		func() error {
+			_, err := rt.StopContainer(c, &runtimeapi.StopContainerRequest{ContainerId: ctr.ContainerId, Timeout: 10})
+			return err
+		},
+		func() error {
+			_, err := rt.RemoveContainer(c, &runtimeapi.RemoveContainerRequest{ContainerId: ctr.ContainerId})
+			if err == nil {
+				w.created = slices.DeleteFunc(w.created, func(id string) bool { return id == ctr.ContainerId })
+			}
+			return err
+		},
+		func() error {
+			_, err := rt.StopPodSandbox(c, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+			return err
+		},
+		func() error {
+			_, err := rt.RemovePodSandbox(c, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+			return err
+		},
+		func() error {
+			_, err := img.RemoveImage(c, &runtimeapi.RemoveImageRequest{Image: spec})
+			return err
+		},
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// crashAt runs the workload with berthd set to die at point, restarts it,
+// checks that nothing the client knew of is lost, retries the workload as
+// the next attempt, cleans up what the crash left the way the kubelet's
+// garbage collection would, and checks for leaks.
+func (w *crashWorkload) crashAt(t *testing.T, point string, attempt uint32) {
+	d := w.e.d
+	d.RestartEnv("BERTH_CRASHPOINT=" + point)
+	// A point of the background image collection comes after the last call.
+	if err := w.run(t, attempt*2); err != nil && status.Code(err) != codes.Unavailable {
+		t.Errorf("at %q: a call failed with %v, not because berthd died: %v", point, status.Code(err), err)
+	}
+	select {
+	case <-d.Done():
+	case <-time.After(10 * time.Second):
+		t.Errorf("berthd did not reach crash point %q", point)
+	}
+	d.RestartEnv()
+
+	listed := w.e.listContainerIDs(t, nil)
+	for _, id := range w.created {
+		if !slices.Contains(listed, id) {
+			t.Errorf("at %q: container %s, created before the crash, is lost", point, id)
+		}
+	}
+	if err := w.run(t, attempt*2+1); err != nil {
+		t.Errorf("at %q: the retry after the restart failed: %v", point, err)
+	}
+	w.cleanUp(t)
+	w.waitCollected(t)
+	w.e.assertNoLeaks(t)
+	if mounts := mountsMentioning(".idmap"); len(mounts) != 0 {
+		t.Errorf("idmapped layers left attached: %v", mounts)
+	}
+}
+
+// cleanUp removes every pod and container berthd lists, and the workload's
+// image, as the kubelet's garbage collection does with what it no longer
+// wants.
+func (w *crashWorkload) cleanUp(t *testing.T) {
+	c, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	rt := w.e.d.Runtime
+	for _, id := range w.e.listContainerIDs(t, nil) {
+		if _, err := rt.RemoveContainer(c, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Errorf("RemoveContainer %s after the crash: %v", id, err)
+		}
+	}
+	w.created = nil
+	for _, id := range w.e.listPodIDs(t, nil) {
+		if _, err := rt.StopPodSandbox(c, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Errorf("StopPodSandbox %s after the crash: %v", id, err)
+		}
+		if _, err := rt.RemovePodSandbox(c, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Errorf("RemovePodSandbox %s after the crash: %v", id, err)
+		}
+	}
+	if _, err := w.e.d.Images.RemoveImage(c, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: w.image}}); err != nil {
+		t.Errorf("RemoveImage after the crash: %v", err)
+	}
+}
+
+// waitCollected waits until the background collection has removed the
+// layers of removed images: the snapshot folders are those of the stored
+// images again.
+func (w *crashWorkload) waitCollected(t *testing.T) {
+	t.Helper()
+	want := w.e.storedLayers(t)
+	if !eventually(10*time.Second, func() bool { return len(harness.Leaks(w.e.d.Root, harness.WantSnapshots(want))) == 0 }) {
+		t.Errorf("layers not collected: %v", harness.Leaks(w.e.d.Root, harness.WantSnapshots(want)))
+	}
+}
+
+// loggedPoints reads the crash points a run passed, each once, in order.
+func loggedPoints(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("crash point log: %v", err)
+	}
+	var points []string
+	for p := range strings.Lines(string(b)) {
+		if p = strings.TrimSuffix(p, "\n"); !slices.Contains(points, p) {
+			points = append(points, p)
+		}
+	}
+	return points
+}
