@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -171,8 +172,8 @@ func TestPodNamesStopRemoveAndEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.RunPod(ctx, hostPodConfig("p")); !errors.Is(err, ErrAlreadyExists) {
-		t.Errorf("second run of the same metadata: %v, want ErrAlreadyExists", err)
+	if _, err := m.RunPod(ctx, hostPodConfig("p")); !errors.Is(err, errkind.AlreadyExists) {
+		t.Errorf("second run of the same metadata: %v, want errkind.AlreadyExists", err)
 	}
 	for range 2 {
 		if err := m.StopPod(ctx, pod.ID[:8]); err != nil {
@@ -195,8 +196,8 @@ func TestPodNamesStopRemoveAndEvents(t *testing.T) {
 			t.Errorf("RemovePod(unknown %s): %v", id, err)
 		}
 	}
-	if _, err := m.GetPod(pod.ID); !errors.Is(err, ErrNotFound) {
-		t.Errorf("GetPod after remove: %v, want ErrNotFound", err)
+	if _, err := m.GetPod(pod.ID); !errors.Is(err, errkind.NotFound) {
+		t.Errorf("GetPod after remove: %v, want errkind.NotFound", err)
 	}
 	if len(cg.live) != 0 {
 		t.Errorf("cgroups left: %v", cg.live)
