@@ -7,6 +7,8 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -46,6 +48,8 @@ type RuntimeService struct {
 	pods    *sandbox.Manager
 	network NetworkStatus
 	stream  *StreamServer // nil: Exec, Attach, PortForward are Unimplemented
+	// registries is cfg.Registries until SetRegistries replaces it.
+	registries atomic.Pointer[map[string]registry.Host]
 }
 
 // NetworkStatus reports whether the pod network can take pods, and why not.
@@ -59,7 +63,15 @@ func NewRuntimeService(cfg Config, pods *sandbox.Manager, network NetworkStatus)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &RuntimeService{cfg: cfg, pods: pods, network: network}
+	r := &RuntimeService{cfg: cfg, pods: pods, network: network}
+	r.registries.Store(&cfg.Registries)
+	return r
+}
+
+// SetRegistries replaces the registry settings verbose Status shows
+// (berthd's SIGHUP reload).
+func (r *RuntimeService) SetRegistries(hosts map[string]registry.Host) {
+	r.registries.Store(&hosts)
 }
 
 // WithStreams makes Exec, Attach and PortForward hand out URLs of s.
@@ -166,19 +178,27 @@ func (r *RuntimeService) verboseConfig() verboseConfig {
 		Network:      r.cfg.NetworkMode,
 		Metrics:      r.cfg.MetricsAddress,
 	}
-	if len(r.cfg.Registries) > 0 {
-		v.Registries = make(map[string]verboseRegistry, len(r.cfg.Registries))
-		for host, h := range r.cfg.Registries {
+	if regs := *r.registries.Load(); len(regs) > 0 {
+		v.Registries = make(map[string]verboseRegistry, len(regs))
+		for host, h := range regs {
 			v.Registries[host] = verboseRegistry{
 				Mirrors:     h.Mirrors,
 				PlainHTTP:   h.PlainHTTP,
-				CAFile:      h.CAFile,
+				CAFile:      strings.Join(caFiles(h), ", "),
 				SkipVerify:  h.SkipVerify,
 				Credentials: h.Username != "" || h.Password != "",
 			}
 		}
 	}
 	return v
+}
+
+// caFiles are a host's CA bundles: its ca_file, then a hosts.toml's ca.
+func caFiles(h registry.Host) []string {
+	if h.CAFile == "" {
+		return h.CAFiles
+	}
+	return append([]string{h.CAFile}, h.CAFiles...)
 }
 
 // UpdateRuntimeConfig takes the node's pod CIDR, which the kubelet sends once

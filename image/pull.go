@@ -111,12 +111,15 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 	defer watch.Close()
 	defer func() { s.metrics.pulled(start, watch.bytes.Load(), err) }()
 
-	endpoints, err := s.resolver.Endpoints(r.Domain, auth.config())
+	endpoints, err := s.resolver.Load().Endpoints(r.Domain, auth.config())
 	if err != nil {
 		return nil, err
 	}
 	var errs []error
 	for _, ep := range endpoints {
+		if ep.PullOnly && r.Digest == "" {
+			continue // may not resolve tags (hosts.toml capabilities)
+		}
 		desc, img, err := s.fetchManifest(ctx, ep, r, watch)
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil {

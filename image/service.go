@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
@@ -39,8 +40,8 @@ type Service struct {
 	log      *slog.Logger
 	content  *content.Store
 	snaps    *snapshot.Store
-	resolver *registry.Resolver
-	images   *images // the records, in memory
+	resolver atomic.Pointer[registry.Resolver] // replaced by SetRegistries
+	images   *images                           // the records, in memory
 	platform v1.Platform
 	metrics  *metrics // nil: no metrics
 
@@ -62,6 +63,18 @@ type Service struct {
 	gcStop    chan struct{}
 	gcDone    chan struct{}
 	closeOnce sync.Once
+}
+
+// SetRegistries replaces the registry settings (berthd's SIGHUP): pulls
+// that start from now on use them, pulls under way finish with the old.
+// Invalid settings change nothing.
+func (s *Service) SetRegistries(hosts map[string]registry.Host) error {
+	r, err := registry.NewResolver(hosts)
+	if err != nil {
+		return err
+	}
+	s.resolver.Store(r)
+	return nil
 }
 
 // New opens the stores under opts.Root, dropping what a crash left unfinished
@@ -96,12 +109,13 @@ func New(opts Options) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		opts: opts, log: opts.Logger, content: cs, snaps: snaps, resolver: resolver,
+		opts: opts, log: opts.Logger, content: cs, snaps: snaps,
 		platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
 		inflight: map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
 		held: map[string]int{}, removing: map[string]bool{},
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
+	s.resolver.Store(resolver)
 	s.holdCond = sync.NewCond(&s.holdMu)
 	if s.images, err = loadImages(opts.DB); err != nil {
 		return nil, err

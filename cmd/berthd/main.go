@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -136,15 +137,16 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		}
 	}()
 
-	srv := cri.NewServer(cri.ServerOptions{
-		Socket: cfg.Socket,
+	runtime := cri.NewRuntimeService(cri.Config{
+		Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
+		CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
+		NetworkMode: cfg.Network.Mode, MetricsAddress: metrics.Addr(),
 		Logger: log.With("component", "cri"),
-		Runtime: cri.NewRuntimeService(cri.Config{
-			Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
-			CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
-			NetworkMode: cfg.Network.Mode, MetricsAddress: metrics.Addr(),
-			Logger: log.With("component", "cri"),
-		}, pods, podNet).WithStreams(streams),
+	}, pods, podNet).WithStreams(streams)
+	srv := cri.NewServer(cri.ServerOptions{
+		Socket:    cfg.Socket,
+		Logger:    log.With("component", "cri"),
+		Runtime:   runtime,
 		Images:    cri.NewImageService(images),
 		Extension: cri.NewExtensionServer(images),
 		Metrics:   metrics.Registerer(),
@@ -154,24 +156,51 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
 	go metrics.serve(log)
 	log.Info("berthd serving", "socket", cfg.Socket, "stream", streams.Addr(), "metrics", metrics.Addr(), "version", cri.RuntimeVersion,
 		"root", cfg.Root, "state", cfg.State, "network", cfg.Network.Mode, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
 
-	select {
-	case sig := <-sigs:
-		log.Info("stopping", "signal", sig.String())
-		srv.Shutdown(stopTimeout)
-		<-served
-		log.Info("stopped")
-		return nil
-	case err := <-served:
-		srv.Shutdown(stopTimeout)
-		return fmt.Errorf("serve: %w", err)
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				reloadRegistries(cfg, log, images, runtime)
+				continue
+			}
+			log.Info("stopping", "signal", sig.String())
+			srv.Shutdown(stopTimeout)
+			<-served
+			log.Info("stopped")
+			return nil
+		case err := <-served:
+			srv.Shutdown(stopTimeout)
+			return fmt.Errorf("serve: %w", err)
+		}
 	}
+}
+
+// reloadRegistries reads the config file (and its config_path folder)
+// again and applies its registry settings: pulls from then on use them.
+// A file with any problem changes nothing. Other settings need a restart.
+func reloadRegistries(cfg *config.Config, log *slog.Logger, images *image.Service, runtime *cri.RuntimeService) {
+	next, err := config.Load(cfg.Path, cfg.PathMustExist)
+	if err == nil {
+		err = images.SetRegistries(next.Registries)
+	}
+	if err != nil {
+		log.Error("SIGHUP: registry settings not reloaded, the old ones stay", "err", err)
+		return
+	}
+	runtime.SetRegistries(next.Registries)
+	hosts := make([]string, 0, len(next.Registries))
+	for h := range next.Registries {
+		hosts = append(hosts, h)
+	}
+	slices.Sort(hosts)
+	log.Info("SIGHUP: registry settings reloaded (other settings take a restart)", "config", cfg.Path, "hosts", hosts)
 }
 
 // newPodNetwork builds the network of [network] mode: the built-in bridge,

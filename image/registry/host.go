@@ -18,4 +18,18 @@ type Host struct {
 	// Username/Password are used when the CRI request carries no credentials.
 	Username string `toml:"username"`
 	Password string `toml:"password"`
+
+	// What containerd's hosts.toml can say and berth's tables do not
+	// (LoadHostsDir fills them in).
+
+	// CAFiles are PEM bundles trusted in addition to CAFile.
+	CAFiles []string `toml:"-"`
+	// ClientCerts are [certificate, key] PEM file pairs offered to the host;
+	// one file may hold both (then the pair names it twice).
+	ClientCerts [][2]string `toml:"-"`
+	// Headers are sent with every request to the host.
+	Headers map[string][]string `toml:"-"`
+	// PullOnly: the host serves blobs and manifests by digest but must not
+	// resolve tags (a hosts.toml mirror without the "resolve" capability).
+	PullOnly bool `toml:"-"`
 }

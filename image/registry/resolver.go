@@ -28,6 +28,8 @@ type Endpoint struct {
 	// CredentialsWithheld is set when credentials exist for this endpoint
 	// but it is plain HTTP to another machine, so they are not sent.
 	CredentialsWithheld bool
+	// PullOnly: only references by digest may be fetched here.
+	PullOnly bool
 }
 
 // Repository names path inside this endpoint, in go-containerregistry terms.
@@ -69,16 +71,16 @@ func NewResolver(hosts map[string]Host) (*Resolver, error) {
 // for domain only: a mirror gets its own configured credentials, never them.
 func (r *Resolver) Endpoints(domain string, creds *authn.AuthConfig) ([]Endpoint, error) {
 	var eps []Endpoint
-	for _, m := range r.hosts[domain].Mirrors {
+	for _, m := range r.config(domain).Mirrors {
 		host, plain, _ := ParseMirror(m)
-		ep, err := r.endpoint(host, plain || r.hosts[host].PlainHTTP, nil)
+		ep, err := r.endpoint(host, plain || r.config(host).PlainHTTP, nil)
 		if err != nil {
 			return nil, err
 		}
-		ep.Mirror = true
+		ep.Mirror, ep.PullOnly = true, r.config(host).PullOnly
 		eps = append(eps, ep)
 	}
-	ep, err := r.endpoint(domain, r.hosts[domain].PlainHTTP, creds)
+	ep, err := r.endpoint(domain, r.config(domain).PlainHTTP, creds)
 	if err != nil {
 		return nil, err
 	}
@@ -102,12 +104,21 @@ func (r *Resolver) endpoint(host string, plain bool, creds *authn.AuthConfig) (E
 	return ep, nil
 }
 
+// config is host's own settings, else those of DefaultHost ("_default"),
+// which stand for every host without its own.
+func (r *Resolver) config(host string) Host {
+	if h, ok := r.hosts[host]; ok {
+		return h
+	}
+	return r.hosts[DefaultHost]
+}
+
 // credentials are the request's creds if any, else host's own from the config.
 func (r *Resolver) credentials(host string, creds *authn.AuthConfig) (authn.AuthConfig, bool) {
 	if creds != nil && *creds != (authn.AuthConfig{}) {
 		return *creds, true
 	}
-	if c := r.hosts[host]; c.Username != "" {
+	if c := r.config(host); c.Username != "" {
 		return authn.AuthConfig{Username: c.Username, Password: c.Password}, true
 	}
 	return authn.AuthConfig{}, false
@@ -129,37 +140,66 @@ func IsLoopback(hostport string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// transport returns the shared transport for host, honouring ca_file and
-// skip_verify.
+// transport returns the shared transport for host, honouring its CA
+// files, skip_verify, client certificates and headers.
 func (r *Resolver) transport(host string) (http.RoundTripper, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if t, ok := r.transports[host]; ok {
 		return t, nil
 	}
-	h := r.hosts[host]
+	h := r.config(host)
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = 16
-	if h.CAFile != "" || h.SkipVerify {
+	cas := h.CAFiles
+	if h.CAFile != "" {
+		cas = append([]string{h.CAFile}, cas...)
+	}
+	if len(cas) > 0 || h.SkipVerify || len(h.ClientCerts) > 0 {
 		cfg := &tls.Config{InsecureSkipVerify: h.SkipVerify} //nolint:gosec // operator's explicit choice
-		if h.CAFile != "" {
+		if len(cas) > 0 {
 			pool, err := x509.SystemCertPool()
 			if err != nil {
 				pool = x509.NewCertPool()
 			}
-			pem, err := os.ReadFile(h.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("ca_file: %w", err)
-			}
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("ca_file %s: no PEM certificate found", h.CAFile)
+			for _, ca := range cas {
+				pem, err := os.ReadFile(ca)
+				if err != nil {
+					return nil, fmt.Errorf("ca_file: %w", err)
+				}
+				if !pool.AppendCertsFromPEM(pem) {
+					return nil, fmt.Errorf("ca_file %s: no PEM certificate found", ca)
+				}
 			}
 			cfg.RootCAs = pool
 		}
+		for _, pair := range h.ClientCerts {
+			cert, err := tls.LoadX509KeyPair(pair[0], pair[1])
+			if err != nil {
+				return nil, fmt.Errorf("client certificate %s: %w", pair[0], err)
+			}
+			cfg.Certificates = append(cfg.Certificates, cert)
+		}
 		t.TLSClientConfig = cfg
 	}
-	r.transports[host] = limitRedirects(t)
+	var rt http.RoundTripper = t
+	if len(h.Headers) > 0 {
+		rt = withHeaders(t, h.Headers)
+	}
+	r.transports[host] = limitRedirects(rt)
 	return r.transports[host], nil
+}
+
+// withHeaders sets the configured headers on every request (on a copy:
+// a RoundTripper must not change its caller's request).
+func withHeaders(base http.RoundTripper, headers map[string][]string) http.RoundTripper {
+	return RoundTripFunc(func(req *http.Request) (*http.Response, error) {
+		req = req.Clone(req.Context())
+		for k, v := range headers {
+			req.Header[http.CanonicalHeaderKey(k)] = v
+		}
+		return base.RoundTrip(req)
+	})
 }
 
 // maxRedirects is how many redirects one request may follow, as net/http's

@@ -56,6 +56,7 @@ type Registry struct {
 	fetches  map[string]int   // GETs by digest, after auth
 	tokens   map[string]bool  // bearer tokens that grant access
 	requests []string         // "GET /v2/… 200", in order
+	headers  []http.Header    // of each request, in order
 	pushed   int              // len(requests) after the last Push: what the tests did starts there
 	users    []string         // user names of the basic credentials received, in order
 	inFlight int              // blob GETs being served now
@@ -178,6 +179,17 @@ func (r *Registry) CredentialUsers() []string {
 	return append([]string(nil), r.users...)
 }
 
+// HeaderValues lists the values of header name over the requests so far.
+func (r *Registry) HeaderValues(name string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, h := range r.headers {
+		out = append(out, h.Values(name)...)
+	}
+	return out
+}
+
 // Requests lists the requests served so far as "METHOD PATH STATUS".
 func (r *Registry) Requests() []string {
 	r.mu.Lock()
@@ -262,6 +274,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	defer func() {
 		r.mu.Lock()
 		r.requests = append(r.requests, fmt.Sprintf("%s %s %d", req.Method, req.URL.Path, rec.status))
+		r.headers = append(r.headers, req.Header.Clone())
 		r.mu.Unlock()
 	}()
 	w = rec

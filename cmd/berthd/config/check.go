@@ -36,8 +36,7 @@ func Check(path string) ([]Problem, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := Default()
-	md, err := toml.Decode(string(b), c)
+	c, md, err := decode(b)
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -33,8 +34,20 @@ type Config struct {
 	Network    Network `toml:"network"`
 	Stream     Stream  `toml:"stream"`
 	Metrics    Metrics `toml:"metrics"`
-	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000").
-	Registries map[string]registry.Host `toml:"registry"`
+	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000"):
+	// the [registry."HOST"] tables over the hosts of RegistryConfigPath.
+	Registries map[string]registry.Host `toml:"-"`
+	// RegistryConfigPath is [registry] config_path: a containerd certs.d
+	// folder (hosts.toml per registry host).
+	RegistryConfigPath string `toml:"-"`
+	// RawRegistry is the [registry] table as written: config_path and one
+	// table per host, told apart by decodeRegistry.
+	RawRegistry map[string]toml.Primitive `toml:"registry"`
+
+	// Path is the file the configuration was read from (reloaded on
+	// SIGHUP), and PathMustExist whether it had to exist.
+	Path          string `toml:"-"`
+	PathMustExist bool   `toml:"-"`
 }
 
 // Network holds the [network] table: which pod network (Mode), the
@@ -139,16 +152,27 @@ func Default() *Config {
 // Load reads the TOML file at path over the defaults. When mustExist is false a
 // missing file is not an error (berthd runs without one at the default path).
 func Load(path string, mustExist bool) (*Config, error) {
-	c := Default()
-	md, err := toml.DecodeFile(path, c)
+	c, err := load(path, mustExist)
+	if c != nil {
+		c.Path, c.PathMustExist = path, mustExist
+	}
+	return c, err
+}
+
+func load(path string, mustExist bool) (*Config, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) && !mustExist {
-			return c, nil
+			return Default(), nil
 		}
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err // the path is already named once
 		}
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	c, md, err := decode(b)
+	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	if un := md.Undecoded(); len(un) > 0 {
@@ -160,6 +184,36 @@ func Load(path string, mustExist bool) (*Config, error) {
 	}
 	c.Network.SubnetSet = md.IsDefined("network", "subnet")
 	return c, nil
+}
+
+// decode reads a file's bytes over the defaults, as berthd reads them.
+func decode(b []byte) (*Config, toml.MetaData, error) {
+	c := Default()
+	md, err := toml.Decode(string(b), c)
+	if err != nil {
+		return nil, md, err
+	}
+	return c, md, c.decodeRegistry(md)
+}
+
+// decodeRegistry splits [registry]: config_path, and a table per host.
+func (c *Config) decodeRegistry(md toml.MetaData) error {
+	c.Registries = map[string]registry.Host{}
+	for k, prim := range c.RawRegistry {
+		if k == "config_path" {
+			if err := md.PrimitiveDecode(prim, &c.RegistryConfigPath); err != nil {
+				return fmt.Errorf("registry.config_path: %w", err)
+			}
+			continue
+		}
+		var h registry.Host
+		if err := md.PrimitiveDecode(prim, &h); err != nil {
+			return fmt.Errorf("registry.%q: %w", k, err)
+		}
+		c.Registries[k] = h
+	}
+	c.RawRegistry = nil
+	return nil
 }
 
 // SlogLevel maps the validated log_level to a slog level.

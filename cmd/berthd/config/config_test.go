@@ -55,11 +55,12 @@ func writeCA(t *testing.T) string {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := Load(filepath.Join(t.TempDir(), "absent.toml"), false)
+	absent := filepath.Join(t.TempDir(), "absent.toml")
+	c, err := Load(absent, false)
 	if err != nil {
 		t.Fatalf("missing file at the default path: %v", err)
 	}
-	want := &Config{
+	want := &Config{Path: absent,
 		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
 		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs",
 		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000},
@@ -143,6 +144,7 @@ skip_verify = false
 			"127.0.0.1:5000": {PlainHTTP: true},
 			"reg.internal":   {CAFile: ca},
 		},
+		Path: p, PathMustExist: true,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)

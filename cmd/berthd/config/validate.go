@@ -103,7 +103,32 @@ func (c *Config) validate() error {
 	for _, h := range hosts {
 		validateHost(&p, h, c.Registries[h])
 	}
+	if c.RegistryConfigPath != "" {
+		c.Registries = c.withHostsDir(&p)
+	}
 	return p.err()
+}
+
+// withHostsDir is Registries over the hosts of config_path, each checked as
+// the registry resolver will use it (CA and client files read). berth's
+// own tables win: a host they name is taken from them whole.
+func (c *Config) withHostsDir(p *problems) map[string]registry.Host {
+	bad := func(err error) map[string]registry.Host {
+		p.add(badValue("registry.config_path", c.RegistryConfigPath, err))
+		return c.Registries
+	}
+	if err := absPath(c.RegistryConfigPath); err != nil {
+		return bad(err)
+	}
+	dir, err := registry.LoadHostsDir(c.RegistryConfigPath)
+	if err != nil {
+		return bad(err)
+	}
+	merged := registry.MergeHosts(c.Registries, dir)
+	if _, err := registry.NewResolver(merged); err != nil {
+		return bad(err)
+	}
+	return merged
 }
 
 func (s *Stream) validate(p *problems) {

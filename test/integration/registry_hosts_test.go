@@ -1,0 +1,121 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
+)
+
+// writeHostsTOML writes DIR/HOST/hosts.toml.
+func writeHostsTOML(t *testing.T, dir, host, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, host), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, host, "hosts.toml"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestContainerdHostsDir: a containerd certs.d tree is honoured: a host's
+// mirror (with its headers) and _default's mirror for every other host
+// serve pulls of registries nobody answers for; berth's own table for a
+// host wins over the folder's.
+func TestContainerdHostsDir(t *testing.T) {
+	harness.RequireIntegration(t)
+	live := harness.NewRegistry(t)
+	img := harness.BusyboxImage(t, harness.ImageSpec{})
+	p := live.Push(t, "berth/busybox:certsd", img)
+	unreachable := harness.FreePort(t) // a registry host nobody answers on
+	other := harness.FreePort(t)
+	own := harness.FreePort(t)
+
+	dir := t.TempDir()
+	writeHostsTOML(t, dir, unreachable, `server = "http://`+unreachable+`"
+
+[host."`+live.URL()+`"]
+  capabilities = ["pull", "resolve"]
+  [host."`+live.URL()+`".header]
+    x-berth-certsd = "mirror"
+`)
+	writeHostsTOML(t, dir, "_default", `[host."`+live.URL()+`"]
+  capabilities = ["pull", "resolve"]
+  [host."`+live.URL()+`".header]
+    x-berth-certsd = "mirror"
+`)
+	// own's table in berth's config names no mirror: _default must not apply.
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: "[registry]\nconfig_path = \"" + dir + "\"\n" +
+		harness.RegistryTOML(map[string]harness.HostConfig{own: {PlainHTTP: true}})})
+
+	for _, ref := range []string{unreachable + "/berth/busybox:certsd", other + "/berth/busybox:certsd"} {
+		if id, err := pull(t, d, ref, nil); err != nil || id != p.ID {
+			t.Fatalf("PullImage(%s) through the hosts folder = %q, %v; want %s", ref, id, err, p.ID)
+		}
+		st := mustStatus(t, d, ref)
+		if !slices.Contains(st.RepoTags, ref) || !slices.Contains(st.RepoDigests, strings.TrimSuffix(ref, ":certsd")+"@"+p.Digest) {
+			t.Errorf("%s recorded as %v %v", ref, st.RepoTags, st.RepoDigests)
+		}
+		assertNoMention(t, st, live.Host())
+	}
+	if h := live.HeaderValues("X-Berth-Certsd"); len(h) == 0 || slices.ContainsFunc(h, func(v string) bool { return v != "mirror" }) {
+		t.Errorf("the mirror saw x-berth-certsd %v, want the configured header on its requests", h)
+	}
+	if _, err := pull(t, d, own+"/berth/busybox:certsd", nil); err == nil {
+		t.Errorf("a host berth's own table configures without mirrors was pulled through _default's mirror")
+	}
+	out, err := d.Berthctl("info")
+	if err != nil || !strings.Contains(out, "registry:       "+unreachable+": mirrors "+live.URL()) {
+		t.Errorf("berthctl info = %v:\n%s", err, out)
+	}
+}
+
+// TestSIGHUPReloadsRegistries: a mirror added to the hosts folder is used
+// after SIGHUP, without a restart; a broken file then changes nothing.
+func TestSIGHUPReloadsRegistries(t *testing.T) {
+	harness.RequireIntegration(t)
+	live := harness.NewRegistry(t)
+	p := live.Push(t, "berth/busybox:hup", harness.BusyboxImage(t, harness.ImageSpec{}))
+	unreachable := harness.FreePort(t)
+	ref := unreachable + "/berth/busybox:hup"
+	dir := t.TempDir()
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: "[registry]\nconfig_path = \"" + dir + "\"\n"})
+	pid := d.PID()
+
+	if _, err := pull(t, d, ref, nil); err == nil {
+		t.Fatalf("pull of %s with no mirror succeeded", ref)
+	}
+	writeHostsTOML(t, dir, unreachable, "[host.\""+live.URL()+"\"]\n")
+	hup := func(want string) {
+		t.Helper()
+		before := strings.Count(d.Logs(), want)
+		d.Signal(syscall.SIGHUP)
+		if !eventually(10*time.Second, func() bool { return strings.Count(d.Logs(), want) > before }) {
+			t.Fatalf("no %q after SIGHUP:\n%s", want, d.Logs())
+		}
+	}
+	hup("registry settings reloaded")
+	if id, err := pull(t, d, ref, nil); err != nil || id != p.ID {
+		t.Fatalf("PullImage(%s) after SIGHUP = %q, %v; want %s through the new mirror", ref, id, err, p.ID)
+	}
+	if d.PID() != pid || !d.Running() {
+		t.Fatal("berthd restarted on SIGHUP")
+	}
+
+	// A broken hosts.toml is refused whole: the mirror stays.
+	writeHostsTOML(t, dir, unreachable, "[host.\""+live.URL()+"\"]\noverride_path = true\n")
+	hup("registry settings not reloaded")
+	if _, err := d.Images.RemoveImage(t.Context(), &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+		t.Fatal(err)
+	}
+	if id, err := pull(t, d, ref, nil); err != nil || id != p.ID {
+		t.Errorf("PullImage(%s) after a refused reload = %q, %v; want the old mirror still used", ref, id, err)
+	}
+}
