@@ -181,17 +181,29 @@ type callDescriber interface {
 
 func (o *callObserver) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	start := time.Now()
+	ctx, span := startCallSpan(ctx, info.FullMethod)
 	resp, err := h(ctx, req)
+	endCallSpan(span, err)
 	o.record(ctx, info.FullMethod, req, start, err)
 	return resp, err
 }
 
 func (o *callObserver) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	start := time.Now()
-	err := h(srv, ss)
+	ctx, span := startCallSpan(ss.Context(), info.FullMethod)
+	err := h(srv, &tracedStream{ServerStream: ss, ctx: ctx})
+	endCallSpan(span, err)
 	o.record(ss.Context(), info.FullMethod, nil, start, err)
 	return err
 }
+
+// tracedStream hands the handler the context that carries the call's span.
+type tracedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *tracedStream) Context() context.Context { return s.ctx }
 
 func (o *callObserver) record(ctx context.Context, method string, req any, start time.Time, err error) {
 	o.metrics.observe(method, start, err)

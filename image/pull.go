@@ -15,7 +15,14 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
+
+// OpenTelemetry's global tracer: a no-op unless berthd set up tracing.
+var tracer = otel.Tracer("github.com/berth-runtime/berth/image")
 
 // Pull fetches ref from its registry (mirrors first) and stores it. auth may
 // be nil. Concurrent pulls of one reference with the same credentials share
@@ -105,6 +112,13 @@ func (a *Auth) config() *authn.AuthConfig {
 
 func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Image, err error) {
 	start := time.Now()
+	ctx, span := tracer.Start(ctx, "pull", trace.WithAttributes(attribute.String("image.ref", r.String())))
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	watch := watchProgress(ctx, cancel, s.opts.ProgressTimeout, r.String(), s.log)

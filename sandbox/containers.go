@@ -99,7 +99,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	defer u.run()
 	u.add("forget container record", func() error { return m.deleteContainerRecord(c.ID) })
 
-	t := newTimeline()
+	t := newTimeline(ctx)
 	lowers, err := m.opts.Images.Lease(c.ID, img)
 	if err != nil {
 		return nil, err
@@ -242,7 +242,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	t := newTimeline()
+	t := newTimeline(ctx)
 	st, err := client.Start(ctx, c.ID)
 	if err != nil {
 		return err

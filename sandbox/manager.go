@@ -16,6 +16,8 @@ import (
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Options configure the sandbox manager.
@@ -146,16 +148,23 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
-// timeline records the duration of each start step.
+// timeline records the duration of each start step, and traces each as a
+// span of ctx's trace (OpenTelemetry's global tracer: a no-op unless berthd
+// set up tracing).
 type timeline struct {
+	ctx   context.Context
 	steps []Step
 	last  time.Time
 }
 
-func newTimeline() *timeline { return &timeline{last: time.Now()} }
+var tracer = otel.Tracer("github.com/berth-runtime/berth/sandbox")
+
+func newTimeline(ctx context.Context) *timeline { return &timeline{ctx: ctx, last: time.Now()} }
 
 func (t *timeline) step(name string) {
 	now := time.Now()
+	_, span := tracer.Start(t.ctx, name, trace.WithTimestamp(t.last))
+	span.End(trace.WithTimestamp(now))
 	t.steps = append(t.steps, Step{Name: name, Duration: now.Sub(t.last)})
 	t.last = now
 }

@@ -68,7 +68,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	defer u.run()
 	u.add("forget pod record", func() error { return m.deletePodRecord(pod.ID) })
 
-	t := newTimeline()
+	t := newTimeline(ctx)
 	dir := m.podDir(pod.ID)
 	if err := privateDir(dir); err != nil {
 		return nil, err

@@ -87,6 +87,11 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	defer metrics.close()
+	stopTracing, err := setupTracing(cfg.Tracing, log)
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer stopTracing()
 
 	images, err := image.New(image.Options{
 		Root:            cfg.Root,

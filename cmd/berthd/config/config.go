@@ -34,6 +34,7 @@ type Config struct {
 	Network    Network `toml:"network"`
 	Stream     Stream  `toml:"stream"`
 	Metrics    Metrics `toml:"metrics"`
+	Tracing    Tracing `toml:"tracing"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000"):
 	// the [registry."HOST"] tables over the hosts of RegistryConfigPath.
 	Registries map[string]registry.Host `toml:"-"`
@@ -96,6 +97,16 @@ type Metrics struct {
 	Address string `toml:"address"`
 }
 
+// Tracing holds the [tracing] table.
+type Tracing struct {
+	// Endpoint is the OTLP/gRPC collector, "http://host:port" (plaintext)
+	// or "https://host:port"; empty: no tracing.
+	Endpoint string `toml:"endpoint"`
+	// SamplingRate is the share of traces berthd starts that are recorded
+	// (0 to 1); a call in a trace the caller samples is always recorded.
+	SamplingRate float64 `toml:"sampling_rate"`
+}
+
 // Image holds the [image] table.
 type Image struct {
 	// PullProgressTimeout cancels a pull that receives no bytes for this long.
@@ -145,7 +156,8 @@ func Default() *Config {
 			MaxLayerBytes: DefaultMaxLayerBytes, MaxLayerEntries: DefaultMaxLayerEntries},
 		Network: Network{Mode: NetworkBridge, Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
-		Stream: Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
+		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
+		Tracing: Tracing{SamplingRate: 1},
 	}
 }
 

@@ -66,7 +66,8 @@ func TestDefaults(t *testing.T) {
 		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000},
 		Network: Network{Mode: "bridge", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
-		Stream: Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
+		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
+		Tracing: Tracing{SamplingRate: 1},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults = %+v, want %+v", c, want)
@@ -135,7 +136,8 @@ skip_verify = false
 		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
-		Stream: Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
+		Stream:  Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
+		Tracing: Tracing{SamplingRate: 1},
 		Registries: map[string]registry.Host{
 			"docker.io": {
 				Mirrors:  []string{"https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"},
@@ -214,6 +216,9 @@ func TestBadFiles(t *testing.T) {
 		{"stream cert missing", "[stream]\ntls_cert = \"" + filepath.Join(dir, "nope.pem") + "\"\ntls_key = \"" + notPEM + "\"", []string{"stream.tls_cert", "nope.pem"}},
 		{"metrics host name", "[metrics]\naddress = \"localhost:9338\"", []string{`metrics.address = "localhost:9338"`, "IP:port"}},
 		{"metrics no port", "[metrics]\naddress = \"127.0.0.1\"", []string{`metrics.address = "127.0.0.1"`}},
+		{"tracing scheme", "[tracing]\nendpoint = \"grpc://c:4317\"", []string{`tracing.endpoint = "grpc://c:4317"`}},
+		{"tracing no port", "[tracing]\nendpoint = \"http://collector\"", []string{`tracing.endpoint`, "host and port"}},
+		{"tracing rate", "[tracing]\nsampling_rate = 1.5", []string{`tracing.sampling_rate = "1.5"`, "between 0 and 1"}},
 		{"syntax", `root = "/x`, []string{"toml"}},
 	}
 	for _, tt := range tests {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,6 +81,7 @@ func (c *Config) validate() error {
 	}
 	c.Network.validate(&p)
 	c.Stream.validate(&p)
+	c.Tracing.validate(&p)
 	if a := c.Metrics.Address; a != "" {
 		if err := listenAddress(a); err != nil {
 			p.add(badValue("metrics.address", a, err))
@@ -154,6 +156,21 @@ func (s *Stream) validate(p *problems) {
 		if _, err := os.Stat(f.val); err != nil {
 			p.add(badValue(f.key, f.val, err))
 		}
+	}
+}
+
+func (t Tracing) validate(p *problems) {
+	if t.Endpoint != "" {
+		u, err := url.Parse(t.Endpoint)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https"):
+			p.add(badValue("tracing.endpoint", t.Endpoint, errors.New("must be http://host:port (plaintext) or https://host:port")))
+		case u.Port() == "" || (u.Path != "" && u.Path != "/") || u.User != nil:
+			p.add(badValue("tracing.endpoint", t.Endpoint, errors.New("must be a collector's host and port, without path or credentials")))
+		}
+	}
+	if r := t.SamplingRate; r < 0 || r > 1 || r != r {
+		p.add(badValue("tracing.sampling_rate", strconv.FormatFloat(r, 'g', -1, 64), errors.New("must be between 0 and 1")))
 	}
 }
 

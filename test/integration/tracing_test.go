@@ -1,0 +1,125 @@
+package integration
+
+import (
+	"context"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+)
+
+// collector is an in-process OTLP/gRPC trace collector.
+type collector struct {
+	collectortrace.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans []*tracepb.Span
+}
+
+func (c *collector) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			c.spans = append(c.spans, ss.Spans...)
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+func (c *collector) named(name string) []*tracepb.Span {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*tracepb.Span
+	for _, s := range c.spans {
+		if s.Name == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// children are the names of the spans whose parent is p.
+func (c *collector) children(p *tracepb.Span) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, s := range c.spans {
+		if slices.Equal(s.ParentSpanId, p.SpanId) && slices.Equal(s.TraceId, p.TraceId) {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+func startCollector(t *testing.T) (*collector, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &collector{}
+	srv := grpc.NewServer()
+	collectortrace.RegisterTraceServiceServer(srv, c)
+	go srv.Serve(ln) //nolint:errcheck // ends with Stop
+	t.Cleanup(srv.Stop)
+	return c, ln.Addr().String()
+}
+
+// TestTracingToOTLPCollector: with [tracing] endpoint set, each CRI call is
+// a server span and each start phase a child of its call's span, exported
+// to the collector.
+func TestTracingToOTLPCollector(t *testing.T) {
+	c, addr := startCollector(t)
+	e := startPodEnvTOML(t, v1.Config{}, "[tracing]\nendpoint = \"http://"+addr+"\"\n")
+	cfg := e.podConfig("traced")
+	pod := e.runPod(t, cfg)
+	e.runContainer(t, pod, cfg, e.ctrConfig("app", sleeper...))
+
+	want := map[string][]string{
+		"/runtime.v1.RuntimeService/RunPodSandbox":   {"namespaces", "network", "cgroup", "files", "shim"},
+		"/runtime.v1.RuntimeService/CreateContainer": {"rootfs", "spec", "create"},
+		"/runtime.v1.RuntimeService/StartContainer":  {"start"},
+		"/runtime.v1.ImageService/PullImage":         {"pull"},
+	}
+	ok := eventually(20*time.Second, func() bool {
+		for call := range want {
+			if len(c.named(call)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if !ok {
+		t.Fatalf("spans of the calls did not reach the collector; got %d spans", len(c.spans))
+	}
+	for call, phases := range want {
+		s := c.named(call)[0]
+		if s.Kind != tracepb.Span_SPAN_KIND_SERVER {
+			t.Errorf("%s: kind %v, want server", call, s.Kind)
+		}
+		kids := c.children(s)
+		for _, ph := range phases {
+			if !slices.Contains(kids, ph) {
+				t.Errorf("%s: children %v lack %s", call, kids, ph)
+			}
+		}
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestNoTracingWithoutEndpoint: without [tracing] nothing is exported and
+// berthd says nothing about tracing.
+func TestNoTracingWithoutEndpoint(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	if strings.Contains(e.d.Logs(), "tracing") {
+		t.Errorf("berthd mentions tracing without an endpoint:\n%s", e.d.Logs())
+	}
+}
