@@ -31,7 +31,9 @@ type Options struct {
 	ShimBinary string
 	// StartShim starts a pod's shim; nil: shim.Start with ShimBinary.
 	StartShim ShimStarter
-	Logger    *slog.Logger
+	// PauseBinary is the static berth-pause, PID 1 of shared-PID pods.
+	PauseBinary string
+	Logger      *slog.Logger
 	// Metrics takes the start phase, recovery and state series; nil: none.
 	Metrics prometheus.Registerer
 }

@@ -43,9 +43,9 @@ func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig) (pauseCon
 	return pauseConfinement{seccomp: filter, apparmor: profile}, nil
 }
 
-// startPause runs the built-in pause (the shim binary in pause mode) as PID 1
-// of the pod's shared PID namespace, in an empty read-only rootfs holding
-// only that binary, and returns its host PID.
+// startPause runs the built-in pause (berth-pause, a static C program) as
+// PID 1 of the pod's shared PID namespace, in an empty read-only rootfs
+// holding only that binary, and returns its host PID.
 func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client, conf pauseConfinement) (int, error) {
 	bundle := shim.ContainerDir(m.podDir(pod.ID), pauseID)
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
@@ -84,10 +84,10 @@ func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
 		Version: specs.Version,
 		Root:    &specs.Root{Path: "rootfs", Readonly: true},
 		Process: &specs.Process{
-			Args: []string{"/pause", "pause"}, Cwd: "/", NoNewPrivileges: true,
+			Args: []string{"/pause"}, Cwd: "/", NoNewPrivileges: true,
 			Env: []string{"PATH=/"}, ApparmorProfile: conf.apparmor,
 		},
-		Mounts: []specs.Mount{{Destination: "/pause", Type: "bind", Source: m.opts.ShimBinary, Options: []string{"rbind", "ro"}}},
+		Mounts: []specs.Mount{{Destination: "/pause", Type: "bind", Source: m.opts.PauseBinary, Options: []string{"rbind", "ro"}}},
 		Linux: &specs.Linux{
 			Namespaces:  nss,
 			CgroupsPath: m.pauseCgroup(pod),

@@ -3,7 +3,8 @@
 //
 //	berth-shim serve --dir POD_DIR   serve a pod (package sandbox/shim/server)
 //	berth-shim init                  libcontainer's container init (re-exec)
-//	berth-shim pause                 PID 1 of a pod's shared PID namespace
+//
+// The pause of shared-PID pods is another program, cmd/berth-pause.
 //
 // It stays small on purpose: no gRPC, no CRI API, no registry client.
 package main
@@ -39,18 +40,14 @@ func main() {
 	if len(os.Args) < 2 {
 		usage()
 	}
-	switch os.Args[1] {
-	case "pause":
-		os.Exit(pause())
-	case "serve":
-		os.Exit(serve(os.Args[2:]))
-	default:
+	if os.Args[1] != "serve" {
 		usage()
 	}
+	os.Exit(serve(os.Args[2:]))
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: berth-shim serve --dir POD_DIR | pause | init")
+	fmt.Fprintln(os.Stderr, "usage: berth-shim serve --dir POD_DIR | init")
 	os.Exit(2)
 }
 

@@ -116,13 +116,17 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	pauseBinary, err := findPause(shimBinary)
+	if err != nil {
+		return err
+	}
 	podNet, err := newPodNetwork(cfg, log.With("component", "network"))
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
 	pods, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
-		ShimBinary: shimBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
+		ShimBinary: shimBinary, PauseBinary: pauseBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)
@@ -256,4 +260,14 @@ func findShim(configured string) (string, error) {
 		return "", fmt.Errorf("berth-shim not found beside berthd (%w): install it there or set shim_binary", err)
 	}
 	return shim, nil
+}
+
+// findPause returns the berth-pause installed beside the shim: the two are
+// built and shipped together.
+func findPause(shimBinary string) (string, error) {
+	pause := filepath.Join(filepath.Dir(shimBinary), "berth-pause")
+	if _, err := os.Stat(pause); err != nil {
+		return "", fmt.Errorf("berth-pause not found beside berth-shim (%w): install it there", err)
+	}
+	return pause, nil
 }

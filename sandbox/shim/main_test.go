@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 )
@@ -15,7 +14,7 @@ import (
 // Set up by TestMain for the privileged tests (run as root only).
 var (
 	shimBin      string // the berth-shim built for this run
-	rootfs       string // busybox rootfs, with the shim binary as /berth-shim
+	rootfs       string // busybox rootfs, with berth-pause as /pause
 	cgroupParent string // "/berth-shimtest-<rand>"
 	setupErr     error
 )
@@ -46,10 +45,10 @@ func run(m *testing.M) int {
 func setup(tmp string) error {
 	rootfs = filepath.Join(tmp, "rootfs")
 	// The VM tier (test/vm) has no Go toolchain: it names a folder with a
-	// prebuilt, statically linked berth-shim.
+	// prebuilt, statically linked berth-shim and berth-pause.
 	if dir := os.Getenv("BERTH_BIN_DIR"); dir != "" {
 		shimBin = filepath.Join(dir, "berth-shim")
-		return makeRootfs(rootfs, shimBin)
+		return makeRootfs(rootfs, filepath.Join(dir, "berth-pause"))
 	}
 	shimBin = filepath.Join(tmp, "berth-shim")
 	// seccomp: libcontainer's seccomp support, as the Makefile builds the shim.
@@ -61,12 +60,17 @@ func setup(tmp string) error {
 	if err != nil {
 		return fmt.Errorf("build shim: %v\n%s", err, out)
 	}
-	return makeRootfs(rootfs, shimBin)
+	// berth-pause with the Makefile's rule, from the module root.
+	out, err = exec.Command("make", "-C", "../..", "--no-print-directory", "BIN="+tmp, "pause").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("build pause: %v\n%s", err, out)
+	}
+	return makeRootfs(rootfs, filepath.Join(tmp, "berth-pause"))
 }
 
-// makeRootfs builds a busybox-static rootfs, plus the shim binary and the
-// shared libraries it links (cgo), so it can run as a pod's pause process.
-func makeRootfs(dir, shimBin string) error {
+// makeRootfs builds a busybox-static rootfs, plus the static berth-pause as
+// /pause, for pods' containers and pause process.
+func makeRootfs(dir, pauseBin string) error {
 	bb := "/bin/busybox"
 	if _, err := os.Stat(bb); err != nil {
 		out, err := exec.Command("apt-get", "install", "-y", "busybox-static").CombinedOutput()
@@ -87,26 +91,7 @@ func makeRootfs(dir, shimBin string) error {
 			return err
 		}
 	}
-	if err := copyFile(shimBin, filepath.Join(dir, "berth-shim"), 0o755); err != nil {
-		return err
-	}
-	if os.Getenv("BERTH_BIN_DIR") != "" {
-		return nil // static: no shared library to copy (and no ldd in the VM)
-	}
-	out, err := exec.Command("ldd", shimBin).Output()
-	if err != nil {
-		return fmt.Errorf("ldd: %v", err)
-	}
-	for _, lib := range regexp.MustCompile(`(/\S+\.so[.\d]*)`).FindAllString(string(out), -1) {
-		dst := filepath.Join(dir, lib)
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return err
-		}
-		if err := copyFile(lib, dst, 0o755); err != nil {
-			return err
-		}
-	}
-	return nil
+	return copyFile(pauseBin, filepath.Join(dir, "pause"), 0o755)
 }
 
 func copyFile(src, dst string, mode os.FileMode) error {

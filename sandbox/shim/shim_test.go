@@ -129,7 +129,7 @@ func TestKillCreated(t *testing.T) {
 func TestSharedPIDNamespace(t *testing.T) {
 	p := newPod(t)
 	ctx := ctxT(t)
-	pause := p.run("pause", []string{"/berth-shim", "pause"})
+	pause := p.run("pause", []string{"/pause"})
 	pidns := "/proc/" + strconv.Itoa(pause.Pid) + "/ns/pid"
 	p.run("app", []string{"sh", "-c", "(sleep 0.2 &); exec sleep 1000"}, withPIDNamespace(pidns))
 	time.Sleep(600 * time.Millisecond) // the orphaned sleep 0.2 has exited by now

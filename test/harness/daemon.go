@@ -31,7 +31,8 @@ var binaries struct {
 	dir string
 }
 
-// BinDirEnv names a folder of prebuilt berthd, berthctl and berth-shim that
+// BinDirEnv names a folder of prebuilt berthd, berthctl, berth-shim and
+// berth-pause that
 // Main uses instead of building them: the VM tier (test/vm) runs the test
 // binaries where there is no Go toolchain.
 const BinDirEnv = "BERTH_BIN_DIR"
@@ -48,7 +49,7 @@ func Main(m *testing.M, env string) {
 func runMain(m *testing.M, env string) int {
 	if os.Getenv(env) == "1" && os.Geteuid() == 0 {
 		if dir := os.Getenv(BinDirEnv); dir != "" {
-			for _, name := range []string{"berthd", "berthctl", "berth-shim"} {
+			for _, name := range []string{"berthd", "berthctl", "berth-shim", "berth-pause"} {
 				if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 					fmt.Fprintf(os.Stderr, "harness: %s: %v\n", BinDirEnv, err)
 					return 1
@@ -131,9 +132,8 @@ func buildBinaries(crashpoints bool) (string, error) {
 		args = append(args, "-tags", "crashpoints")
 	}
 	args = append(args, "./cmd/berthd", "./cmd/berthctl")
-	// The shim runs as the pods' pause process inside an empty rootfs, so it
-	// is linked statically, with libseccomp, as the Makefile builds it (and
-	// without -race, which static cgo binaries do not support).
+	// The shim is linked statically, with libseccomp, as the Makefile builds
+	// it (and without -race, which static cgo binaries do not support).
 	shimArgs := []string{"build", "-o", dir + "/", "-tags", ShimBuildTags, "-ldflags", "-extldflags -static", "./cmd/berth-shim"}
 	for _, a := range [][]string{args, shimArgs} {
 		cmd := exec.Command(goTool(), a...)
@@ -143,7 +143,22 @@ func buildBinaries(crashpoints bool) (string, error) {
 			return "", fmt.Errorf("go %s: %v\n%s", strings.Join(a, " "), err, out)
 		}
 	}
+	if err := BuildPause(root, dir); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
 	return dir, nil
+}
+
+// BuildPause builds berth-pause (C) into dir with the Makefile's rule, from
+// the module root.
+func BuildPause(root, dir string) error {
+	cmd := exec.Command("make", "--no-print-directory", "BIN="+dir, "pause")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make pause: %v\n%s", err, out)
+	}
+	return nil
 }
 
 // BinaryPath is the path of a binary Main built ("berthd", "berthctl").

@@ -131,11 +131,11 @@ func TestPodNamespaces(t *testing.T) {
 			t.Errorf("PID namespaces: a %s, b %s, host %s; want a = b, not the host's", nsA["pid"], nsB["pid"], host["pid"])
 		}
 		for name, ctr := range map[string]string{"a": a, "b": b} {
-			if got := e.sh(t, ctr, `/bin/busybox tr '\0' ' ' < /proc/1/cmdline`); got != "/pause pause " {
+			if got := e.sh(t, ctr, `/bin/busybox tr '\0' ' ' < /proc/1/cmdline`); got != "/pause " {
 				t.Errorf("%s: PID 1 is %q, want the built-in pause", name, got)
 			}
 			procs := e.cmdlines(t, ctr)
-			for _, want := range []string{"/bin/sleep 200001", "/bin/sleep 200002", "/pause pause"} {
+			for _, want := range []string{"/bin/sleep 200001", "/bin/sleep 200002", "/pause"} {
 				if !strings.Contains(procs, want) {
 					t.Errorf("%s does not see %q:\n%s", name, want, procs)
 				}

@@ -44,7 +44,7 @@ type env struct {
 	t    *testing.T
 	work string // everything the run creates on disk lives below
 
-	berthBin   string // folder with berthd, berth-shim, berthctl (make build)
+	berthBin   string // folder with berthd, berth-shim, berth-pause, berthctl (make build)
 	kubeletBin string // the kubelet (make test-kubelet builds bin/kubelet)
 	configFile string // the KubeletConfiguration kept in the repository
 
@@ -113,7 +113,7 @@ func newEnv(t *testing.T) *env {
 		kubeletBin: envOr("KUBELET", filepath.Join(repo, "bin", "kubelet")),
 		configFile: filepath.Join(repo, "test", "kubelet", "kubelet-config.yaml"),
 	}
-	for _, p := range []string{filepath.Join(e.berthBin, "berthd"), filepath.Join(e.berthBin, "berth-shim"), e.kubeletBin} {
+	for _, p := range []string{filepath.Join(e.berthBin, "berthd"), filepath.Join(e.berthBin, "berth-shim"), filepath.Join(e.berthBin, "berth-pause"), e.kubeletBin} {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("%v: build it with `make test-kubelet` (or set BERTH_BIN_DIR / KUBELET)", err)
 		}
