@@ -2,7 +2,6 @@ package server
 
 import (
 	"os"
-	"time"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
@@ -71,5 +70,5 @@ func (a *API) Events(req *shim.EventsRequest, r *shim.EventsReply) error {
 }
 
 func (a *API) Shutdown(_ *shim.Empty, _ *shim.Empty) error {
-	return a.s.shutdown(50 * time.Millisecond)
+	return a.s.shutdown()
 }

@@ -136,7 +136,7 @@ func (s *Server) signals() {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, unix.SIGTERM, unix.SIGINT)
 	for sig := range ch {
-		if err := s.shutdown(0); err != nil {
+		if err := s.shutdown(); err != nil {
 			log.Printf("%v: ignored: %v", sig, err)
 		}
 	}
@@ -155,14 +155,15 @@ func (s *Server) live() int {
 	return n
 }
 
-// shutdown ends Run after delay (time for the RPC reply to go out).
-func (s *Server) shutdown(delay time.Duration) error {
+// shutdown ends Run at once. The Shutdown call's reply races the exit and
+// may never go out: the client takes the shim hanging up as success
+// (shim.Client.Shutdown), and berthd waits for the process to be gone, so
+// the pod's teardown waits for nothing else.
+func (s *Server) shutdown() error {
 	if n := s.live(); n > 0 {
 		return fmt.Errorf("%w: %d", shim.ErrBusy, n)
 	}
-	s.quitOnce.Do(func() {
-		time.AfterFunc(delay, func() { close(s.quit) })
-	})
+	s.quitOnce.Do(func() { close(s.quit) })
 	return nil
 }
 
