@@ -77,7 +77,6 @@ func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.Co
 		return nil, grpcError(err)
 	}
 	st := containerStatus(c)
-	st.User = containerUser(c.User)
 	resp := &runtimeapi.ContainerStatusResponse{Status: st}
 	if req.GetVerbose() {
 		info, err := json.Marshal(map[string]any{"pid": c.Pid, "spec": c.Spec, "timeline": c.Timeline})
@@ -89,16 +88,19 @@ func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.Co
 	return resp, nil
 }
 
-// containerStatus is c's CRI status, but for its user, which is in the
-// spec ContainerStatus reads.
+// containerStatus is c's CRI status.
 func containerStatus(c *sandbox.ContainerStatus) *runtimeapi.ContainerStatus {
 	image, ref := containerImage(c.Container)
-	return &runtimeapi.ContainerStatus{
+	st := &runtimeapi.ContainerStatus{
 		Id: c.ID, Metadata: c.Config.Metadata, State: c.State, CreatedAt: c.CreatedAt.UnixNano(),
 		StartedAt: unixNano(c.StartedAt), FinishedAt: unixNano(c.FinishedAt), ExitCode: c.ExitCode,
 		Image: image, ImageRef: ref, ImageId: c.ImageID, Reason: c.Reason, Message: c.Message,
 		Labels: c.Config.Labels, Annotations: c.Config.Annotations, Mounts: c.Config.Mounts, LogPath: c.LogPath,
 	}
+	if c.User != nil {
+		st.User = containerUser(*c.User)
+	}
+	return st
 }
 
 // containerUser is the identity the container's process has: uid, gid and

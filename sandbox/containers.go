@@ -127,6 +127,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err != nil {
 		return nil, err
 	}
+	c.User = &s.Process.User
 	if err := writeJSON(filepath.Join(m.bundleDir(pod.ID, c.ID), "config.json"), s); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -59,6 +60,9 @@ type Container struct {
 	// while the container still runs.
 	StopSignal string `json:"stopSignal,omitempty"`
 	Timeline   []Step `json:"timeline,omitempty"`
+	// User is the identity of the container's process, from its spec;
+	// nil in records from before berth kept it.
+	User *specs.User `json:"user,omitempty"`
 }
 
 func marshalRecord(v any, cfg proto.Message, raw *json.RawMessage) ([]byte, error) {

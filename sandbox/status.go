@@ -23,7 +23,6 @@ type ContainerStatus struct {
 	ExitCode   int32
 	Reason     string // Completed, Error, OOMKilled
 	Message    string
-	User       specs.User
 	Spec       *specs.Spec // only from ContainerStatus
 }
 
@@ -73,8 +72,8 @@ func (m *Manager) ContainerStatus(ctx context.Context, id string) (*ContainerSta
 		return nil, err
 	}
 	st.Spec = spec
-	if spec.Process != nil {
-		st.User = spec.Process.User
+	if st.User == nil && spec.Process != nil { // a record from before berth kept it
+		st.User = &spec.Process.User
 	}
 	return st, nil
 }

@@ -54,8 +54,9 @@ func TestContainerEvents(t *testing.T) {
 	}
 	e.start(t, ctr)
 	ev = next("container started", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, ctr)
-	if st := ev.ContainersStatuses; len(st) != 1 || st[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING || st[0].StartedAt == 0 {
-		t.Errorf("container started: statuses %v", st)
+	if st := ev.ContainersStatuses; len(st) != 1 || st[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING || st[0].StartedAt == 0 ||
+		st[0].User.GetLinux() == nil {
+		t.Errorf("container started: statuses %v, want running with its user", st)
 	}
 	ev = next("container stopped", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, ctr)
 	if st := ev.ContainersStatuses; len(st) != 1 || st[0].State != runtimeapi.ContainerState_CONTAINER_EXITED ||
