@@ -47,6 +47,8 @@ type env struct {
 	berthBin   string // folder with berthd, berth-shim, berth-pause, berthctl (make build)
 	kubeletBin string // the kubelet (make test-kubelet builds bin/kubelet)
 	configFile string // the KubeletConfiguration kept in the repository
+	// kubeletExtra is added to the run's KubeletConfiguration drop-in.
+	kubeletExtra string
 
 	reg      *registry
 	image    string // 127.0.0.1:PORT/berth/busybox:e2e
@@ -105,10 +107,12 @@ func requireTier(t *testing.T) {
 
 // newEnv checks the binaries, then starts the registry, berthd and the
 // kubelet. Everything is stopped and removed by cleanups registered here.
-func newEnv(t *testing.T) *env {
+// newEnv starts berthd and a kubelet on it; kubeletExtra is added to the
+// kubelet's configuration (YAML keys of a KubeletConfiguration).
+func newEnv(t *testing.T, kubeletExtra string) *env {
 	t.Helper()
 	repo := repoRoot(t)
-	e := &env{t: t,
+	e := &env{t: t, kubeletExtra: kubeletExtra,
 		berthBin:   envOr("BERTH_BIN_DIR", filepath.Join(repo, "bin")),
 		kubeletBin: envOr("KUBELET", filepath.Join(repo, "bin", "kubelet")),
 		configFile: filepath.Join(repo, "test", "kubelet", "kubelet-config.yaml"),
@@ -395,7 +399,7 @@ port: %d
 readOnlyPort: %d
 healthzBindAddress: 127.0.0.1
 healthzPort: %d
-`, e.manifests, e.podLogs, e.path("volume-plugins"), e.cgroupRoot, resolv, e.port, e.readOnly, e.healthz)
+`, e.manifests, e.podLogs, e.path("volume-plugins"), e.cgroupRoot, resolv, e.port, e.readOnly, e.healthz) + e.kubeletExtra
 	if err := os.WriteFile(filepath.Join(dropins, "50-run.conf"), []byte(dropin), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ var criLogLine = regexp.MustCompile(`^(\S+) (stdout|stderr) ([FP]) (.*)$`)
 func TestKubelet(t *testing.T) {
 	requireTier(t)
 	begin := time.Now()
-	e := newEnv(t)
+	e := newEnv(t, "")
 	t.Logf("berthd and kubelet ready in %s (kubelet %s, berthd %s)", time.Since(begin).Round(time.Millisecond), e.kubeletBin, e.berthBin)
 
 	// Every pod starts at once: the scenarios then only wait for their own.
