@@ -19,14 +19,14 @@ import (
 
 const metricsTOML = "[metrics]\naddress = \"127.0.0.1:0\"\n"
 
-// metricsAddr is where berthd serves /metrics, from its start log.
+// metricsAddr is where berthd serves /metrics, from its last start log.
 func metricsAddr(t *testing.T, e *podEnv) string {
 	t.Helper()
-	m := regexp.MustCompile(`metrics=(127\.0\.0\.1:\d+)`).FindStringSubmatch(e.d.Logs())
+	m := regexp.MustCompile(`metrics=(127\.0\.0\.1:\d+)`).FindAllStringSubmatch(e.d.Logs(), -1)
 	if m == nil {
 		t.Fatalf("berthd did not log its metrics address:\n%s", e.d.Logs())
 	}
-	return m[1]
+	return m[len(m)-1][1]
 }
 
 // scrape reads the endpoint in the text format: series (name with its
@@ -140,6 +140,16 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Errorf("after removal: pods ready %v, shims %v, oom kills %v (a counter: stays 1)",
 			m[`berth_pods{state="SANDBOX_READY"}`], m[`berth_shims`], m[`berth_oom_kills_total`])
 	}
+
+	// A restart finds the pod it had and counts it recovered.
+	pod = e.runPod(t, cfg)
+	e.d.Restart()
+	m = scrape(t, metricsAddr(t, e))
+	if m[`berth_recovered_pods_total{result="reconnected"}`] != 1 || m[`berth_shims`] != 1 {
+		t.Errorf("after a restart with one pod: recovered %v, shims %v; want 1 and 1",
+			m[`berth_recovered_pods_total{result="reconnected"}`], m[`berth_shims`])
+	}
+	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
 
