@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"regexp"
 	"testing"
 	"time"
 
@@ -88,6 +89,11 @@ func TestSlowPullBlocksNothing(t *testing.T) {
 		t.Error("the busybox layer (used by the slow pull and the pod's image) was collected")
 	}
 
+	// A long pull says how far it got every 10 s.
+	progress := regexp.MustCompile(`msg="pull in progress" .*ref=` + regexp.QuoteMeta(ps.Name) + ` bytes=[1-9]`)
+	if !eventually(15*time.Second, func() bool { return progress.MatchString(e.d.Logs()) }) {
+		t.Error("no \"pull in progress\" line with the bytes received for the slow pull")
+	}
 	select {
 	case err := <-slowDone:
 		t.Fatalf("the trickled pull ended before the test cancelled it: %v", err)
