@@ -1,15 +1,23 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/test/harness"
@@ -114,4 +122,190 @@ func systemctlShow(t *testing.T, unit, prop string) string {
 		t.Fatalf("systemctl show -P %s %s: %v", prop, unit, err)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// TestSystemdUnitRestartKeepsContainers installs berthd.service (the unit
+// `make install` installs, with a drop-in that points it at this test's
+// binaries and folders), runs a container through it, and checks that
+// `systemctl restart berthd` replaces berthd and leaves the shim and the
+// container running (KillMode=process), that the new berthd reports the
+// container RUNNING, and that `systemctl reload` keeps berthd's PID. It
+// changes the machine's systemd setup, so it runs only in the VM tier's
+// systemd mode (BERTH_VM_SYSTEMD=1).
+func TestSystemdUnitRestartKeepsContainers(t *testing.T) {
+	harness.RequireIntegration(t)
+	if os.Getenv("BERTH_VM_SYSTEMD") != "1" {
+		t.Skip("installs a systemd unit: runs in the VM tier's systemd mode only (BERTH_VM_INIT=systemd test/vm/run.sh)")
+	}
+	unitFile := "/berth/berthd.service" // test/vm/run.sh puts it there
+	reg := harness.NewRegistry(t)
+	p := reg.Push(t, "berth/busybox:unit", harness.BusyboxImage(t, harness.ImageSpec{}))
+	// Not below /tmp: in the VM, systemd failed to open the unit's output
+	// file in the test's temp folder (ENOENT), the same mount namespace
+	// notwithstanding.
+	base, err := os.MkdirTemp("/var/lib", "berth-unit-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	root, state, logFile := filepath.Join(base, "root"), filepath.Join(base, "state"), filepath.Join(base, "berthd.log")
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile)
+			t.Logf("berthd.service output:\n%s\nsystemctl status:\n%s", b, systemctlStatus())
+		}
+	})
+	parent := "berth-itest/unit-" + filepath.Base(state)
+	sock := filepath.Join(state, "berth.sock")
+	config := filepath.Join(base, "config.toml")
+	bridge, subnet := harness.TestNetwork(t)
+	toml := harness.PlainHTTP(reg.Host()) + fmt.Sprintf("[network]\nbridge = %q\nsubnet = %q\n", bridge, subnet)
+	if err := os.WriteFile(config, []byte(toml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{root, state} {
+		if err := os.Mkdir(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unit, err := os.ReadFile(unitFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropIn := "/etc/systemd/system/berthd.service.d"
+	writes := map[string]string{
+		"/etc/systemd/system/berthd.service": string(unit),
+		// The VM runs no journald: berthd's output goes to a file.
+		dropIn + "/test.conf": fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --config %s --root %s --state %s --socket %s --log-level debug\n"+
+			"Restart=no\nStandardOutput=append:%s\nStandardError=append:%s\n",
+			harness.BinaryPath(t, "berthd"), config, root, state, sock, logFile, logFile),
+	}
+	for path, body := range writes {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	systemctl := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("systemctl", args...).CombinedOutput(); err != nil {
+			t.Fatalf("systemctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("systemctl", "stop", "berthd").Run()
+		os.RemoveAll(dropIn)
+		os.Remove("/etc/systemd/system/berthd.service")
+		_ = exec.Command("systemctl", "daemon-reload").Run()
+		for range 4 { // berthd's private bind mount of STATE/pods
+			if unix.Unmount(filepath.Join(state, "pods"), unix.MNT_DETACH) != nil {
+				break
+			}
+		}
+		removeCgroupDirs(parent)
+		removeCgroupDirs("berth-itest") // only once no other test uses it
+	})
+	systemctl("daemon-reload")
+	for prop, want := range map[string]string{"KillMode": "process", "Delegate": "yes", "LimitNOFILE": "1048576"} {
+		if got := systemctlShow(t, "berthd.service", prop); got != want {
+			t.Errorf("berthd.service %s = %q, want %q", prop, got, want)
+		}
+	}
+	systemctl("start", "berthd")
+
+	rt, im := criClients(t, sock)
+	if _, err := im.PullImage(ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "unit", Namespace: "default", Uid: "uid-unit"},
+		Linux: &runtimeapi.LinuxPodSandboxConfig{CgroupParent: "/" + parent + "/pod-unit"}}
+	pod, err := rt.RunPodSandbox(ctx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rt, _ := criClients(t, sock)
+		_, _ = rt.RemovePodSandbox(ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+	})
+	cc, err := rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg,
+		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "sleeper"},
+			Image: &runtimeapi.ImageSpec{Image: p.Name}, Command: sleeper}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: cc.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	ctrPID := verbosePID(t, rt, cc.ContainerId)
+	berthd := systemctlShow(t, "berthd.service", "MainPID")
+
+	systemctl("restart", "berthd")
+	if got := systemctlShow(t, "berthd.service", "MainPID"); got == berthd || got == "0" {
+		t.Fatalf("berthd MainPID %s after restart, was %s: not replaced", got, berthd)
+	}
+	if err := syscall.Kill(ctrPID, 0); err != nil {
+		t.Fatalf("container process %d after systemctl restart berthd: %v", ctrPID, err)
+	}
+	rt, _ = criClients(t, sock)
+	st, err := rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: cc.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("container after restart: %v, %v; want RUNNING", st.GetStatus().GetState(), err)
+	}
+	if got := verbosePID(t, rt, cc.ContainerId); got != ctrPID {
+		t.Errorf("container pid %d after restart, was %d", got, ctrPID)
+	}
+
+	berthd = systemctlShow(t, "berthd.service", "MainPID")
+	systemctl("reload", "berthd")
+	if got := systemctlShow(t, "berthd.service", "MainPID"); got != berthd || systemctlShow(t, "berthd.service", "ActiveState") != "active" {
+		t.Errorf("after systemctl reload: MainPID %s (was %s), %s", got, berthd, systemctlShow(t, "berthd.service", "ActiveState"))
+	}
+	if _, err := rt.RemovePodSandbox(ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(ctrPID, 0); err == nil {
+		t.Errorf("container process %d still there after RemovePodSandbox", ctrPID)
+	}
+}
+
+func systemctlStatus() string {
+	out, _ := exec.Command("systemctl", "status", "--no-pager", "berthd").CombinedOutput()
+	return string(out)
+}
+
+// criClients dials a berthd socket, waiting up to 20 s for it to answer.
+func criClients(t *testing.T, sock string) (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServiceClient) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
+	if !eventually(20*time.Second, func() bool {
+		c, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := rt.Version(c, &runtimeapi.VersionRequest{})
+		return err == nil
+	}) {
+		t.Fatalf("berthd on %s does not answer", sock)
+	}
+	return rt, runtimeapi.NewImageServiceClient(conn)
+}
+
+func verbosePID(t *testing.T, rt runtimeapi.RuntimeServiceClient, id string) int {
+	t.Helper()
+	st, err := rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil || info.Pid <= 0 {
+		t.Fatalf("verbose status of %s: pid %d, %v", id, info.Pid, err)
+	}
+	return info.Pid
 }

@@ -144,6 +144,8 @@ echo "hosts: files dns" >"$root/etc/nsswitch.conf"
 echo berth-vm >"$root/etc/hostname"
 cp -a "$kdir/lib/modules/$release" "$root/lib/modules/"
 install -m 0755 test/vm/init.sh "$root/sbin/berth-vm-init"
+# The unit `make install` installs, for TestSystemdUnitRestartKeepsContainers.
+install -m 0644 cmd/berthd/berthd.service "$root/berth/berthd.service"
 
 # Host programs the tests run, with the shared libraries they load: the
 # reference CNI plugins (test/deps.sh installs them) and iptables (nft), which
