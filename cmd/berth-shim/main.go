@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime/debug"
 	"strconv"
 	"syscall"
@@ -59,9 +58,6 @@ func serve(args []string) int {
 		fmt.Fprintln(os.Stderr, "berth-shim serve: --dir is required")
 		return 2
 	}
-	if os.Getenv(shim.DaemonEnv) != "" {
-		return daemonize()
-	}
 	tuneMemory()
 	var ready *os.File
 	if v := os.Getenv(shim.ReadyFdEnv); v != "" {
@@ -72,28 +68,6 @@ func serve(args []string) int {
 		}
 	}
 	if err := server.Run(*dir, ready); err != nil {
-		fmt.Fprintf(os.Stderr, "berth-shim: %v\n", err)
-		return 1
-	}
-	return 0
-}
-
-// daemonize starts the real shim in its own session and returns at once,
-// so the shim is reparented to init instead of staying the caller's child.
-// The ready pipe (fd 3) is passed on.
-func daemonize() int {
-	os.Unsetenv(shim.DaemonEnv)
-	exe, err := os.Executable() // not /proc/self/exe: ps would show "exe"
-	if err != nil {
-		exe = "/proc/self/exe"
-	}
-	cmd := exec.Command(exe, os.Args[1:]...)
-	cmd.Args[0] = os.Args[0]
-	cmd.Env = append(os.Environ(), shim.ReadyFdEnv+"=3")
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{os.NewFile(3, "ready")}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(os.Stderr, "berth-shim: %v\n", err)
 		return 1
 	}

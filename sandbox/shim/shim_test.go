@@ -41,12 +41,13 @@ func TestRunLogsAndExit(t *testing.T) {
 	}
 }
 
-// The shim is detached: its own session, not a child of the caller, and
-// it serves only a root-only socket.
+// The shim is detached: its own session (a signal to the caller's process
+// group leaves it running), one process start (the caller's child, not an
+// intermediate's), and it serves only a root-only socket.
 func TestStartDetached(t *testing.T) {
 	p := newPod(t)
-	if ppid, _ := strconv.Atoi(strings.Fields(status(p.pid, "PPid"))[0]); ppid == os.Getpid() {
-		t.Fatalf("shim %d is a child of the test process", p.pid)
+	if ppid, _ := strconv.Atoi(strings.Fields(status(p.pid, "PPid"))[0]); ppid != os.Getpid() {
+		t.Fatalf("shim %d is a child of %d, want the test process (%d): started through an intermediate", p.pid, ppid, os.Getpid())
 	}
 	if sid, _ := unix.Getsid(p.pid); sid != p.pid {
 		t.Fatalf("shim session %d, want its own (%d)", sid, p.pid)
@@ -325,6 +326,12 @@ func TestShutdown(t *testing.T) {
 	if !waitGone(t, p.pid) {
 		t.Fatal("shim still running after Shutdown")
 	}
+	// The shim is the caller's child: Start's reaper waits for it, no
+	// zombie is left.
+	eventually(t, "the exited shim to be reaped (no zombie)", func() bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(p.pid))
+		return os.IsNotExist(err)
+	})
 	for _, f := range []string{shim.SocketFile, shim.PidFile} {
 		if _, err := os.Stat(filepath.Join(p.dir, f)); !os.IsNotExist(err) {
 			t.Errorf("%s left after Shutdown", f)

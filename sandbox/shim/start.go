@@ -13,23 +13,21 @@ import (
 	"time"
 )
 
-// Environment handshake between Start, the short-lived intermediate shim
-// process and the real one.
-const (
-	// DaemonEnv makes `berth-shim serve` re-start itself detached and exit,
-	// so the real shim is never a child of berthd (no zombie, no wait).
-	DaemonEnv = "_BERTH_SHIM_DAEMON"
-	// ReadyFdEnv names the fd on which the real shim writes "ok\n" once
-	// its socket is listening; it is closed without that on failure.
-	ReadyFdEnv = "_BERTH_SHIM_READY_FD"
-)
+// ReadyFdEnv names the fd on which the shim writes "ok\n" once its socket
+// is listening; it is closed without that on failure.
+const ReadyFdEnv = "_BERTH_SHIM_READY_FD"
 
 // startTimeout bounds Start when ctx has no deadline.
 const startTimeout = 10 * time.Second
 
-// Start starts the shim for podDir, detached (own session, reparented away
-// from the caller, so SIGKILL of berthd leaves it running), waits until it
+// Start starts the shim for podDir, detached (its own session, so SIGKILL
+// of berthd, or of its process group, leaves it running), waits until it
 // serves and returns a client. A shim already serving podDir is reused.
+//
+// The shim is one process start: it stays the caller's child, reaped by
+// reapShims when it exits, and is reparented to init only if the caller
+// dies first. (A double fork through an intermediate shim process cost a
+// second start of the 10 MB binary on every pod start.)
 func Start(ctx context.Context, binary, podDir string) (*Client, error) {
 	if err := os.MkdirAll(podDir, 0o700); err != nil {
 		return nil, err
@@ -58,18 +56,14 @@ func Start(ctx context.Context, binary, podDir string) (*Client, error) {
 	defer r.Close()
 
 	cmd := exec.Command(binary, "serve", "--dir", podDir)
-	cmd.Env = append(os.Environ(), DaemonEnv+"=1")
+	cmd.Env = append(os.Environ(), ReadyFdEnv+"=3")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{w} // fd 3 in the shim
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	err = startChild(cmd)
 	w.Close() // only the shim holds the write end now: EOF if it dies
 	if err != nil {
 		return nil, fmt.Errorf("start shim: %w", err)
-	}
-	// The intermediate exits as soon as the real shim is spawned.
-	if err := cmd.Wait(); err != nil {
-		return nil, fmt.Errorf("start shim: %w%s", err, logTail(logPath))
 	}
 	if err := waitReady(ctx, r); err != nil {
 		return nil, fmt.Errorf("shim for %s: %w%s", podDir, err, logTail(logPath))
