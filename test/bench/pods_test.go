@@ -23,7 +23,8 @@ const pods = 50
 // running container of an image already pulled, then tears them down, and
 // prints pod start (RunPodSandbox + CreateContainer + StartContainer) and
 // teardown (StopPodSandbox + RemovePodSandbox) p50/p99, the mean of each
-// start step, and the RSS of berthd (idle and with 50 pods) and of one shim.
+// start step, the RSS of berthd (idle and with 50 pods), and the RSS,
+// anonymous memory and threads of one shim.
 func TestPodStartAndTeardown(t *testing.T) {
 	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
@@ -33,7 +34,7 @@ func TestPodStartAndTeardown(t *testing.T) {
 			os.Remove(dir)
 		}
 	})
-	idleRSS := rssKB(t, d.PID())
+	idleRSS := statusKB(t, d.PID(), "VmRSS")
 
 	var starts, teardowns []time.Duration
 	steps := map[string]time.Duration{}
@@ -57,8 +58,10 @@ func TestPodStartAndTeardown(t *testing.T) {
 		}
 		addTimeline(t, "container ", cs.Info, steps)
 	}
-	busyRSS := rssKB(t, d.PID())
-	shimRSS := rssKB(t, shimPID(t, d, ids[0]))
+	busyRSS := statusKB(t, d.PID(), "VmRSS")
+	// The first pod's shim has idled longest: what a shim settles at.
+	shim := shimPID(t, d, ids[0])
+	shimRSS, shimAnon, shimThreads := statusKB(t, shim, "VmRSS"), statusKB(t, shim, "RssAnon"), statusKB(t, shim, "Threads")
 
 	for _, id := range ids {
 		begin := time.Now()
@@ -81,7 +84,8 @@ func TestPodStartAndTeardown(t *testing.T) {
 	for _, name := range names {
 		fmt.Printf("step %-20s mean %s\n", name, (steps[name] / pods).Round(10*time.Microsecond))
 	}
-	fmt.Printf("rss berthd: idle %d KB, with %d pods %d KB; one shim %d KB\n", idleRSS, pods, busyRSS, shimRSS)
+	fmt.Printf("rss berthd: idle %d KB, with %d pods %d KB; one shim %d KB (anonymous %d KB, %d threads)\n",
+		idleRSS, pods, busyRSS, shimRSS, shimAnon, shimThreads)
 }
 
 // addTimeline adds the start steps in a verbose status's info to sums,
@@ -120,20 +124,21 @@ func pct(ds []time.Duration, p int) time.Duration {
 	return s[(len(s)-1)*p/100].Round(10 * time.Microsecond)
 }
 
-// rssKB reads VmRSS of a process.
-func rssKB(t *testing.T, pid int) int {
+// statusKB reads a number field of a process's status: VmRSS and RssAnon
+// in KB, Threads.
+func statusKB(t *testing.T, pid int, field string) int {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			n, _ := strconv.Atoi(strings.Fields(v)[0])
 			return n
 		}
 	}
-	t.Fatalf("no VmRSS for %d", pid)
+	t.Fatalf("no %s for %d", field, pid)
 	return 0
 }
 

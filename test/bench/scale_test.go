@@ -36,7 +36,7 @@ func TestScale(t *testing.T) {
 	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
 	t.Cleanup(func() { removeCgroupTree("/berth-scale") })
-	idleRSS := rssKB(t, d.PID())
+	idleRSS := statusKB(t, d.PID(), "VmRSS")
 	ids := startScalePods(t, d.Runtime, img)
 	t.Cleanup(func() {
 		for _, id := range ids {
@@ -76,7 +76,7 @@ func TestScale(t *testing.T) {
 			c.name, scalePods, scaleContainers, pct(took, 50), pct(took, 99), listCalls)
 	}
 	printEventLatency(t, d.Runtime, ids)
-	fmt.Printf("scale rss berthd: idle %d KB, with %d pods x %d containers %d KB\n", idleRSS, scalePods, scaleContainers, rssKB(t, d.PID()))
+	fmt.Printf("scale rss berthd: idle %d KB, with %d pods x %d containers %d KB\n", idleRSS, scalePods, scaleContainers, statusKB(t, d.PID(), "VmRSS"))
 }
 
 // startScalePods starts the pods, 5 starts in flight.

@@ -212,6 +212,7 @@ func (s *Server) start(id string) (shim.State, error) {
 		c.state.Status = shim.StatusRunning
 		s.emit(shim.EventStarted, c.state)
 	}
+	s.trimSoon() // what creating and starting it took
 	return c.state, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,8 +76,7 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 	}
 	out.finish(drainLimit)
 	if out.total > 1<<20 {
-		// Give a big capture back to the system once the reply is sent.
-		time.AfterFunc(time.Second, debug.FreeOSMemory)
+		s.trimSoon() // a big capture: give it back once the reply is sent
 	}
 	resp.ExitCode, _ = e.code()
 	if out.exceeded {

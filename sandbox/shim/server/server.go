@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -35,6 +36,9 @@ type Server struct {
 	execs    map[string]chan struct{} // by token: closed when the caller has gone
 	quit     chan struct{}
 	quitOnce sync.Once
+
+	trimMu sync.Mutex
+	trim   *time.Timer // pending trimSoon, nil when none
 }
 
 // Run serves the pod folder dir until Shutdown (or SIGTERM/SIGINT while no
@@ -153,6 +157,24 @@ func (s *Server) live() int {
 		}
 	}
 	return n
+}
+
+// trimSoon gives the memory freed since the last collection back to the
+// system a second from now, once however many ask meanwhile: a shim idles
+// for the pod's lifetime, and should hold what it keeps, not what a start
+// or a big exec needed at its peak (the scavenger alone returns it slowly).
+func (s *Server) trimSoon() {
+	s.trimMu.Lock()
+	defer s.trimMu.Unlock()
+	if s.trim != nil {
+		return
+	}
+	s.trim = time.AfterFunc(time.Second, func() {
+		s.trimMu.Lock()
+		s.trim = nil
+		s.trimMu.Unlock()
+		debug.FreeOSMemory()
+	})
 }
 
 // shutdown ends Run at once. The Shutdown call's reply races the exit and
