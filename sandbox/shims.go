@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -153,10 +154,37 @@ func (m *Manager) stopShim(ctx context.Context, podID string, ids []string) erro
 	return waitGone(ctx, info.Pid)
 }
 
-// waitGone waits until process pid has exited: the shim answers Shutdown
-// before it is gone, and nothing of a stopped pod may outlive the call.
-// A zombie counts as gone; its parent (init) reaps it.
+// waitGone waits until process pid has exited: the shim may answer
+// Shutdown before it is gone, and nothing of a stopped pod may outlive the
+// call. A zombie counts as gone: its parent (berthd's shim reaper, or init
+// for a shim an earlier berthd started) reaps it. A pidfd turns readable
+// at the exit itself; kernels without pidfd_open (before 5.3) poll /proc.
 func waitGone(ctx context.Context, pid int) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return pollGone(ctx, pid)
+	}
+	defer unix.Close(fd)
+	for {
+		// Bounded, so that ctx is looked at between polls.
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 10)
+		if n > 0 {
+			return nil
+		}
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("shim %d: poll its pidfd: %w", pid, err)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("shim %d did not exit: %w", pid, ctx.Err())
+		}
+	}
+}
+
+// pollGone is waitGone by reading /proc every 5 ms.
+func pollGone(ctx context.Context, pid int) error {
 	for {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
