@@ -104,7 +104,7 @@ type idmappedLowers struct {
 // IDs are host IDs). Idmapping Upper too would store files as host root,
 // so that a file the container made would be root's, or setuid root, on
 // the host.
-func idmapLowers(l Layout) (a *idmappedLowers, err error) {
+func idmapLowers(l Layout) (_ *idmappedLowers, err error) {
 	ns, err := os.Open(l.UserNS)
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: user namespace: %w", err)
@@ -114,25 +114,27 @@ func idmapLowers(l Layout) (a *idmappedLowers, err error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("rootfs: %w", err)
 	}
-	a = &idmappedLowers{}
-	if a.dir, err = os.Open(dir); err != nil {
+	// A failed return releases what was made (made, not a named result,
+	// which the return would set to nil before the deferred release).
+	made := &idmappedLowers{}
+	if made.dir, err = os.Open(dir); err != nil {
 		os.Remove(dir)
 		return nil, fmt.Errorf("rootfs: %w", err)
 	}
 	defer func() {
 		if err != nil {
-			a.release()
+			made.release()
 		}
 	}()
 	for i, d := range l.Lowers {
-		if err := a.attach(d, int(ns.Fd()), strconv.Itoa(i)); err != nil {
+		if err := made.attach(d, int(ns.Fd()), strconv.Itoa(i)); err != nil {
 			return nil, err
 		}
 	}
 	if err := os.Lchown(l.Upper, l.RootUID, l.RootGID); err != nil {
 		return nil, fmt.Errorf("rootfs: %w", err)
 	}
-	return a, nil
+	return made, nil
 }
 
 // attach mounts an idmapped view of layer on the folder name of a.dir. The
