@@ -140,9 +140,8 @@ func TestSystemdUnitRestartKeepsContainers(t *testing.T) {
 	unitFile := "/berth/berthd.service" // test/vm/run.sh puts it there
 	reg := harness.NewRegistry(t)
 	p := reg.Push(t, "berth/busybox:unit", harness.BusyboxImage(t, harness.ImageSpec{}))
-	// Not below /tmp: in the VM, systemd failed to open the unit's output
-	// file in the test's temp folder (ENOENT), the same mount namespace
-	// notwithstanding.
+	// Beside the machine's folders, not in the tests' /tmp: whatever the
+	// VM's systemd does to /tmp, berthd.service sees its files.
 	base, err := os.MkdirTemp("/var/lib", "berth-unit-test-")
 	if err != nil {
 		t.Fatal(err)
@@ -175,8 +174,11 @@ func TestSystemdUnitRestartKeepsContainers(t *testing.T) {
 	dropIn := "/etc/systemd/system/berthd.service.d"
 	writes := map[string]string{
 		"/etc/systemd/system/berthd.service": string(unit),
-		// The VM runs no journald: berthd's output goes to a file.
-		dropIn + "/test.conf": fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --config %s --root %s --state %s --socket %s --log-level debug\n"+
+		// The VM runs no journald: berthd's output goes to a file. The VM
+		// boots into the test unit alone: the default dependencies would
+		// start sysinit.target and basic.target now, whose tmp.mount
+		// hides the tests' /tmp under a fresh tmpfs (a node has them up).
+		dropIn + "/test.conf": fmt.Sprintf("[Unit]\nDefaultDependencies=no\n\n[Service]\nExecStart=\nExecStart=%s --config %s --root %s --state %s --socket %s --log-level debug\n"+
 			"Restart=no\nStandardOutput=append:%s\nStandardError=append:%s\n",
 			harness.BinaryPath(t, "berthd"), config, root, state, sock, logFile, logFile),
 	}
