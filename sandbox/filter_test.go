@@ -16,7 +16,7 @@ import (
 
 // testManager is a Manager on a fresh database, without root: what it
 // knows of pods and containers is their records.
-func testManager(t *testing.T) *Manager {
+func testManager(t testing.TB) *Manager {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(t.TempDir(), "meta.db"), 0o600, nil)
 	if err != nil {
@@ -37,7 +37,7 @@ func testManager(t *testing.T) *Manager {
 		shims: map[string]*shim.Client{}, state: newView()}
 }
 
-func (m *Manager) addTestPod(t *testing.T, id string, state runtimeapi.PodSandboxState, labels map[string]string) {
+func (m *Manager) addTestPod(t testing.TB, id string, state runtimeapi.PodSandboxState, labels map[string]string) {
 	t.Helper()
 	p := &Pod{ID: id, State: state, Config: &runtimeapi.PodSandboxConfig{Labels: labels,
 		Metadata: &runtimeapi.PodSandboxMetadata{Name: id, Namespace: "ns", Uid: id}}}

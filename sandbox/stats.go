@@ -143,11 +143,16 @@ const layerUsageMaxAge = 10 * time.Second
 
 // layerUsages caches the size of each container's writable layer: walking a
 // big layer takes long, so stats calls answer with the last figures and the
-// walk runs in the background, one per container at a time.
+// walk runs in the background, one per container at a time and
+// layerWalkers on the node (a full node's layers all go stale together).
 type layerUsages struct {
-	mu   sync.Mutex
-	byID map[string]*layerUsage
+	mu      sync.Mutex
+	byID    map[string]*layerUsage
+	walkers chan struct{}
 }
+
+// layerWalkers is how many writable layers are walked at once.
+const layerWalkers = 2
 
 type layerUsage struct {
 	bytes, inodes uint64
@@ -161,7 +166,7 @@ func (l *layerUsages) usage(id, upper string, log *slog.Logger) (bytes, inodes u
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byID == nil {
-		l.byID = map[string]*layerUsage{}
+		l.byID, l.walkers = map[string]*layerUsage{}, make(chan struct{}, layerWalkers)
 	}
 	u := l.byID[id]
 	if u == nil {
@@ -176,7 +181,9 @@ func (l *layerUsages) usage(id, upper string, log *slog.Logger) (bytes, inodes u
 }
 
 func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
+	l.walkers <- struct{}{}
 	bytes, inodes, err := diskUsage(upper)
+	<-l.walkers
 	if err != nil {
 		log.Warn("writable layer usage", "dir", upper, "err", err)
 	}

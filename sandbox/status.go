@@ -42,7 +42,7 @@ func (m *Manager) ListContainers(_ context.Context, f Filter) ([]*ContainerStatu
 		return nil, err
 	}
 	ctrs, states := m.state.listContainers(f.PodID)
-	var out []*ContainerStatus
+	out := make([]*ContainerStatus, 0, len(ctrs))
 	for i, c := range ctrs {
 		st := statusOf(c, states[i])
 		if f.matches(c.ID, c.Config.Labels, int32(st.State)) {

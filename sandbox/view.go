@@ -179,7 +179,7 @@ func findID[T any](m map[string]T, kind, id string) (string, error) {
 func (v *view) listPods(f Filter) []*Pod {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	var out []*Pod
+	out := make([]*Pod, 0, len(v.pods))
 	for _, p := range v.pods {
 		if f.matches(p.ID, p.Config.Labels, int32(p.State)) {
 			out = append(out, clonePod(p))
@@ -200,20 +200,16 @@ func (v *view) containersOf(podID string) []*Container {
 func (v *view) listContainers(podID string) ([]*Container, []shim.State) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	var ctrs []*Container
-	var states []shim.State
-	add := func(id string) {
-		e := v.ctrs[id]
-		ctrs, states = append(ctrs, cloneContainer(e.c)), append(states, e.st)
-	}
+	var ids []string
 	if podID == "" {
-		for id := range v.ctrs {
-			add(id)
-		}
+		ids = slices.Collect(maps.Keys(v.ctrs))
 	} else {
-		for id := range v.byPod[podID] {
-			add(id)
-		}
+		ids = slices.Collect(maps.Keys(v.byPod[podID]))
+	}
+	ctrs, states := make([]*Container, len(ids)), make([]shim.State, len(ids))
+	for i, id := range ids {
+		e := v.ctrs[id]
+		ctrs[i], states[i] = cloneContainer(e.c), e.st
 	}
 	return ctrs, states
 }

@@ -10,7 +10,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-func (m *Manager) addTestContainer(t *testing.T, id, podID string) {
+func (m *Manager) addTestContainer(t testing.TB, id, podID string) {
 	t.Helper()
 	c := &Container{ID: id, PodID: podID, Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: id}}}
 	if err := m.saveContainer(c); err != nil {
