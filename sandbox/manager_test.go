@@ -3,10 +3,12 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/rpc"
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cri/errkind"
@@ -74,9 +76,19 @@ func (f *fakeShim) Events(req *shim.EventsRequest, r *shim.EventsReply) error {
 	return nil
 }
 
-// startFakeShim serves a fakeShim on podDir's socket until it is shut
-// down; its first start fails with fail, when set.
-func startFakeShim(t *testing.T, fail error) ShimStarter {
+// legacyShim is a shim from before Events: berthd asks it for states.
+type legacyShim struct{ f *fakeShim } // not embedded: no Events
+
+func (l legacyShim) Info(a *shim.Empty, r *shim.Info) error        { return l.f.Info(a, r) }
+func (l legacyShim) Delete(a *shim.IDRequest, r *shim.Empty) error { return l.f.Delete(a, r) }
+func (l legacyShim) Shutdown(a *shim.Empty, r *shim.Empty) error   { return l.f.Shutdown(a, r) }
+func (legacyShim) State(req *shim.IDRequest, _ *shim.State) error {
+	return fmt.Errorf("%w: %s", shim.ErrNotFound, req.ID)
+}
+
+// startFakeShim serves a fakeShim (a legacyShim if legacy) on podDir's
+// socket until it is shut down; its first start fails with fail, when set.
+func startFakeShim(t *testing.T, fail error, legacy bool) ShimStarter {
 	return func(_ context.Context, podDir string) (*shim.Client, error) {
 		if err := fail; err != nil {
 			fail = nil
@@ -87,8 +99,12 @@ func startFakeShim(t *testing.T, fail error) ShimStarter {
 			return nil, err
 		}
 		f := &fakeShim{quit: make(chan struct{})}
+		var api any = f
+		if legacy {
+			api = legacyShim{f}
+		}
 		srv := rpc.NewServer()
-		if err := srv.RegisterName(shim.ServiceName, f); err != nil {
+		if err := srv.RegisterName(shim.ServiceName, api); err != nil {
 			return nil, err
 		}
 		go func() {
@@ -109,7 +125,7 @@ func startFakeShim(t *testing.T, fail error) ShimStarter {
 func podManager(t *testing.T, shimErr error) (*Manager, *fakeCgroups) {
 	m := testManager(t)
 	cg := &fakeCgroups{live: map[string]bool{}}
-	m.opts.Cgroups, m.opts.StartShim = cg, startFakeShim(t, shimErr)
+	m.opts.Cgroups, m.opts.StartShim = cg, startFakeShim(t, shimErr, false)
 	return m, cg
 }
 
@@ -228,5 +244,28 @@ func TestPodNamesStopRemoveAndEvents(t *testing.T) {
 	}
 	if _, err := m.RunPod(ctx, hostPodConfig("p")); err != nil {
 		t.Errorf("the same metadata after the removal: %v", err)
+	}
+}
+
+// TestShimWithoutEvents: a shim from before the Events call (one that
+// outlived an upgrade of berth) is asked for states instead; its pod is
+// not taken for lost, and stops and goes as any other.
+func TestShimWithoutEvents(t *testing.T) {
+	m, cg := podManager(t, nil)
+	m.opts.StartShim = startFakeShim(t, nil, true)
+	pod, err := m.RunPod(t.Context(), hostPodConfig("old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(legacyPollPeriod + 500*time.Millisecond) // a poll or two
+	p, err := m.GetPod(pod.ID)
+	if err != nil || p.State != runtimeapi.PodSandboxState_SANDBOX_READY || m.shim(pod.ID) == nil {
+		t.Fatalf("pod of a shim without events: %v, followed %v; want READY, still followed", err, m.shim(pod.ID) != nil)
+	}
+	if err := m.RemovePod(t.Context(), pod.ID); err != nil {
+		t.Fatal(err)
+	}
+	if len(cg.live) != 0 {
+		t.Errorf("cgroups left: %v", cg.live)
 	}
 }

@@ -82,6 +82,23 @@ func (m *Manager) recover() error {
 // accepts but never answers does not keep berthd from serving.
 const recoveryCallTimeout = 3 * time.Second
 
+// askStates is the snapshot a shim from before Events would give: the
+// state of each of the pod's containers (and pause) it has.
+func (m *Manager) askStates(ctx context.Context, podID string, c *shim.Client) (shim.EventsReply, error) {
+	var r shim.EventsReply
+	for _, id := range m.liveInShim(podID) {
+		st, err := c.State(ctx, id)
+		if shim.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return r, err
+		}
+		r.Events = append(r.Events, shim.Event{Kind: shim.EventState, State: st})
+	}
+	return r, nil
+}
+
 // recoverStates asks the shim for the state of every container it has
 // (its pause's exit included); the pod's other containers are as their
 // records say.
@@ -89,6 +106,9 @@ func (m *Manager) recoverStates(podID string, c *shim.Client) error {
 	ctx, cancel := context.WithTimeout(context.Background(), recoveryCallTimeout)
 	defer cancel()
 	r, err := c.Events(ctx, 0)
+	if errors.Is(err, shim.ErrNoEvents) { // a shim from before: ask each
+		r, err = m.askStates(ctx, podID, c)
+	}
 	if err != nil {
 		return err
 	}

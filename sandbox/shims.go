@@ -43,6 +43,10 @@ func (m *Manager) followShim(podID string, c *shim.Client) {
 	var after uint64
 	for {
 		r, err := c.Events(context.Background(), after)
+		if errors.Is(err, shim.ErrNoEvents) {
+			m.pollShim(podID, c)
+			break
+		}
 		if err != nil && !errors.Is(err, shim.ErrUnavailable) {
 			m.log.Error("pod shim events", "pod", podID, "err", err)
 		}
@@ -83,6 +87,55 @@ func (m *Manager) shimLost(pod *Pod) error {
 		return err
 	}
 	return m.podNotReady(pod)
+}
+
+// legacyPollPeriod is how often berthd asks a shim from before Events
+// for the state of its pod's containers.
+const legacyPollPeriod = time.Second
+
+// pollShim follows a shim from before Events (one that outlived an
+// upgrade of berth, until its pod is recreated): every legacyPollPeriod
+// it asks the state of the pod's live containers and pause, until the
+// shim is gone.
+func (m *Manager) pollShim(podID string, c *shim.Client) {
+	tick := time.NewTicker(legacyPollPeriod)
+	defer tick.Stop()
+	for range tick.C {
+		if !m.pollOnce(podID, c) {
+			return
+		}
+	}
+}
+
+// pollOnce asks the shim once; false when it is gone.
+func (m *Manager) pollOnce(podID string, c *shim.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), shimCallTimeout)
+	defer cancel()
+	if _, err := c.Info(ctx); errors.Is(err, shim.ErrUnavailable) {
+		return false
+	}
+	for _, id := range m.liveInShim(podID) {
+		if st, err := c.State(ctx, id); err == nil {
+			m.applyShimEvent(podID, c, shim.Event{Kind: shim.EventState, State: st})
+		}
+	}
+	return true
+}
+
+// liveInShim lists what of a pod may still change in its shim: its
+// containers not stopped, and the pause of a ready pod that has one.
+func (m *Manager) liveInShim(podID string) []string {
+	var ids []string
+	if pod, err := m.GetPod(podID); err == nil && pod.PausePID > 0 && pod.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+		ids = append(ids, pauseID)
+	}
+	_, states := m.state.listContainers(podID)
+	for _, st := range states {
+		if st.Status != shim.StatusStopped {
+			ids = append(ids, st.ID)
+		}
+	}
+	return ids
 }
 
 // applyShimEvent records what the shim says of a container; the pause's

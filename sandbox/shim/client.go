@@ -33,9 +33,16 @@ func (c *Client) Close() error { return c.rpc.Close() }
 // Events returns the container events after after (see EventsRequest)
 // once there are any. It fails with ErrUnavailable when the shim went away
 // or this client was closed.
+// A shim from before Events (still running after an upgrade of berth)
+// answers ErrNoEvents.
 func (c *Client) Events(ctx context.Context, after uint64) (EventsReply, error) {
 	var r EventsReply
-	if err := c.call(ctx, "Events", &EventsRequest{After: after}, &r); err != nil {
+	err := c.call(ctx, "Events", &EventsRequest{After: after}, &r)
+	var se rpc.ServerError
+	if errors.As(err, &se) && strings.HasPrefix(string(se), "rpc: can't find method") {
+		return EventsReply{}, fmt.Errorf("%w: %v", ErrNoEvents, err)
+	}
+	if err != nil {
 		return EventsReply{}, err
 	}
 	return r, nil

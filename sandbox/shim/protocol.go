@@ -33,6 +33,9 @@ var (
 	ErrBusy       = errors.New("shim has live containers")
 	// ErrOutputTooLarge: the message is "output exceeds N bytes".
 	ErrOutputTooLarge = errors.New("output exceeds")
+	// ErrNoEvents is returned by Client.Events when the shim predates
+	// the call.
+	ErrNoEvents = errors.New("shim does not push events")
 	// ErrUnavailable is returned by the client when the shim cannot be
 	// reached (the connection broke: the shim died or exited).
 	ErrUnavailable = errors.New("shim unavailable")
