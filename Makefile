@@ -7,7 +7,7 @@ LDFLAGS   := -X github.com/berth-runtime/berth/cri.buildCommit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 
-.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet lint run bench bench-compare install start clean
+.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet test-cluster lint run bench bench-compare install start clean
 
 # The shim is linked statically: it needs no libc on the node (nor in the
 # VM tier). The seccomp tag links libcontainer's seccomp support with Debian's static
@@ -32,8 +32,15 @@ deps:
 
 # test is the README's test command and what CI runs: the host tiers, the
 # same privileged suite in a VM on unified cgroup v2 (with busybox, then
-# systemd, as init), then a stock kubelet.
-test: test-host test-vm test-kubelet
+# systemd, as init), a stock kubelet, then a one-node cluster; each tier's
+# time is printed at the end (CI's budget is 40 minutes on 2 cores).
+TEST_TIERS := test-host test-vm test-kubelet test-cluster
+test:
+	@times=""; for tier in $(TEST_TIERS); do start=$$(date +%s); \
+		$(MAKE) --no-print-directory $$tier; rc=$$?; \
+		times="$$times  $$tier: $$(( $$(date +%s) - start )) s\n"; \
+		if [ $$rc -ne 0 ]; then printf "tier times:\n$$times"; exit $$rc; fi; \
+	done; printf "tier times:\n$$times"
 
 test-host: deps lint test-unit test-fuzz test-integration
 
@@ -77,6 +84,27 @@ KUBELET_VERSION = $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 }' test/ku
 $(BIN)/kubelet: test/kubelet/go.mod test/kubelet/go.sum
 	cd test/kubelet && $(GO) build -trimpath -ldflags '-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION)' \
 		-o $(CURDIR)/$(BIN)/kubelet k8s.io/kubernetes/cmd/kubelet
+
+# The whole-flow tier (privileged): etcd, a control plane, a kubelet and
+# kube-proxy of the current Kubernetes release run a one-node cluster on
+# berth, driven as a user drives it, with kubectl (test/cluster, a module
+# of its own; etcd 3.6 in test/cluster/etcd, one more, as Kubernetes 1.37
+# needs etcd 3.7's client libraries). The binaries go to bin/cluster/, built
+# in one go build (the packages they share compile once) and rebuilt only
+# when their go.mod or go.sum changes; -s -w: no symbol tables, a shorter link.
+CLUSTER_CMDS := kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl
+CLUSTER_BINS := $(addprefix $(BIN)/cluster/,$(CLUSTER_CMDS))
+test-cluster: deps build $(CLUSTER_BINS) $(BIN)/cluster/etcd
+	cd test/cluster && BERTH_CLUSTER=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) CLUSTER_BIN_DIR=$(CURDIR)/$(BIN)/cluster \
+		$(GO) test -count=1 -timeout 25m -v .
+
+CLUSTER_K8S_VERSION = $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 }' test/cluster/go.mod)
+$(CLUSTER_BINS) &: test/cluster/go.mod test/cluster/go.sum
+	cd test/cluster && $(GO) build -trimpath -ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(CLUSTER_K8S_VERSION)' \
+		-o $(CURDIR)/$(BIN)/cluster/ $(addprefix k8s.io/kubernetes/cmd/,$(CLUSTER_CMDS))
+
+$(BIN)/cluster/etcd: test/cluster/etcd/go.mod test/cluster/etcd/go.sum
+	cd test/cluster/etcd && $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(BIN)/cluster/etcd go.etcd.io/etcd/server/v3
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

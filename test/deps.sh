@@ -2,11 +2,12 @@
 # Installs the Debian packages berth's build and tests need, only those
 # missing, so that running it again is quick and changes nothing. The shim
 # links libseccomp statically (libseccomp-dev ships libseccomp.a), through cgo
-# (gcc, pkg-config). Given package names, it installs those instead
+# (gcc, pkg-config). kube-proxy in nftables mode (make test-cluster) runs
+# nft. Given package names, it installs those instead
 # (make bench-compare: containerd, runc).
 set -euo pipefail
 
-packages=(gcc libc6-dev pkg-config libseccomp-dev busybox-static containernetworking-plugins)
+packages=(gcc libc6-dev pkg-config libseccomp-dev busybox-static containernetworking-plugins nftables)
 if (($#)); then
 	packages=("$@")
 fi

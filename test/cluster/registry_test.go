@@ -1,0 +1,205 @@
+package cluster
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// busyboxPath is where Debian's busybox-static installs the binary (make deps).
+const busyboxPath = "/bin/busybox"
+
+// applets are linked to busybox in the test image's /bin.
+var applets = []string{"sh", "sleep", "echo", "cat", "touch", "test", "rm", "ls", "mkdir", "date", "tar",
+	"true", "false", "hostname", "id", "ps", "grep", "env", "kill", "seq", "wc", "head", "tail"}
+
+// fixedTime makes the same files give the same layer digest on every run.
+var fixedTime = time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// blob is a content-addressed registry object.
+type blob struct {
+	mediaType string
+	data      []byte
+}
+
+func digestOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// webImage builds a one-layer OCI image of Debian's busybox-static (with
+// applet symlinks, /etc/passwd, /etc/group, /tmp), the web binary as
+// /bin/web and version in /etc/web-version, and returns its manifest, config
+// and layer. It is what every test pod runs, with commands of its own.
+func webImage(t *testing.T, web []byte, version string) (manifest, config, layer blob) {
+	t.Helper()
+	bb, err := os.ReadFile(busyboxPath)
+	if err != nil {
+		t.Fatalf("the test image needs Debian's busybox-static (make deps): %v", err)
+	}
+	var tarBuf bytes.Buffer
+	tw := tar.NewWriter(&tarBuf)
+	add := func(h *tar.Header, content []byte) {
+		h.ModTime, h.Format = fixedTime, tar.FormatPAX
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(content))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if len(content) > 0 {
+			if _, err := tw.Write(content); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := func(name string, mode int64) {
+		add(&tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: mode}, nil)
+	}
+	file := func(name, content string) {
+		add(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644}, []byte(content))
+	}
+	dir("bin", 0o755)
+	add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755}, bb)
+	add(&tar.Header{Name: "bin/web", Typeflag: tar.TypeReg, Mode: 0o755}, web)
+	for _, a := range applets {
+		add(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
+	}
+	dir("etc", 0o755)
+	file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+	file("etc/group", "root:x:0:\nnogroup:x:65534:\n")
+	file("etc/web-version", version+"\n")
+	dir("root", 0o700)
+	dir("tmp", 0o1777)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	diffID := digestOf(tarBuf.Bytes())
+
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	if _, err := zw.Write(tarBuf.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	layer = blob{"application/vnd.oci.image.layer.v1.tar+gzip", gz.Bytes()}
+
+	cfg, err := json.Marshal(map[string]any{
+		"created":      fixedTime.Format(time.RFC3339),
+		"architecture": "amd64",
+		"os":           "linux",
+		"config": map[string]any{
+			"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			"Cmd": []string{"/bin/sh"},
+		},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	config = blob{"application/vnd.oci.image.config.v1+json", cfg}
+
+	m, err := json.Marshal(map[string]any{
+		"schemaVersion": 2,
+		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
+		"config":        map[string]any{"mediaType": config.mediaType, "digest": digestOf(config.data), "size": len(config.data)},
+		"layers":        []any{map[string]any{"mediaType": layer.mediaType, "digest": digestOf(layer.data), "size": len(layer.data)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blob{"application/vnd.oci.image.manifest.v1+json", m}, config, layer
+}
+
+// registry is a read-only OCI distribution endpoint on loopback: enough of
+// the API for a pull (ping, manifests by tag or digest, blobs, GET and HEAD).
+type registry struct {
+	host      string // 127.0.0.1:PORT
+	srv       *http.Server
+	blobs     map[string]blob   // digest → blob (manifests included)
+	manifests map[string]string // "repo:tag" → manifest digest
+}
+
+func newRegistry(t *testing.T) *registry {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &registry{host: ln.Addr().String(), blobs: map[string]blob{}, manifests: map[string]string{}}
+	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	go r.srv.Serve(ln)
+	t.Cleanup(func() { r.srv.Close() })
+	return r
+}
+
+// push stores an image as repo:tag and returns its reference and image ID
+// (the config digest, which berth reports as the image's ID).
+func (r *registry) push(repoTag string, manifest blob, others ...blob) (ref, id string) {
+	for _, b := range append(others, manifest) {
+		r.blobs[digestOf(b.data)] = b
+	}
+	r.manifests[repoTag] = digestOf(manifest.data)
+	var m struct {
+		Config struct{ Digest string }
+	}
+	_ = json.Unmarshal(manifest.data, &m)
+	return r.host + "/" + repoTag, m.Config.Digest
+}
+
+func (r *registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		w.WriteHeader(http.StatusMethodNotAllowed)
+		return
+	}
+	p := req.URL.Path
+	if p == "/v2/" || p == "/v2" {
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	var b blob
+	var ok bool
+	var digest string
+	switch {
+	case strings.HasPrefix(p, "/v2/") && strings.Contains(p, "/manifests/"):
+		repo, ref, _ := strings.Cut(strings.TrimPrefix(p, "/v2/"), "/manifests/")
+		digest = ref
+		if !strings.HasPrefix(ref, "sha256:") {
+			digest = r.manifests[repo+":"+ref]
+		}
+		b, ok = r.blobs[digest]
+		ok = ok && strings.Contains(b.mediaType, "manifest")
+	case strings.HasPrefix(p, "/v2/") && strings.Contains(p, "/blobs/"):
+		_, digest, _ = strings.Cut(p, "/blobs/")
+		b, ok = r.blobs[digest]
+	}
+	if !ok {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, `{"errors":[{"code":"MANIFEST_UNKNOWN","message":"not found"}]}`)
+		return
+	}
+	w.Header().Set("Content-Type", b.mediaType)
+	if !strings.Contains(b.mediaType, "manifest") {
+		w.Header().Set("Content-Type", "application/octet-stream")
+	}
+	w.Header().Set("Docker-Content-Digest", digest)
+	w.Header().Set("Content-Length", fmt.Sprint(len(b.data)))
+	w.WriteHeader(http.StatusOK)
+	if req.Method == http.MethodGet {
+		w.Write(b.data)
+	}
+}

@@ -1,0 +1,237 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// readyWeb is the number of web pods Running and Ready, and how many of
+// them berth holds as READY sandboxes.
+func (e *env) readyWeb(t *testing.T) (pods, sandboxes int) {
+	t.Helper()
+	for _, p := range e.pods(t, ns, "app=web") {
+		if p.DeletionTimestamp == nil && running(&p) {
+			pods++
+			for _, sb := range e.sandboxes(t, string(p.UID)) {
+				if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+					sandboxes++
+				}
+			}
+		}
+	}
+	return pods, sandboxes
+}
+
+func (e *env) sandboxes(t *testing.T, uid string) []*runtimeapi.PodSandbox {
+	t.Helper()
+	r, err := e.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{
+		Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{uidLabel: uid}}})
+	if err != nil {
+		t.Fatalf("ListPodSandbox: %v", err)
+	}
+	return r.Items
+}
+
+// scale: kubectl scale up to 5 and down to 2; berth follows.
+func (e *env) scale(t *testing.T) {
+	for _, n := range []int{5, 2} {
+		e.kubectl(t, "scale", "-n", ns, "deployment/web", fmt.Sprintf("--replicas=%d", n))
+		e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
+		waitFor(t, time.Minute, fmt.Sprintf("%d web pods, each with a READY sandbox in berth", n), func() (bool, string) {
+			pods, sbs := e.readyWeb(t)
+			all := len(e.pods(t, ns, "app=web"))
+			return pods == n && sbs == n && all == n, fmt.Sprintf("%d ready pods, %d READY sandboxes, %d pods", pods, sbs, all)
+		})
+	}
+	e.kubectl(t, "scale", "-n", ns, "deployment/web", "--replicas=3")
+	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
+}
+
+// rollingUpdate: kubectl set image to v2; every replica then answers v2.
+func (e *env) rollingUpdate(t *testing.T) {
+	e.kubectl(t, "set", "image", "-n", ns, "deployment/web", "web="+e.imageV2)
+	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
+	e.checkVersion(t, "v2")
+}
+
+// checkVersion checks every web pod is Ready and answers version on its IP.
+func (e *env) checkVersion(t *testing.T, version string) {
+	t.Helper()
+	waitFor(t, time.Minute, "3 web pods, all Ready and serving "+version, func() (bool, string) {
+		pods := e.pods(t, ns, "app=web")
+		var bad []string
+		for _, p := range pods {
+			body, err := get(fmt.Sprintf("http://%s:8080/", p.Status.PodIP))
+			if !running(&p) || err != nil || body != version+" "+p.Name+"\n" {
+				bad = append(bad, fmt.Sprintf("%s: %q %v", describe(&p), body, err))
+			}
+		}
+		return len(pods) == 3 && len(bad) == 0, fmt.Sprintf("%d pods, not right: %v", len(pods), bad)
+	})
+}
+
+const jobYAML = `apiVersion: batch/v1
+kind: Job
+metadata: {name: count, namespace: e2e}
+spec:
+  completions: 2
+  parallelism: 2
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: count
+        image: IMAGE
+        command: ["sh", "-c", "seq 3"]
+`
+
+// job: a Job of 2 completions runs to Complete; its pods' logs are theirs.
+func (e *env) job(t *testing.T) {
+	e.apply(t, jobYAML)
+	e.kubectl(t, "wait", "-n", ns, "--for=condition=Complete", "job/count", "--timeout", startTimeout.String())
+	pods := e.pods(t, ns, "job-name=count")
+	succeeded := 0
+	for _, p := range pods {
+		if p.Status.Phase == corev1.PodSucceeded {
+			succeeded++
+			if out := e.kubectl(t, "logs", "-n", ns, p.Name); out != "1\n2\n3\n" {
+				t.Errorf("logs of %s: %q", p.Name, out)
+			}
+		}
+	}
+	if succeeded != 2 {
+		t.Errorf("%d of the job's %d pods Succeeded, want 2", succeeded, len(pods))
+	}
+}
+
+// berthdKilled: berthd is SIGKILLed while a rollout (back to v1) is under
+// way and started again; the rollout completes and no pod is lost.
+func (e *env) berthdKilled(t *testing.T) {
+	others := map[string]string{} // name → UID of every other Running pod
+	for _, p := range e.pods(t, ns, "") {
+		if p.Status.Phase == corev1.PodRunning && p.Labels["app"] != "web" {
+			others[p.Name] = string(p.UID)
+		}
+	}
+	e.kubectl(t, "set", "image", "-n", ns, "deployment/web", "web="+e.imageV1)
+	// Kill it once the rollout has made its first new pod.
+	waitFor(t, time.Minute, "a v1 pod of the rollout", func() (bool, string) {
+		for _, p := range e.pods(t, ns, "app=web") {
+			if p.Spec.Containers[0].Image == e.imageV1 {
+				return true, ""
+			}
+		}
+		return false, "none yet"
+	})
+	if err := syscall.Kill(e.berthd.pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-e.berthd.done
+	time.Sleep(2 * time.Second)
+	e.launchBerthd()
+	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
+	e.checkVersion(t, "v1")
+	waitFor(t, time.Minute, "every other pod still Running, on the same READY sandbox", func() (bool, string) {
+		var lost []string
+		for name, uid := range others {
+			p, err := e.kubectlErr("get", "pod", "-n", ns, name, "-o", "jsonpath={.status.phase} {.metadata.uid}")
+			ready := 0
+			for _, sb := range e.sandboxes(t, uid) {
+				if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+					ready++
+				}
+			}
+			if err != nil || p != "Running "+uid || ready != 1 {
+				lost = append(lost, fmt.Sprintf("%s: %q %v, %d READY sandboxes", name, p, err, ready))
+			}
+		}
+		return len(lost) == 0, fmt.Sprint(lost)
+	})
+}
+
+// kubeletRestart: the kubelet stops and starts again; the node comes back
+// Ready, the pods keep their containers (no restart), and new pods run.
+func (e *env) kubeletRestart(t *testing.T) {
+	restarts := map[string]int32{}
+	for _, p := range e.pods(t, ns, "app=web") {
+		restarts[p.Name] = p.Status.ContainerStatuses[0].RestartCount
+	}
+	if !e.kubelet.stop(syscall.SIGTERM, 30*time.Second) {
+		t.Errorf("kubelet did not stop within 30s of SIGTERM (killed)")
+	}
+	e.launchKubelet()
+	e.waitNodeReady(t, 2*time.Minute)
+	for name, n := range restarts {
+		p := e.waitPod(t, ns, name, time.Minute, "Running and Ready", running)
+		if got := p.Status.ContainerStatuses[0].RestartCount; got != n {
+			t.Errorf("%s: restart count %d after the kubelet's restart, was %d", name, got, n)
+		}
+	}
+	e.kubectl(t, "scale", "-n", ns, "deployment/web", "--replicas=4")
+	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
+}
+
+// deleteAll: kubectl delete of every workload; within the kubelet's cleanup
+// period berth holds no pod or container, and no mount, veth, IP lease or
+// cgroup of a pod remains.
+func (e *env) deleteAll(t *testing.T) {
+	e.kubectl(t, "delete", "-n", ns, "deployment,job,pod,service", "--all", "--wait=false")
+	start := time.Now()
+	waitFor(t, 3*time.Minute, "berth empty after kubectl delete", func() (bool, string) {
+		left := e.berthLeftovers(t)
+		return len(left) == 0, strings.Join(left, "; ")
+	})
+	t.Logf("berth empty %s after the delete", time.Since(start).Round(100*time.Millisecond))
+}
+
+// berthLeftovers lists what berth still holds of any pod.
+func (e *env) berthLeftovers(t *testing.T) []string {
+	t.Helper()
+	var left []string
+	sbs, err := e.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	for _, sb := range sbs.Items {
+		left = append(left, "pod "+sb.Metadata.GetName())
+	}
+	cs, err := e.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	for _, c := range cs.Containers {
+		left = append(left, "container "+c.Metadata.GetName())
+	}
+	for _, m := range mountsUnder(e.work) {
+		if m != e.kubeletRoot && m != filepath.Join(e.state, "pods") {
+			left = append(left, "mount "+m)
+		}
+	}
+	out, _ := exec.Command("ip", "-o", "link", "show", "master", e.bridge).CombinedOutput()
+	if s := strings.TrimSpace(string(out)); s != "" {
+		left = append(left, "veth "+s)
+	}
+	leases, _ := os.ReadDir(filepath.Join(e.root, "network", "leases"))
+	for _, l := range leases {
+		left = append(left, "lease "+l.Name())
+	}
+	for _, h := range e.hierarchies {
+		pods, _ := filepath.Glob(filepath.Join(h, e.cgroupRoot, "kubepods", "*", "pod*"))
+		guaranteed, _ := filepath.Glob(filepath.Join(h, e.cgroupRoot, "kubepods", "pod*"))
+		for _, p := range append(pods, guaranteed...) {
+			left = append(left, "cgroup "+p)
+		}
+	}
+	return left
+}
