@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -236,7 +238,7 @@ func (n *Network) setup() error {
 	if err := n.writeTable(all); err != nil {
 		return err
 	}
-	return n.writeGuard()
+	return n.writeGuard(all)
 }
 
 // Ready reports the NetworkReady condition, with the reason when false.
@@ -308,6 +310,9 @@ func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, por
 	if err := n.addPorts(l); err != nil {
 		return nil, err
 	}
+	if err := n.addSource(l); err != nil {
+		return nil, err
+	}
 	n.log.Debug("pod attached", "pod", podID, "ip", l.IP, "veth", l.Veth, "ports", len(l.Ports), "took", time.Since(start))
 	return n.attachment(l), nil
 }
@@ -332,10 +337,13 @@ func (n *Network) Detach(ctx context.Context, pod PodInfo, netnsPath string) err
 	return n.teardown(l)
 }
 
-// teardown removes the pod's rules, veth and lease, in that order, so that
+// teardown removes the pod's source, host ports, veth and lease, in that order, so that
 // a failure keeps the lease for a retry to find. It is slower than Attach:
 // deleting a link or an nftables element waits for an RCU grace period.
 func (n *Network) teardown(l *lease) error {
+	if err := n.delSource(l); err != nil {
+		return err
+	}
 	if err := n.delPorts([]*lease{l}); err != nil {
 		return err
 	}
@@ -372,9 +380,12 @@ func (n *Network) Reconcile(ctx context.Context, livePods map[string]bool) (err 
 			dead = append(dead, l)
 		}
 	}
-	// One transaction replaces the maps, which also drops mappings whose
-	// lease was lost.
+	// One transaction each replaces the maps and the sources, which also
+	// drops what belonged to a lease that was lost.
 	if err := n.rewritePorts(live); err != nil {
+		return err
+	}
+	if err := n.rewriteSources(slices.Collect(maps.Values(live))); err != nil {
 		return err
 	}
 	keep := map[string]bool{}

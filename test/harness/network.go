@@ -20,8 +20,8 @@ func testNetworkTOML(t testing.TB) string {
 	return fmt.Sprintf("\n[network]\nbridge = %q\nsubnet = %q\n", bridge, subnet)
 }
 
-// TestNetwork names a bridge (and nftables table) and a /24 subnet no other
-// test daemon uses, and removes the bridge and table when the test ends; for
+// TestNetwork names a bridge (and nftables tables) and a /24 subnet no other
+// test daemon uses, and removes the bridge and tables when the test ends; for
 // tests that write their own [network] table.
 func TestNetwork(t testing.TB) (bridge, subnet string) {
 	n := networkSeq.Add(1)
@@ -31,9 +31,14 @@ func TestNetwork(t testing.TB) (bridge, subnet string) {
 		if link, err := netlink.LinkByName(bridge); err == nil {
 			netlink.LinkDel(link)
 		}
-		if c, err := nftables.New(); err == nil {
-			c.DelTable(&nftables.Table{Name: bridge, Family: nftables.TableFamilyIPv4})
-			c.Flush() // fails when the daemon never made the table: nothing to remove
+		// berthd keeps its tables when it stops (its pods' rules outlive
+		// it); the ip table and the bridge one (whose rules see every
+		// bridge of the node) go with the test.
+		for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+			if c, err := nftables.New(); err == nil {
+				c.DelTable(&nftables.Table{Name: bridge, Family: family})
+				c.Flush() // fails when the daemon never made the table: nothing to remove
+			}
 		}
 	})
 	return bridge, subnet
