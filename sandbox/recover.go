@@ -114,11 +114,29 @@ func (m *Manager) recoverStates(podID string, c *shim.Client) error {
 	}
 	told := map[string]bool{}
 	for _, e := range r.Events {
-		told[e.State.ID] = true
+		id := e.State.ID
+		if e.Kind == shim.EventState && id != pauseID && !m.knownContainer(id) {
+			// Made in the shim by a create whose record berthd lost (it
+			// died before the record's write, or the create was undone
+			// while the shim was out of reach): nothing else would ever
+			// stop it.
+			m.log.Warn("killing a container its pod shim has and no record names", "pod", podID, "container", id)
+			if err := m.discardInShim(ctx, c, id); err != nil {
+				m.log.Error("kill an unknown container", "pod", podID, "container", id, "err", err)
+			}
+			continue
+		}
+		told[id] = true
 		m.applyShimEvent(podID, c, e)
 	}
 	m.loadRecordedStates(podID, told, true)
 	return nil
+}
+
+// knownContainer: berthd has a record of exactly this container.
+func (m *Manager) knownContainer(id string) bool {
+	c, _, err := m.state.container(id)
+	return err == nil && c.ID == id
 }
 
 // reclaimUnknown removes what a crash left that no record names: pod

@@ -21,8 +21,9 @@ var shims struct {
 	start sync.Once
 }
 
-// startChild starts cmd and hands its process to the reaper.
-func startChild(cmd *exec.Cmd) error {
+// startChild starts cmd, hands its process to the reaper and returns its
+// PID (os/exec forgets it on Release).
+func startChild(cmd *exec.Cmd) (int, error) {
 	shims.start.Do(func() {
 		shims.pids = map[int]bool{}
 		ch := make(chan os.Signal, 1)
@@ -36,12 +37,13 @@ func startChild(cmd *exec.Cmd) error {
 	shims.Lock()
 	defer shims.Unlock()
 	if err := cmd.Start(); err != nil {
-		return err
+		return 0, err
 	}
-	shims.pids[cmd.Process.Pid] = true
+	pid := cmd.Process.Pid
+	shims.pids[pid] = true
 	// Waited for by pid from now on; Release drops os/exec's handle
 	// (a pidfd) without waiting.
-	return cmd.Process.Release()
+	return pid, cmd.Process.Release()
 }
 
 // reapShims reaps those of the started shims that have exited.
@@ -57,5 +59,15 @@ func reapShims() {
 		if got == pid || err != nil { // reaped, or not ours any more (ECHILD)
 			delete(shims.pids, pid)
 		}
+	}
+}
+
+// killChild SIGKILLs a shim this process started, unless it has been
+// reaped already: until then its PID cannot belong to another process.
+func killChild(pid int) {
+	shims.Lock()
+	defer shims.Unlock()
+	if shims.pids[pid] {
+		syscall.Kill(pid, syscall.SIGKILL)
 	}
 }

@@ -70,6 +70,23 @@ func TestStartDetached(t *testing.T) {
 	}
 }
 
+// TestStartTimeoutKillsShim: a shim that does not get ready in time is
+// killed, not left to come up later serving a folder its caller gave up on.
+func TestStartTimeoutKillsShim(t *testing.T) {
+	dir := t.TempDir()
+	slow := filepath.Join(dir, "slow-shim")
+	// Takes the shim's arguments and never reports ready.
+	if err := os.WriteFile(slow, []byte("#!/bin/sh\nexec sleep 987655\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	if _, err := shim.Start(ctx, slow, filepath.Join(dir, "pod")); err == nil || !strings.Contains(err.Error(), "not ready") {
+		t.Fatalf("Start of a shim that never gets ready: %v", err)
+	}
+	eventually(t, "the slow shim killed", func() bool { return len(procsWithArg("987655")) == 0 })
+}
+
 func TestCreatedThenStarted(t *testing.T) {
 	p := newPod(t)
 	ctx := ctxT(t)
@@ -400,7 +417,7 @@ func TestShimKilled(t *testing.T) {
 }
 
 // TestShimRSS reports the idle shim's memory with one running container,
-// and what two more add. (Printed, not asserted: see the numbers.)
+// and what two more add, and bounds what each pod pays for it.
 func TestShimRSS(t *testing.T) {
 	p := newPod(t)
 	p.run("c0", []string{"sleep", "1000"})
@@ -422,6 +439,26 @@ func TestShimRSS(t *testing.T) {
 	q.run("c0", []string{"sleep", "1000"})
 	time.Sleep(time.Second)
 	mem("first shim, with a second shim running")
+
+	// What each pod pays for its shim, with room for noise: the anonymous
+	// memory (heap, stacks; about 3 MiB today), the threads (8), and the
+	// proportional share once a second shim shares the binary's pages
+	// (about 8 MiB). A change that grows one of them past its bound is a
+	// per-pod cost multiplied by every pod of a node.
+	for _, b := range []struct {
+		what  string
+		value string
+		max   int
+	}{
+		{"RssAnon (kB)", status(p.pid, "RssAnon"), 6 << 10},
+		{"threads", status(p.pid, "Threads"), 12},
+		{"Pss beside a second shim (kB)", rollup(p.pid, "Pss"), 10 << 10},
+	} {
+		n, err := strconv.Atoi(strings.TrimSuffix(b.value, " kB"))
+		if err != nil || n > b.max {
+			t.Errorf("shim %s = %q, want at most %d", b.what, b.value, b.max)
+		}
+	}
 }
 
 // rollup reads a field of /proc/<pid>/smaps_rollup.

@@ -60,15 +60,23 @@ func Start(ctx context.Context, binary, podDir string) (*Client, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{w} // fd 3 in the shim
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = startChild(cmd)
+	pid, err := startChild(cmd)
 	w.Close() // only the shim holds the write end now: EOF if it dies
 	if err != nil {
 		return nil, fmt.Errorf("start shim: %w", err)
 	}
 	if err := waitReady(ctx, r); err != nil {
+		// One that is only slow would come up later, serving a pod folder
+		// the caller is about to remove: kill it.
+		killChild(pid)
 		return nil, fmt.Errorf("shim for %s: %w%s", podDir, err, logTail(logPath))
 	}
-	return Dial(podDir)
+	c, err := Dial(podDir)
+	if err != nil {
+		killChild(pid)
+		return nil, err
+	}
+	return c, nil
 }
 
 func waitReady(ctx context.Context, r *os.File) error {

@@ -171,3 +171,50 @@ func TestCancelledCreateLeavesNothing(t *testing.T) {
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
+
+// TestRecoveryKillsUnknownContainers: a container its pod's shim runs but
+// berthd has no record of (its create's record lost in a crash) is killed
+// and deleted in the shim when berthd starts, and its leftovers go with
+// it; the pod and its other container are untouched.
+func TestRecoveryKillsUnknownContainers(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	cfg := e.podConfig("unknown-ctr")
+	pod := e.runPod(t, cfg)
+	keeper := e.runContainer(t, pod, cfg, e.ctrConfig("keeper", sleeper...))
+	lost := e.runContainer(t, pod, cfg, e.ctrConfig("lost", sleeper...))
+	lostPID := e.ctrPID(t, lost)
+	e.d.Kill()
+	forgetContainer(t, filepath.Join(e.d.Root, "meta.db"), lost)
+
+	e.d.Restart()
+	if !eventually(10*time.Second, func() bool { return !alive(lostPID) }) {
+		t.Errorf("the container without a record still runs (pid %d)", lostPID)
+	}
+	if ids := e.listContainerIDs(t, nil); len(ids) != 1 || ids[0] != keeper {
+		t.Errorf("containers listed after the restart: %v, want only %s", ids, keeper)
+	}
+	e.waitState(t, keeper, runtimeapi.ContainerState_CONTAINER_RUNNING)
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// forgetContainer deletes a container's record from berthd's database
+// (berthd must not run).
+func forgetContainer(t *testing.T, dbPath, id string) {
+	t.Helper()
+	db, err := bolt.Open(dbPath, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("containers")) // the sandbox package's container bucket
+		if b.Get([]byte(id)) == nil {
+			t.Fatalf("no record of container %s", id)
+		}
+		return b.Delete([]byte(id))
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
