@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"strconv"
 	"syscall"
@@ -75,19 +74,15 @@ func serve(args []string) int {
 	return 0
 }
 
-// tuneMemory keeps the idle shim small (one per pod): collect early,
-// return freed memory promptly, and run Go code on one processor: the shim
-// waits on syscalls and pipes, and each extra P costs its caches and
-// threads. GOGC / GOMEMLIMIT / GOMAXPROCS in the environment win.
+// tuneMemory keeps the idle shim small (one per pod): collect early and
+// return freed memory promptly (one P is set by shim.Start, in the
+// environment). GOGC / GOMEMLIMIT in the environment win.
 func tuneMemory() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(25)
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(16 << 20)
-	}
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(1)
 	}
 
 }

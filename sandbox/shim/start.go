@@ -57,6 +57,15 @@ func Start(ctx context.Context, binary, podDir string) (*Client, error) {
 
 	cmd := exec.Command(binary, "serve", "--dir", podDir)
 	cmd.Env = append(os.Environ(), ReadyFdEnv+"=3")
+	if os.Getenv("GOMAXPROCS") == "" {
+		// One P: the shim waits on syscalls and pipes, and each P costs its
+		// caches and threads. Set in the environment, not by the shim
+		// itself: the Go runtime then skips sizing GOMAXPROCS from the
+		// cgroup's CPU limit (which parses /proc/self/mountinfo, long on a
+		// node with many pods) at the shim's start, and libcontainer passes
+		// it on to every container's and exec's init.
+		cmd.Env = append(cmd.Env, "GOMAXPROCS=1")
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{w} // fd 3 in the shim
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
