@@ -152,10 +152,9 @@ func (w *crashWorkload) crashAt(t *testing.T, point string, attempt uint32) {
 	}
 	w.cleanUp(t)
 	w.waitCollected(t)
+	// Mounts under berthd's folders, idmapped layers included, are leaks
+	// there; other daemons' (their start probes) are not this test's.
 	w.e.assertNoLeaks(t)
-	if mounts := mountsMentioning(".idmap"); len(mounts) != 0 {
-		t.Errorf("idmapped layers left attached: %v", mounts)
-	}
 }
 
 // cleanUp removes every pod and container berthd lists, and the workload's
