@@ -189,7 +189,7 @@ func (s *Service) Remove(ref string) error {
 	if err != nil {
 		return err
 	}
-	crashpoint.Hit("remove image: record deleted")
+	crashpoint.Hit("remove image", "record deleted")
 	s.requestGC()
 	return nil
 }

@@ -97,7 +97,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	if err := s.content.Put(id, cfgRaw); err != nil {
 		return nil, err
 	}
-	crashpoint.Hit("pull: config stored")
+	crashpoint.Hit("pull", "config stored")
 	for _, b := range keep {
 		d := digest.FromBytes(b)
 		if err := s.content.Put(d, b); err != nil {
@@ -117,7 +117,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 		return err
 	})
 	if err == nil {
-		crashpoint.Hit("pull: image recorded")
+		crashpoint.Hit("pull", "image recorded")
 	}
 	return rec, err
 }
@@ -227,7 +227,7 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	if _, err := s.snaps.Commit(chainID, dir, stats.Bytes, stats.Inodes); err != nil {
 		return err
 	}
-	crashpoint.Hit("pull: layer stored")
+	crashpoint.Hit("pull", "layer stored")
 	s.log.Debug("unpacked layer", "diffID", diffID, "bytes", stats.Bytes, "duration", time.Since(start))
 	return nil
 }

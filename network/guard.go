@@ -157,22 +157,12 @@ func ethertype(op expr.CmpOp, proto uint16) expr.Any {
 	return &expr.Cmp{Op: op, Register: r0, Data: []byte{byte(proto >> 8), byte(proto)}}
 }
 
-// addSource lets the pod send from its own address.
-func (n *Network) addSource(l *lease) error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
+// queueSource queues, on c, letting the pod send from its own address.
+func (n *Network) queueSource(c *nftables.Conn, l *lease) error {
 	if err := c.SetAddElements(n.vethSet(), vethElements(l)); err != nil {
 		return err
 	}
-	if err := c.SetAddElements(n.sourceSet(), sourceElements(l)); err != nil {
-		return err
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("network: allow the address of pod %s: %w", l.Pod, err)
-	}
-	return nil
+	return c.SetAddElements(n.sourceSet(), sourceElements(l))
 }
 
 // delSource deletes the pod's source and veth, each in a transaction of

@@ -314,22 +314,23 @@ func concat(parts ...[]expr.Any) []expr.Any {
 	return out
 }
 
-// addPorts adds the lease's host ports in one transaction.
-func (n *Network) addPorts(l *lease) error {
-	anyEls, oneEls := elements(l)
-	if len(anyEls)+len(oneEls) == 0 {
-		return nil
-	}
+// addElements adds the lease's host ports and its source (guard.go) in
+// one transaction: one netlink round trip on the pod start path.
+func (n *Network) addElements(l *lease) error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
+	anyEls, oneEls := elements(l)
 	anyIP, oneIP := n.portMaps()
 	if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
 		return err
 	}
+	if err := n.queueSource(c, l); err != nil {
+		return err
+	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("network: add host ports of pod %s: %w", l.Pod, err)
+		return fmt.Errorf("network: add host ports and address of pod %s: %w", l.Pod, err)
 	}
 	return nil
 }

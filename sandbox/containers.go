@@ -160,7 +160,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := m.saveContainer(c); err != nil {
 		return nil, err
 	}
-	crashpoint.Hit("create container: recorded") // the reply may be lost
+	crashpoint.Hit("create container", "recorded") // the reply may be lost
 	u.keep()
 	m.publish(EventContainerCreated, c.PodID, c.ID)
 	m.metrics.observeTimeline("container", c.Timeline)
@@ -249,7 +249,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 		return err
 	}
 	m.setContainerState(c.PodID, st)
-	crashpoint.Hit("start container: started")
+	crashpoint.Hit("start container", "started")
 	t.step("start")
 	m.metrics.observeTimeline("container", t.steps)
 	// The start joins the create's phases in the timeline verbose status
@@ -292,7 +292,7 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 		if err := client.Kill(ctx, c.ID, sig, false); err != nil {
 			return ignoreNeverMade(err)
 		}
-		crashpoint.Hit("stop container: signalled")
+		crashpoint.Hit("stop container", "signalled")
 		if exited, err := m.waitExit(ctx, client, c, timeout); err != nil || exited {
 			return err
 		}
@@ -367,18 +367,18 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 		if err := client.Delete(ctx, c.ID); err != nil && !shim.IsNotFound(err) && !errors.Is(err, shim.ErrUnavailable) {
 			return err
 		}
-		crashpoint.Hit("remove container: deleted in shim")
+		crashpoint.Hit("remove container", "deleted in shim")
 	}
 	if err := rootfs.Unmount(m.layout(c, nil)); err != nil {
 		return err
 	}
-	crashpoint.Hit("remove container: rootfs unmounted")
+	crashpoint.Hit("remove container", "rootfs unmounted")
 	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(c.PodID, c.ID)} {
 		if err := os.RemoveAll(d); err != nil {
 			return err
 		}
 	}
-	crashpoint.Hit("remove container: folders removed")
+	crashpoint.Hit("remove container", "folders removed")
 	m.layers.forget(c.ID)
 	m.metrics.forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
@@ -386,7 +386,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 	if err := m.opts.Images.Release(c.ID); err != nil {
 		return err
 	}
-	crashpoint.Hit("remove container: image released")
+	crashpoint.Hit("remove container", "image released")
 	if err := m.deleteContainerRecord(c.ID); err != nil {
 		return err
 	}

@@ -171,7 +171,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err := m.savePod(pod); err != nil {
 		return nil, err
 	}
-	crashpoint.Hit("run pod: recorded ready") // the reply may be lost
+	crashpoint.Hit("run pod", "recorded ready") // the reply may be lost
 	u.keep()
 	m.publish(EventContainerCreated, pod.ID, pod.ID)
 	m.publish(EventContainerStarted, pod.ID, pod.ID)
@@ -246,7 +246,7 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 	if err := m.stopShim(ctx, pod.ID, ids); err != nil {
 		return err
 	}
-	crashpoint.Hit("stop pod: shim stopped")
+	crashpoint.Hit("stop pod", "shim stopped")
 	if err := m.killLeftovers(pod, ctrs); err != nil {
 		return err
 	}
@@ -254,12 +254,12 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 		if err := m.opts.Network.Detach(ctx, podInfo(pod), pod.Pins[string(podns.Net)]); err != nil {
 			return err
 		}
-		crashpoint.Hit("stop pod: network detached")
+		crashpoint.Hit("stop pod", "network detached")
 	}
 	if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
 		return err
 	}
-	crashpoint.Hit("stop pod: namespaces removed")
+	crashpoint.Hit("stop pod", "namespaces removed")
 	if pod.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY && pod.PausePID == 0 {
 		return nil
 	}
@@ -313,16 +313,16 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 		if err := m.opts.Cgroups.RemovePod(pod.Cgroup); err != nil {
 			return err
 		}
-		crashpoint.Hit("remove pod: cgroup removed")
+		crashpoint.Hit("remove pod", "cgroup removed")
 	}
 	if err := podfiles.Remove(m.podDir(pod.ID)); err != nil {
 		return err
 	}
-	crashpoint.Hit("remove pod: files removed")
+	crashpoint.Hit("remove pod", "files removed")
 	if err := os.RemoveAll(m.podDir(pod.ID)); err != nil {
 		return err
 	}
-	crashpoint.Hit("remove pod: folder removed")
+	crashpoint.Hit("remove pod", "folder removed")
 	if err := m.deletePodRecord(pod.ID); err != nil {
 		return err
 	}

@@ -22,10 +22,10 @@ type undoStep struct {
 
 // add records how to undo the step just done. Right after a step is where a
 // crash leaves the most behind: each is a crash point, named after its undo
-// ("run pod: remove namespace pins").
+// (run pod: remove namespace pins).
 func (u *undo) add(what string, fn func() error) {
 	u.steps = append(u.steps, undoStep{what, fn})
-	crashpoint.Hit(u.op + ": " + what)
+	crashpoint.Hit(u.op, what)
 }
 
 // run undoes every recorded step, last first, logging (not returning) what

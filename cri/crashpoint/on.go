@@ -24,7 +24,8 @@ func init() {
 
 // Hit logs the point and, if it is the target, kills berthd the way a power
 // cut or the OOM killer would: no deferred function, no cleanup runs.
-func Hit(name string) {
+func Hit(op, step string) {
+	name := op + ": " + step
 	if log != nil {
 		// One write per line: O_APPEND keeps concurrent points whole.
 		log.WriteString(name + "\n")

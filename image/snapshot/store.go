@@ -192,7 +192,7 @@ func (s *Store) Remove(chainID string) error {
 	if err != nil || snap.Name == "" {
 		return err
 	}
-	crashpoint.Hit("collect image garbage: snapshot record deleted")
+	crashpoint.Hit("collect image garbage", "snapshot record deleted")
 	return os.RemoveAll(filepath.Join(s.root, snap.Name))
 }
 

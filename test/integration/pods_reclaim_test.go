@@ -76,19 +76,25 @@ func TestRecoveryReclaimsUnknown(t *testing.T) {
 // database (berthd must not run).
 func copyLease(t *testing.T, dbPath, from, to string) {
 	t.Helper()
-	db, err := bolt.Open(dbPath, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if err := db.Update(func(tx *bolt.Tx) error {
+	updateDB(t, dbPath, func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte("leases")) // the image package's lease bucket
 		v := b.Get([]byte(from))
 		if v == nil {
 			t.Fatalf("container %s holds no lease", from)
 		}
 		return b.Put([]byte(to), v)
-	}); err != nil {
+	})
+}
+
+// updateDB changes berthd's database (berthd must not run).
+func updateDB(t *testing.T, dbPath string, change func(*bolt.Tx) error) {
+	t.Helper()
+	db, err := bolt.Open(dbPath, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(change); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -203,18 +209,11 @@ func TestRecoveryKillsUnknownContainers(t *testing.T) {
 // (berthd must not run).
 func forgetContainer(t *testing.T, dbPath, id string) {
 	t.Helper()
-	db, err := bolt.Open(dbPath, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if err := db.Update(func(tx *bolt.Tx) error {
+	updateDB(t, dbPath, func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte("containers")) // the sandbox package's container bucket
 		if b.Get([]byte(id)) == nil {
 			t.Fatalf("no record of container %s", id)
 		}
 		return b.Delete([]byte(id))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 }
