@@ -108,7 +108,9 @@ func removeCgroupParent() {
 	ents, _ := os.ReadDir("/sys/fs/cgroup")
 	paths := []string{filepath.Join("/sys/fs/cgroup", cgroupParent)}
 	for _, e := range ents {
-		paths = append(paths, filepath.Join("/sys/fs/cgroup", e.Name(), cgroupParent))
+		if e.IsDir() { // v1 hierarchies; on v2 the files of the root cgroup
+			paths = append(paths, filepath.Join("/sys/fs/cgroup", e.Name(), cgroupParent))
+		}
 	}
 	for _, p := range paths {
 		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
