@@ -59,14 +59,21 @@ func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.Lis
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	resp := &runtimeapi.ListContainersResponse{}
-	for _, c := range all {
-		image, ref := containerImage(c.Container)
-		resp.Containers = append(resp.Containers, &runtimeapi.Container{
+	// The messages of the whole answer are one allocation: the kubelet
+	// lists every container each second.
+	msgs := make([]struct {
+		c     runtimeapi.Container
+		image runtimeapi.ImageSpec
+	}, len(all))
+	resp := &runtimeapi.ListContainersResponse{Containers: make([]*runtimeapi.Container, len(all))}
+	for i, c := range all {
+		m := &msgs[i]
+		m.c = runtimeapi.Container{
 			Id: c.ID, PodSandboxId: c.PodID, Metadata: c.Config.Metadata,
-			Image: image, ImageRef: ref, ImageId: c.ImageID, State: c.State,
+			Image: &m.image, ImageRef: containerImage(c.Container, &m.image), ImageId: c.ImageID, State: c.State,
 			CreatedAt: c.CreatedAt.UnixNano(), Labels: c.Config.Labels, Annotations: c.Config.Annotations,
-		})
+		}
+		resp.Containers[i] = &m.c
 	}
 	return resp, nil
 }
@@ -90,7 +97,8 @@ func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.Co
 
 // containerStatus is c's CRI status.
 func containerStatus(c *sandbox.ContainerStatus) *runtimeapi.ContainerStatus {
-	image, ref := containerImage(c.Container)
+	image := &runtimeapi.ImageSpec{}
+	ref := containerImage(c.Container, image)
 	st := &runtimeapi.ContainerStatus{
 		Id: c.ID, Metadata: c.Config.Metadata, State: c.State, CreatedAt: c.CreatedAt.UnixNano(),
 		StartedAt: unixNano(c.StartedAt), FinishedAt: unixNano(c.FinishedAt), ExitCode: c.ExitCode,
@@ -156,15 +164,16 @@ func (r *RuntimeService) UpdateContainerResources(ctx context.Context, req *runt
 }
 
 // containerImage is a container's image as the kubelet shows it (kubectl get
-// pod: image, imageID): the name the user wrote, and the repo digest as its
-// ref, or the image ID for an image that came without one. Records written
-// before berth kept the name show the image as the kubelet asked for it.
-func containerImage(c *sandbox.Container) (*runtimeapi.ImageSpec, string) {
-	spec := &runtimeapi.ImageSpec{
+// pod: image, imageID): spec gets the name the user wrote, and the ref is
+// the repo digest, or the image ID for an image that came without one.
+// Records written before berth kept the name show the image as the kubelet
+// asked for it.
+func containerImage(c *sandbox.Container, spec *runtimeapi.ImageSpec) (ref string) {
+	*spec = runtimeapi.ImageSpec{
 		Image:              cmp.Or(c.ImageName, c.Config.GetImage().GetImage()),
 		Annotations:        c.Config.GetImage().GetAnnotations(),
 		UserSpecifiedImage: c.Config.GetImage().GetUserSpecifiedImage(),
 		RuntimeHandler:     c.Config.GetImage().GetRuntimeHandler(),
 	}
-	return spec, cmp.Or(c.RepoDigest, c.ImageID)
+	return cmp.Or(c.RepoDigest, c.ImageID)
 }

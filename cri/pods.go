@@ -76,12 +76,16 @@ func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListP
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	resp := &runtimeapi.ListPodSandboxResponse{}
-	for _, p := range pods {
-		resp.Items = append(resp.Items, &runtimeapi.PodSandbox{
+	// The messages of the whole answer are one allocation: the kubelet
+	// lists every pod each second.
+	msgs := make([]runtimeapi.PodSandbox, len(pods))
+	resp := &runtimeapi.ListPodSandboxResponse{Items: make([]*runtimeapi.PodSandbox, len(pods))}
+	for i, p := range pods {
+		msgs[i] = runtimeapi.PodSandbox{
 			Id: p.ID, Metadata: p.Config.Metadata, State: p.State, CreatedAt: p.CreatedAt.UnixNano(),
 			Labels: p.Config.Labels, Annotations: p.Config.Annotations,
-		})
+		}
+		resp.Items[i] = &msgs[i]
 	}
 	return resp, nil
 }

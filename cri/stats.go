@@ -17,7 +17,7 @@ func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.Conta
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	st, ok, err := r.containerStats(c)
+	st, ok, err := r.containerStats(c, &containerStatsMsgs{})
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -34,59 +34,92 @@ func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	resp := &runtimeapi.ListContainerStatsResponse{}
-	for _, c := range all {
-		if st, ok := r.listedContainerStats(c.Container); ok {
+	// The messages of the whole answer are one allocation: the kubelet
+	// asks for every container's every 10-15 s.
+	msgs := make([]containerStatsMsgs, len(all))
+	resp := &runtimeapi.ListContainerStatsResponse{Stats: make([]*runtimeapi.ContainerStats, 0, len(all))}
+	for i, c := range all {
+		if st, ok := r.listedContainerStats(c.Container, &msgs[i]); ok {
 			resp.Stats = append(resp.Stats, st)
 		}
 	}
 	return resp, nil
 }
 
-// listedContainerStats is one container's entry in a node- or pod-wide list:
-// a container whose usage cannot be read is logged and listed without usage,
-// so that it does not cost the kubelet every other container's figures.
-func (r *RuntimeService) listedContainerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool) {
-	st, ok, err := r.containerStats(c)
+// containerStatsMsgs is a container's stats message and every message it
+// points to, so that they are made in one allocation.
+type containerStatsMsgs struct {
+	stats  runtimeapi.ContainerStats
+	attrs  runtimeapi.ContainerAttributes
+	cpu    cpuMsgs
+	memory memoryMsgs
+	layer  runtimeapi.FilesystemUsage
+	fsID   runtimeapi.FilesystemIdentifier
+	used   [2]runtimeapi.UInt64Value
+}
+
+// listedContainerStats is one container's entry in a node- or pod-wide list,
+// made in m: a container whose usage cannot be read is logged and listed
+// without usage, so that it does not cost the kubelet every other
+// container's figures.
+func (r *RuntimeService) listedContainerStats(c *sandbox.Container, m *containerStatsMsgs) (*runtimeapi.ContainerStats, bool) {
+	st, ok, err := r.containerStats(c, m)
 	if err != nil {
 		r.cfg.Logger.Warn("container stats unreadable; listed without usage", "container", c.ID, "err", err)
-		return &runtimeapi.ContainerStats{Attributes: containerAttributes(c)}, true
+		m.stats = runtimeapi.ContainerStats{Attributes: containerAttributes(c, &m.attrs)}
+		return &m.stats, true
 	}
 	return st, ok
 }
 
-func containerAttributes(c *sandbox.Container) *runtimeapi.ContainerAttributes {
-	return &runtimeapi.ContainerAttributes{Id: c.ID, Metadata: c.Config.Metadata, Labels: c.Config.Labels, Annotations: c.Config.Annotations}
+func containerAttributes(c *sandbox.Container, a *runtimeapi.ContainerAttributes) *runtimeapi.ContainerAttributes {
+	*a = runtimeapi.ContainerAttributes{Id: c.ID, Metadata: c.Config.Metadata, Labels: c.Config.Labels, Annotations: c.Config.Annotations}
+	return a
 }
 
-func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool, error) {
+// containerStats is c's stats message, made in m.
+func (r *RuntimeService) containerStats(c *sandbox.Container, m *containerStatsMsgs) (*runtimeapi.ContainerStats, bool, error) {
 	u, ok, err := r.pods.ContainerUsage(c)
 	if !ok || err != nil {
 		return nil, ok, err
 	}
-	ts := u.Timestamp.UnixNano()
-	return &runtimeapi.ContainerStats{
-		Attributes: containerAttributes(c),
-		Cpu:        cpuUsage(u),
-		Memory:     memoryUsage(u),
-		WritableLayer: &runtimeapi.FilesystemUsage{Timestamp: ts, FsId: &runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root},
-			UsedBytes: &runtimeapi.UInt64Value{Value: u.LayerBytes}, InodesUsed: &runtimeapi.UInt64Value{Value: u.LayerInodes}},
-	}, true, nil
+	m.fsID = runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root}
+	m.used = [2]runtimeapi.UInt64Value{{Value: u.LayerBytes}, {Value: u.LayerInodes}}
+	m.layer = runtimeapi.FilesystemUsage{Timestamp: u.Timestamp.UnixNano(), FsId: &m.fsID, UsedBytes: &m.used[0], InodesUsed: &m.used[1]}
+	m.stats = runtimeapi.ContainerStats{
+		Attributes:    containerAttributes(c, &m.attrs),
+		Cpu:           m.cpu.fill(u),
+		Memory:        m.memory.fill(u),
+		WritableLayer: &m.layer,
+	}
+	return &m.stats, true, nil
 }
 
-func cpuUsage(u sandbox.Usage) *runtimeapi.CpuUsage {
-	return &runtimeapi.CpuUsage{Timestamp: u.Timestamp.UnixNano(),
-		UsageCoreNanoSeconds: &runtimeapi.UInt64Value{Value: u.CPUUsageNanos},
-		UsageNanoCores:       &runtimeapi.UInt64Value{Value: u.CPUNanoCores}}
+// cpuMsgs is a CPU usage message and the values it points to.
+type cpuMsgs struct {
+	cpu    runtimeapi.CpuUsage
+	values [2]runtimeapi.UInt64Value
 }
 
-func memoryUsage(u sandbox.Usage) *runtimeapi.MemoryUsage {
-	return &runtimeapi.MemoryUsage{Timestamp: u.Timestamp.UnixNano(),
-		WorkingSetBytes: &runtimeapi.UInt64Value{Value: u.MemoryWorkingSetBytes},
-		UsageBytes:      &runtimeapi.UInt64Value{Value: u.MemoryUsageBytes},
-		RssBytes:        &runtimeapi.UInt64Value{Value: u.MemoryRSSBytes},
-		PageFaults:      &runtimeapi.UInt64Value{Value: u.PageFaults},
-		MajorPageFaults: &runtimeapi.UInt64Value{Value: u.MajorPageFaults}}
+func (m *cpuMsgs) fill(u sandbox.Usage) *runtimeapi.CpuUsage {
+	m.values = [2]runtimeapi.UInt64Value{{Value: u.CPUUsageNanos}, {Value: u.CPUNanoCores}}
+	m.cpu = runtimeapi.CpuUsage{Timestamp: u.Timestamp.UnixNano(), UsageCoreNanoSeconds: &m.values[0], UsageNanoCores: &m.values[1]}
+	return &m.cpu
+}
+
+// memoryMsgs is a memory usage message and the values it points to.
+type memoryMsgs struct {
+	memory runtimeapi.MemoryUsage
+	values [5]runtimeapi.UInt64Value
+}
+
+func (m *memoryMsgs) fill(u sandbox.Usage) *runtimeapi.MemoryUsage {
+	v := &m.values
+	*v = [5]runtimeapi.UInt64Value{{Value: u.MemoryWorkingSetBytes}, {Value: u.MemoryUsageBytes}, {Value: u.MemoryRSSBytes},
+		{Value: u.PageFaults}, {Value: u.MajorPageFaults}}
+	m.memory = runtimeapi.MemoryUsage{Timestamp: u.Timestamp.UnixNano(),
+		WorkingSetBytes: &v[0], UsageBytes: &v[1], RssBytes: &v[2], PageFaults: &v[3], MajorPageFaults: &v[4]}
+	return &m.memory
 }
 
 func (r *RuntimeService) PodSandboxStats(ctx context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
@@ -132,7 +165,7 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 		return nil, err
 	}
 	if ok {
-		st.Linux.Cpu, st.Linux.Memory = cpuUsage(u), memoryUsage(u)
+		st.Linux.Cpu, st.Linux.Memory = new(cpuMsgs).fill(u), new(memoryMsgs).fill(u)
 		st.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: u.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: u.Pids}}
 	}
 	if st.Linux.Network, err = r.podNetworkStats(pod); err != nil {
@@ -142,8 +175,9 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range ctrs {
-		if cs, ok := r.listedContainerStats(c.Container); ok {
+	msgs := make([]containerStatsMsgs, len(ctrs))
+	for i, c := range ctrs {
+		if cs, ok := r.listedContainerStats(c.Container, &msgs[i]); ok {
 			st.Linux.Containers = append(st.Linux.Containers, cs)
 		}
 	}

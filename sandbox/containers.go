@@ -380,6 +380,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 	}
 	crashpoint.Hit("remove container", "folders removed")
 	m.layers.forget(c.ID)
+	m.usages.forget(c.ID)
 	m.metrics.forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
 	// removes, never a lease nobody would release.

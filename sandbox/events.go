@@ -106,11 +106,7 @@ func (m *Manager) publishPod(kind runtimeapi.ContainerEventType, pod *Pod, ctrID
 	if !m.events.any() {
 		return
 	}
-	ev := Event{Type: kind, ContainerID: ctrID, At: time.Now(), Pod: pod}
-	ctrs, states := m.state.listContainers(pod.ID)
-	for i, c := range ctrs {
-		ev.Containers = append(ev.Containers, statusOf(c, states[i]))
-	}
+	ev := Event{Type: kind, ContainerID: ctrID, At: time.Now(), Pod: pod, Containers: m.state.listStatuses(Filter{PodID: pod.ID})}
 	m.events.send(ev)
 }
 

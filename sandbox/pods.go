@@ -350,7 +350,8 @@ func (m *Manager) GetPod(id string) (*Pod, error) {
 	return m.state.pod(id)
 }
 
-// ListPods returns the pods f selects.
+// ListPods returns the pods f selects. They are shared with every other
+// caller, and read-only: GetPod gives a copy to change.
 func (m *Manager) ListPods(f Filter) ([]*Pod, error) {
 	found, err := resolve(&f.ID, m.podID)
 	if !found {

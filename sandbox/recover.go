@@ -62,7 +62,7 @@ func (m *Manager) recover() error {
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
 		m.metrics.recovered("lost")
-		if err := m.shimLost(pod); err != nil {
+		if err := m.shimLost(clonePod(pod)); err != nil { // listed pods are the view's: change a copy
 			m.log.Error("clean up after a lost shim", "pod", pod.ID, "err", err)
 		}
 	}

@@ -34,22 +34,25 @@ const statsPeriod = time.Second
 // read while nobody asks.
 const statsInterest = time.Minute
 
-// usageCache holds the collector's last sample of each cgroup asked for.
+// usageCache holds the collector's last sample of each cgroup asked for,
+// by the ID of its pod or container: a stats call finds it without working
+// out the cgroup's path.
 type usageCache struct {
-	mu     sync.Mutex
-	byPath map[string]*cgroupSample
+	mu   sync.Mutex
+	byID map[string]*cgroupSample
 }
 
 type cgroupSample struct {
+	path    string
 	u       Usage
 	askedAt time.Time
 }
 
-// get returns the last sample of path and notes the interest.
-func (c *usageCache) get(path string) (Usage, bool) {
+// get returns the last sample of id's cgroup and notes the interest.
+func (c *usageCache) get(id string) (Usage, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.byPath[path]
+	s := c.byID[id]
 	if s == nil {
 		return Usage{}, false
 	}
@@ -57,17 +60,18 @@ func (c *usageCache) get(path string) (Usage, bool) {
 	return s.u, true
 }
 
-// put stores a sample of path; the first one has no CPU rate.
-func (c *usageCache) put(path string, st cgroups.Stats) Usage {
+// put stores a sample of id's cgroup at path; the first one has no CPU
+// rate.
+func (c *usageCache) put(id, path string, st cgroups.Stats) Usage {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.byPath == nil {
-		c.byPath = map[string]*cgroupSample{}
+	if c.byID == nil {
+		c.byID = map[string]*cgroupSample{}
 	}
-	s := c.byPath[path]
-	if s == nil {
-		s = &cgroupSample{askedAt: time.Now()}
-		c.byPath[path] = s
+	s := c.byID[id]
+	if s == nil || s.path != path {
+		s = &cgroupSample{path: path, askedAt: time.Now()}
+		c.byID[id] = s
 	} else {
 		s.u.CPUNanoCores = cpuRate(s.u.Stats, st)
 	}
@@ -83,23 +87,26 @@ func cpuRate(prev, cur cgroups.Stats) uint64 {
 	return uint64(float64(cur.CPUUsageNanos-prev.CPUUsageNanos) / dt.Seconds())
 }
 
-func (c *usageCache) forget(path string) {
+func (c *usageCache) forget(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.byPath, path)
+	delete(c.byID, id)
 }
+
+// watchedCgroup is a cgroup the collector samples, and whose it is.
+type watchedCgroup struct{ id, path string }
 
 // watched lists the cgroups asked for within statsInterest and forgets
 // the others.
-func (c *usageCache) watched() []string {
+func (c *usageCache) watched() []watchedCgroup {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []string
-	for p, s := range c.byPath {
+	var out []watchedCgroup
+	for id, s := range c.byID {
 		if time.Since(s.askedAt) > statsInterest {
-			delete(c.byPath, p)
+			delete(c.byID, id)
 		} else {
-			out = append(out, p)
+			out = append(out, watchedCgroup{id, s.path})
 		}
 	}
 	return out
@@ -110,30 +117,32 @@ func (c *usageCache) watched() []string {
 // call reads it itself and says why.
 func (m *Manager) collectStats() {
 	for range time.Tick(statsPeriod) {
-		for _, path := range m.usages.watched() {
-			st, err := m.opts.Cgroups.Stats(path)
+		for _, w := range m.usages.watched() {
+			st, err := m.opts.Cgroups.Stats(w.path)
 			if err != nil {
-				m.usages.forget(path)
+				m.usages.forget(w.id)
 				continue
 			}
-			m.usages.put(path, st)
+			m.usages.put(w.id, w.path, st)
 		}
 	}
 }
 
 // ContainerUsage reads a container's cgroup and writable layer. A container
 // without a cgroup (not started, or exited and deleted) has no usage:
-// ok is false.
+// ok is false. The collector's sample answers when there is one: no path
+// is worked out then (a node-wide list asks this for every container).
 func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
-	pod, err := m.GetPod(c.PodID)
-	if err != nil {
-		return u, false, err
+	if u, ok = m.usages.get(c.ID); !ok {
+		pod, err := m.GetPod(c.PodID)
+		if err != nil {
+			return u, false, err
+		}
+		if u, ok, err = m.usage(c.ID, m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID)); !ok || err != nil {
+			return u, ok, err
+		}
 	}
-	path := m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID)
-	if u, ok, err = m.usage(path); !ok || err != nil {
-		return u, ok, err
-	}
-	u.LayerBytes, u.LayerInodes = m.layers.usage(c.ID, m.layout(c, nil).Upper, m.log)
+	u.LayerBytes, u.LayerInodes = m.layers.usage(c.ID, func() string { return m.layout(c, nil).Upper }, m.log)
 	return u, true, nil
 }
 
@@ -161,8 +170,8 @@ type layerUsage struct {
 }
 
 // usage returns the last figures for container id (zero before the first
-// walk ends) and starts a walk of upper when they are stale.
-func (l *layerUsages) usage(id, upper string, log *slog.Logger) (bytes, inodes uint64) {
+// walk ends) and starts a walk of its upper folder when they are stale.
+func (l *layerUsages) usage(id string, upper func() string, log *slog.Logger) (bytes, inodes uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byID == nil {
@@ -175,7 +184,7 @@ func (l *layerUsages) usage(id, upper string, log *slog.Logger) (bytes, inodes u
 	}
 	if !u.walking && time.Since(u.at) > layerUsageMaxAge {
 		u.walking = true
-		go l.walk(u, upper, log)
+		go l.walk(u, upper(), log)
 	}
 	return u.bytes, u.inodes
 }
@@ -207,15 +216,16 @@ func (m *Manager) PodUsage(pod *Pod) (Usage, bool, error) {
 	if pod.Cgroup == "" {
 		return Usage{}, false, nil
 	}
-	return m.usage(pod.Cgroup)
-}
-
-// usage is the collector's last sample of a cgroup, or for one nobody
-// asked for lately, a reading now (with no CPU rate yet).
-func (m *Manager) usage(path string) (Usage, bool, error) {
-	if u, ok := m.usages.get(path); ok {
+	if u, ok := m.usages.get(pod.ID); ok {
 		return u, true, nil
 	}
+	return m.usage(pod.ID, pod.Cgroup)
+}
+
+// usage reads the cgroup at path of pod or container id, which nobody
+// asked for lately (with no CPU rate yet), and has the collector sample it
+// from now on.
+func (m *Manager) usage(id, path string) (Usage, bool, error) {
 	s, err := m.opts.Cgroups.Stats(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Usage{}, false, nil
@@ -223,7 +233,7 @@ func (m *Manager) usage(path string) (Usage, bool, error) {
 	if err != nil {
 		return Usage{}, false, err
 	}
-	return m.usages.put(path, s), true, nil
+	return m.usages.put(id, path, s), true, nil
 }
 
 // diskUsage sums the sizes and counts the inodes under dir.

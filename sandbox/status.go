@@ -33,6 +33,7 @@ func (m *Manager) GetContainer(id string) (*Container, error) {
 }
 
 // ListContainers returns the containers f selects with their live state.
+// They are shared with every other caller, and read-only.
 func (m *Manager) ListContainers(_ context.Context, f Filter) ([]*ContainerStatus, error) {
 	found, err := resolve(&f.ID, m.containerID)
 	if found {
@@ -41,15 +42,7 @@ func (m *Manager) ListContainers(_ context.Context, f Filter) ([]*ContainerStatu
 	if !found {
 		return nil, err
 	}
-	ctrs, states := m.state.listContainers(f.PodID)
-	out := make([]*ContainerStatus, 0, len(ctrs))
-	for i, c := range ctrs {
-		st := statusOf(c, states[i])
-		if f.matches(c.ID, c.Config.Labels, int32(st.State)) {
-			out = append(out, st)
-		}
-	}
-	return out, nil
+	return m.state.listStatuses(f), nil
 }
 
 func (m *Manager) containerID(prefix string) (string, error) {

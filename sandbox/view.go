@@ -14,8 +14,10 @@ import (
 // view is every pod and container in memory: their records, decoded once
 // and written through to bolt, and each container's live state, fed by its
 // shim's events and by the replies of berthd's own calls. Reads never
-// touch the database or a shim. It hands out copies: callers change their
-// copy and save it.
+// touch the database or a shim. Its pods and container statuses are never
+// changed once stored, only replaced: the lists hand them out shared, with
+// nothing copied (the kubelet lists every pod and container each second),
+// while pod and container hand out copies that callers change and save.
 type view struct {
 	mu    sync.RWMutex
 	pods  map[string]*Pod
@@ -23,9 +25,12 @@ type view struct {
 	byPod map[string]map[string]bool // pod ID → its container IDs
 }
 
+// ctrEntry is a container's record and live state, and the status made
+// of the two, rebuilt when either changes.
 type ctrEntry struct {
-	c  *Container
-	st shim.State
+	c      *Container
+	st     shim.State
+	status *ContainerStatus
 }
 
 func newView() *view {
@@ -96,6 +101,7 @@ func (v *view) setContainer(c *Container) {
 		v.byPod[c.PodID][c.ID] = true
 	}
 	e.c = cloneContainer(c)
+	e.status = statusOf(e.c, e.st)
 }
 
 func (v *view) deleteContainer(id string) {
@@ -126,6 +132,7 @@ func (v *view) setState(st shim.State) (changed bool) {
 	}
 	changed = st.Status != e.st.Status
 	e.st = st
+	e.status = statusOf(e.c, st)
 	return changed
 }
 
@@ -175,28 +182,56 @@ func findID[T any](m map[string]T, kind, id string) (string, error) {
 	return found, nil
 }
 
-// listPods returns the pods f selects; f.ID is a full ID.
+// listPods returns the pods f selects, shared: read-only; f.ID is a full
+// ID.
 func (v *view) listPods(f Filter) []*Pod {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	out := make([]*Pod, 0, len(v.pods))
 	for _, p := range v.pods {
 		if f.matches(p.ID, p.Config.Labels, int32(p.State)) {
-			out = append(out, clonePod(p))
+			out = append(out, p)
 		}
 	}
 	return out
 }
 
-// containersOf returns the records of pod podID's containers (every pod's
-// when empty).
+// listStatuses returns the statuses of the containers f selects, shared:
+// read-only; f.ID and f.PodID are full IDs.
+func (v *view) listStatuses(f Filter) []*ContainerStatus {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	n := len(v.ctrs)
+	if f.PodID != "" {
+		n = len(v.byPod[f.PodID])
+	}
+	out := make([]*ContainerStatus, 0, n)
+	add := func(e *ctrEntry) {
+		if s := e.status; f.matches(s.ID, s.Config.Labels, int32(s.State)) {
+			out = append(out, s)
+		}
+	}
+	if f.PodID == "" {
+		for _, e := range v.ctrs {
+			add(e)
+		}
+	} else {
+		for id := range v.byPod[f.PodID] {
+			add(v.ctrs[id])
+		}
+	}
+	return out
+}
+
+// containersOf returns copies of the records of pod podID's containers
+// (every pod's when empty).
 func (v *view) containersOf(podID string) []*Container {
 	ctrs, _ := v.listContainers(podID)
 	return ctrs
 }
 
-// listContainers returns the containers of pod podID (every pod's when
-// empty) and their states.
+// listContainers returns copies of the records of pod podID's containers
+// (every pod's when empty) and their states.
 func (v *view) listContainers(podID string) ([]*Container, []shim.State) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()

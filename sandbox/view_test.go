@@ -94,3 +94,36 @@ func TestSlowSubscriberDropped(t *testing.T) {
 		t.Errorf("slow subscriber: %d events then %v; want %d then errkind.ResourceExhausted", n, slow.Err(), SubscriberBuffer)
 	}
 }
+
+// TestListsShareSnapshots: lists hand out the view's pods and statuses
+// without copying them, and a change replaces them rather than changing
+// what a caller already holds; GetPod gives a copy of its own.
+func TestListsShareSnapshots(t *testing.T) {
+	m := testManager(t)
+	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	m.addTestContainer(t, "ctr1", "pod1")
+	pods, _ := m.ListPods(Filter{})
+	ctrs, _ := m.ListContainers(t.Context(), Filter{})
+	again, _ := m.ListContainers(t.Context(), Filter{PodID: "pod1"})
+	if len(pods) != 1 || len(ctrs) != 1 || len(again) != 1 || again[0] != ctrs[0] {
+		t.Fatalf("lists %v %v %v: want one pod, the same container status twice", pods, ctrs, again)
+	}
+
+	m.setContainerState("pod1", shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 42})
+	p, err := m.GetPod("pod1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	if err := m.savePod(p); err != nil {
+		t.Fatal(err)
+	}
+	if ctrs[0].State != runtimeapi.ContainerState_CONTAINER_CREATED || pods[0].State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("listed before the changes: %v, %v; want them as they were (CREATED, READY)", ctrs[0].State, pods[0].State)
+	}
+	now, _ := m.ListContainers(t.Context(), Filter{})
+	pods, _ = m.ListPods(Filter{})
+	if now[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING || now[0].Pid != 42 || pods[0].State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+		t.Errorf("listed after: %v pid %d, %v; want RUNNING 42, NOTREADY", now[0].State, now[0].Pid, pods[0].State)
+	}
+}
