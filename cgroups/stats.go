@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
-	"github.com/opencontainers/cgroups"
-	"github.com/opencontainers/cgroups/fs"
-	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/cgroups/fscommon"
 )
 
@@ -32,77 +30,155 @@ type Stats struct {
 
 // Stats reads the cgroup at cgroupsPath (a pod cgroup or a container's
 // cgroups path as handed out by this package). A missing cgroup is an error
-// that matches os.ErrNotExist.
+// that matches os.ErrNotExist. It reads the five files it reports from and
+// no more (a library's full stats read some twenty per cgroup on v1): a
+// full node's collector samples hundreds of cgroups each second.
 func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
 	rel, err := m.fsPath(cgroupsPath)
 	if err != nil {
 		return Stats{}, err
 	}
 	out := Stats{Timestamp: time.Now()}
-	var st *cgroups.Stats
-	var memDir string
-	opts := &cgroups.StatsOptions{Controllers: cgroups.CPU | cgroups.Memory | cgroups.Pids}
 	if m.mode == V2 {
-		memDir = filepath.Join(m.root, rel)
-		if _, err := os.Stat(memDir); err != nil {
-			return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
-		}
-		mgr, err := fs2.NewManager(&cgroups.Cgroup{Resources: &cgroups.Resources{}}, memDir)
-		if err != nil {
-			return Stats{}, err
-		}
-		if st, err = mgr.Stats(opts); err != nil {
-			return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
-		}
+		err = m.statsV2(filepath.Join(m.root, rel), &out)
 	} else {
-		paths := map[string]string{}
-		for _, c := range []string{"cpu", "cpuacct", "memory", "pids"} {
-			if mnt, ok := m.hier[c]; ok {
-				paths[c] = filepath.Join(mnt, rel)
-			}
-		}
-		memDir = paths["memory"]
-		// The fs manager skips missing dirs silently; a missing cgroup must not look idle.
-		if _, err := os.Stat(memDir); err != nil {
-			return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
-		}
-		mgr, err := fs.NewManager(&cgroups.Cgroup{Resources: &cgroups.Resources{}}, paths)
-		if err != nil {
-			return Stats{}, err
-		}
-		if st, err = mgr.Stats(opts); err != nil {
-			return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
-		}
+		err = m.statsV1(rel, &out)
 	}
+	if err != nil {
+		return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
+	}
+	return out, nil
+}
 
-	ms := st.MemoryStats.Stats
-	// v1 memory.stat has this cgroup's own counters and hierarchical
-	// "total_" ones; a pod cgroup has no processes of its own, so take the
-	// totals. v2 counters are always hierarchical.
-	key := func(v1, v2 string) uint64 {
-		if m.mode == V2 {
-			return ms[v2]
+// statsV2 reads a unified cgroup; its counters count its children's.
+func (m *Manager) statsV2(dir string, out *Stats) error {
+	// A file of a controller that is not enabled here is missing, and its
+	// figures zero; a missing cgroup must not look idle.
+	if _, err := os.Stat(dir); err != nil {
+		return err
+	}
+	cpu, err := readKeyValues(dir, "cpu.stat")
+	if err != nil {
+		return err
+	}
+	out.CPUUsageNanos = cpu["usage_usec"] * 1000
+	if out.MemoryUsageBytes, err = readUint(dir, "memory.current"); err != nil {
+		return err
+	}
+	ms, err := readKeyValues(dir, "memory.stat")
+	if err != nil {
+		return err
+	}
+	out.setMemory(ms["inactive_file"], ms["anon"], ms["file"], ms["pgfault"], ms["pgmajfault"])
+	if out.Pids, err = readUint(dir, "pids.current"); err != nil {
+		return err
+	}
+	return m.readOOMKills(dir, out)
+}
+
+// statsV1 reads a cgroup of the v1 hierarchies. memory.stat has the
+// cgroup's own counters and hierarchical "total_" ones; a pod cgroup has no
+// processes of its own, so take the totals.
+func (m *Manager) statsV1(rel string, out *Stats) error {
+	dir := func(controller string) string {
+		if mnt, ok := m.hier[controller]; ok {
+			return filepath.Join(mnt, rel)
 		}
-		if v, ok := ms["total_"+v1]; ok {
+		return "" // not mounted: its files are missing, its figures zero
+	}
+	memDir := dir("memory")
+	if _, err := os.Stat(memDir); err != nil {
+		return err
+	}
+	var err error
+	if out.CPUUsageNanos, err = readUint(dir("cpuacct"), "cpuacct.usage"); err != nil {
+		return err
+	}
+	if out.MemoryUsageBytes, err = readUint(memDir, "memory.usage_in_bytes"); err != nil {
+		return err
+	}
+	ms, err := readKeyValues(memDir, "memory.stat")
+	if err != nil {
+		return err
+	}
+	total := func(k string) uint64 {
+		if v, ok := ms["total_"+k]; ok {
 			return v
 		}
-		return ms[v1]
+		return ms[k]
 	}
-	out.CPUUsageNanos = st.CpuStats.CpuUsage.TotalUsage
-	out.MemoryUsageBytes = st.MemoryStats.Usage.Usage
-	if inactive := key("inactive_file", "inactive_file"); inactive < out.MemoryUsageBytes {
-		out.MemoryWorkingSetBytes = out.MemoryUsageBytes - inactive
+	out.setMemory(total("inactive_file"), total("rss"), total("cache"), total("pgfault"), total("pgmajfault"))
+	if out.Pids, err = readUint(dir("pids"), "pids.current"); err != nil {
+		return err
 	}
-	out.MemoryRSSBytes = key("rss", "anon")
-	out.MemoryCacheBytes = key("cache", "file")
-	out.PageFaults = key("pgfault", "pgfault")
-	out.MajorPageFaults = key("pgmajfault", "pgmajfault")
-	out.Pids = st.PidsStats.Current
-	// Without the memory controller there is nothing to count OOM kills in.
-	if n, err := m.oomKills(memDir); err == nil {
-		out.OOMKills = n
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
+	return m.readOOMKills(memDir, out)
+}
+
+// setMemory fills the memory figures; the working set is the usage minus
+// the inactive file pages, as cadvisor and the kubelet's eviction count it.
+func (s *Stats) setMemory(inactiveFile, rss, cache, faults, majorFaults uint64) {
+	if inactiveFile < s.MemoryUsageBytes {
+		s.MemoryWorkingSetBytes = s.MemoryUsageBytes - inactiveFile
+	}
+	s.MemoryRSSBytes, s.MemoryCacheBytes, s.PageFaults, s.MajorPageFaults = rss, cache, faults, majorFaults
+}
+
+// readOOMKills sets the OOM kill count; without the memory controller there
+// is nothing to count them in.
+func (m *Manager) readOOMKills(memDir string, out *Stats) error {
+	n, err := m.oomKills(memDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	out.OOMKills = n
+	return err
+}
+
+// readUint reads a file of one number in dir; a missing file or dir (its
+// controller is not there) is 0.
+func readUint(dir, name string) (uint64, error) {
+	b, path, err := readControllerFile(dir, name)
+	if b == nil || err != nil {
+		return 0, err
+	}
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return v, nil
+}
+
+// readControllerFile reads dir/name: nil when it or dir ("": a v1
+// controller that is not mounted) is missing.
+func readControllerFile(dir, name string) (b []byte, path string, err error) {
+	if dir == "" {
+		return nil, "", nil
+	}
+	path = filepath.Join(dir, name)
+	b, err = os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, path, nil
+	}
+	return b, path, err
+}
+
+// readKeyValues reads a file of "key number" lines (memory.stat, cpu.stat)
+// in dir; a missing file or dir is empty.
+func readKeyValues(dir, name string) (map[string]uint64, error) {
+	b, path, err := readControllerFile(dir, name)
+	if b == nil || err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for line := range bytes.Lines(b) {
+		k, v, err := fscommon.ParseKeyValue(string(bytes.TrimSpace(line)))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out[k] = v
 	}
 	return out, nil
 }

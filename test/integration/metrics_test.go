@@ -218,6 +218,22 @@ func TestCRIMetrics(t *testing.T) {
 		}
 		values[m.Name] = m.Value.GetValue()
 	}
+	// Right after StartContainer, runc's init (several threads) may still
+	// be exec'ing the process: the count settles within the collector's
+	// period.
+	eventually(5*time.Second, func() bool {
+		if values["container_processes"] == 1 {
+			return true
+		}
+		list, err := e.d.Runtime.ListPodSandboxMetrics(t.Context(), &runtimeapi.ListPodSandboxMetricsRequest{})
+		if err != nil || len(list.PodMetrics) != 1 || len(list.PodMetrics[0].ContainerMetrics) != 1 {
+			t.Fatalf("ListPodSandboxMetrics = %v, %v; want one pod with one container", list, err)
+		}
+		for _, m := range list.PodMetrics[0].ContainerMetrics[0].Metrics {
+			values[m.Name] = m.Value.GetValue()
+		}
+		return false
+	})
 	if values["container_memory_working_set_bytes"] == 0 || values["container_processes"] != 1 {
 		t.Errorf("working set %d, processes %d: want > 0 and 1", values["container_memory_working_set_bytes"], values["container_processes"])
 	}
