@@ -76,6 +76,8 @@ test-integration:
 # runs static pods on a berthd of its own (test/kubelet, a module of its own so
 # that k8s.io/kubernetes stays out of berth's go.mod). bin/kubelet is built
 # from that module, and rebuilt only when its go.mod or go.sum changes.
+# test/kubeenv, the test helpers this tier shares with test-cluster, is in
+# none of the Kubernetes binaries: a change to it rebuilds only the tests.
 test-kubelet: deps build $(BIN)/kubelet
 	cd test/kubelet && BERTH_KUBELET=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) KUBELET=$(CURDIR)/$(BIN)/kubelet \
 		$(GO) test -count=1 -timeout 20m -v .

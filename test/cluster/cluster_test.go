@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -72,8 +73,8 @@ func (e *env) node(t *testing.T) {
 	if err != nil || !netip.MustParsePrefix(clusterCIDR).Overlaps(cidr) {
 		t.Fatalf("node pod CIDR %q (%v), want a /24 of %s", n.Spec.PodCIDR, err, clusterCIDR)
 	}
-	waitFor(t, time.Minute, "berth's bridge in the node's pod CIDR", func() (bool, string) {
-		out, _ := exec.Command("ip", "-o", "-4", "addr", "show", "dev", e.bridge).CombinedOutput()
+	kubeenv.WaitFor(t, time.Minute, "berth's bridge in the node's pod CIDR", func() (bool, string) {
+		out, _ := exec.Command("ip", "-o", "-4", "addr", "show", "dev", e.berthd.Bridge).CombinedOutput()
 		for _, f := range strings.Fields(string(out)) {
 			if p, err := netip.ParsePrefix(f); err == nil && cidr.Contains(p.Addr()) {
 				return true, ""
@@ -82,7 +83,7 @@ func (e *env) node(t *testing.T) {
 		return false, string(out)
 	})
 	e.apply(t, namespace)
-	waitFor(t, time.Minute, "the default service account of "+ns, func() (bool, string) {
+	kubeenv.WaitFor(t, time.Minute, "the default service account of "+ns, func() (bool, string) {
 		_, err := e.kubectlErr("get", "serviceaccount", "default", "-n", ns)
 		return err == nil, fmt.Sprint(err)
 	})
@@ -92,7 +93,7 @@ func (e *env) node(t *testing.T) {
 func (e *env) waitNodeReady(t *testing.T, timeout time.Duration) *corev1.Node {
 	t.Helper()
 	var n corev1.Node
-	waitFor(t, timeout, "node "+nodeName+" Ready with a pod CIDR", func() (bool, string) {
+	kubeenv.WaitFor(t, timeout, "node "+nodeName+" Ready with a pod CIDR", func() (bool, string) {
 		out, err := e.kubectlErr("get", "node", nodeName, "-o", "json")
 		if err != nil {
 			return false, err.Error()
@@ -183,12 +184,12 @@ func (e *env) podIPs(t *testing.T) {
 		t.Fatalf("%d pods of app=web, want 3", len(pods))
 	}
 	for _, p := range pods {
-		body, err := get(fmt.Sprintf("http://%s/", net.JoinHostPort(p.Status.PodIP, "8080")))
+		body, err := kubeenv.Get(fmt.Sprintf("http://%s/", net.JoinHostPort(p.Status.PodIP, "8080")))
 		if want := "v1 " + p.Name + "\n"; err != nil || body != want {
 			t.Errorf("GET %s:8080 (%s): %q %v, want %q", p.Status.PodIP, p.Name, body, err, want)
 		}
 	}
-	waitFor(t, time.Minute, "network stats of the web pods in the kubelet's summary", func() (bool, string) {
+	kubeenv.WaitFor(t, time.Minute, "network stats of the web pods in the kubelet's summary", func() (bool, string) {
 		out, err := e.kubectlErr("get", "--raw", "/api/v1/nodes/"+nodeName+"/proxy/stats/summary")
 		if err != nil {
 			return false, err.Error()
@@ -261,12 +262,12 @@ func (e *env) service(t *testing.T) {
 		seen[name] = true
 	}
 	url := "http://" + ip + "/"
-	waitFor(t, 30*time.Second, "the Service from the node", func() (bool, string) {
-		body, err := get(url)
+	kubeenv.WaitFor(t, 30*time.Second, "the Service from the node", func() (bool, string) {
+		body, err := kubeenv.Get(url)
 		return err == nil, fmt.Sprintf("%q %v", body, err)
 	})
 	for range 15 {
-		body, err := get(url)
+		body, err := kubeenv.Get(url)
 		if err != nil {
 			t.Fatalf("GET %s from the node: %v", url, err)
 		}
@@ -282,13 +283,10 @@ func (e *env) service(t *testing.T) {
 }
 
 // noUnimplemented: nothing the kubelet asked of berth during the run was
-// answered Unimplemented (berthd logs those at WARN), but for the metrics
-// calls berth does not serve: with its stats from CRI the kubelet asks
-// ListMetricDescriptors at start, for its /metrics/cadvisor endpoint only,
-// and does without.
+// answered Unimplemented (berthd logs those at WARN).
 func (e *env) noUnimplemented(t *testing.T) {
-	for _, l := range strings.Split(readFile(t, e.berthd.log), "\n") {
-		if strings.Contains(l, "code=Unimplemented") && !strings.Contains(l, "RuntimeService/ListMetricDescriptors ") {
+	for _, l := range strings.Split(readFile(t, e.berthd.Log), "\n") {
+		if strings.Contains(l, "code=Unimplemented") {
 			t.Errorf("berthd: %s", l)
 		}
 	}

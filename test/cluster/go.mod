@@ -14,7 +14,7 @@ tool (
 )
 
 require (
-	golang.org/x/sys v0.47.0
+	github.com/berth-runtime/berth/test/kubeenv v0.0.0
 	google.golang.org/grpc v1.82.1
 	k8s.io/api v0.37.2
 	k8s.io/cri-api v0.37.2
@@ -146,6 +146,7 @@ require (
 	golang.org/x/net v0.57.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/term v0.45.0 // indirect
 	golang.org/x/text v0.40.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
@@ -236,3 +237,6 @@ replace (
 	k8s.io/sample-controller => k8s.io/sample-controller v0.37.2
 	k8s.io/streaming => k8s.io/streaming v0.37.2
 )
+
+// The helpers this tier shares with the other Kubernetes tier.
+replace github.com/berth-runtime/berth/test/kubeenv => ../kubeenv

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -90,26 +91,11 @@ func (e *env) pod(t *testing.T, ns, name string) *corev1.Pod {
 func (e *env) waitPod(t *testing.T, ns, name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var p *corev1.Pod
-	waitFor(t, timeout, fmt.Sprintf("pod %s/%s %s", ns, name, what), func() (bool, string) {
+	kubeenv.WaitFor(t, timeout, fmt.Sprintf("pod %s/%s %s", ns, name, what), func() (bool, string) {
 		p = e.pod(t, ns, name)
 		return cond(p), describe(p)
 	})
 	return p
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %s", what, timeout, detail)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
 }
 
 func ready(p *corev1.Pod) bool {
@@ -148,16 +134,10 @@ func (e *env) exec(t *testing.T, ns, pod string, cmd ...string) string {
 	return e.kubectl(t, append([]string{"exec", "-n", ns, pod, "--"}, cmd...)...)
 }
 
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
 // berthContainers are berth's containers of the pod with uid.
 func (e *env) berthContainers(t *testing.T, uid string) []*runtimeapi.Container {
 	t.Helper()
-	r, err := e.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{
+	r, err := e.rt.ListContainers(kubeenv.Ctx(t), &runtimeapi.ListContainersRequest{
 		Filter: &runtimeapi.ContainerFilter{LabelSelector: map[string]string{uidLabel: uid}}})
 	if err != nil {
 		t.Fatalf("ListContainers: %v", err)
@@ -173,7 +153,7 @@ func (e *env) containerPID(t *testing.T, uid string) int {
 		if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			continue
 		}
-		r, err := e.rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
+		r, err := e.rt.ContainerStatus(kubeenv.Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
 		if err != nil {
 			t.Fatalf("ContainerStatus %s: %v", c.Id, err)
 		}

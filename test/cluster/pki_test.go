@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/berth-runtime/berth/test/kubeenv"
 )
 
 // pki is the run's own certificate authority: every component's serving
@@ -29,7 +31,7 @@ type certPair struct{ cert, key string }
 
 func newPKI(t *testing.T, dir string) *pki {
 	t.Helper()
-	mkdirs(t, dir)
+	kubeenv.Mkdirs(t, dir)
 	key := newKey(t)
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -181,7 +181,7 @@ spec:
 
 // applyPods starts every single-pod scenario at once.
 func (e *env) applyPods(t *testing.T) {
-	e.hostPort, e.hostNetPort = freePort(t), freePort(t)
+	e.hostPort, e.hostNetPort = kubeenv.FreePort(t), kubeenv.FreePort(t)
 	e.apply(t, strings.NewReplacer("HOSTNETPORT", strconv.Itoa(e.hostNetPort), "HOSTPORT", strconv.Itoa(e.hostPort)).Replace(podsYAML))
 }
 
@@ -189,7 +189,7 @@ func (e *env) applyPods(t *testing.T) {
 // the output of the container's last attempt.
 func (e *env) logs(t *testing.T) {
 	e.waitPod(t, ns, "logger", startTimeout, "Running", running)
-	waitFor(t, 20*time.Second, "kubectl logs logger", func() (bool, string) {
+	kubeenv.WaitFor(t, 20*time.Second, "kubectl logs logger", func() (bool, string) {
 		out, err := e.kubectlErr("logs", "-n", ns, "logger")
 		return err == nil && strings.HasPrefix(out, "start\ntick 1\n"), fmt.Sprintf("%q %v", out, err)
 	})
@@ -274,7 +274,7 @@ func (e *env) streams(t *testing.T) {
 	}
 	e.waitPod(t, ns, "attach", 30*time.Second, "Succeeded once its stdin closed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
 
-	port := freePort(t)
+	port := kubeenv.FreePort(t)
 	c, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pf := e.kubectlCmd(c, "port-forward", "-n", ns, "pod/"+web, fmt.Sprintf("%d:8080", port))
@@ -282,8 +282,8 @@ func (e *env) streams(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cancel(); _ = pf.Wait() }()
-	waitFor(t, 30*time.Second, "kubectl port-forward", func() (bool, string) {
-		body, err := get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	kubeenv.WaitFor(t, 30*time.Second, "kubectl port-forward", func() (bool, string) {
+		body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
 		return err == nil && body == "v1 "+web+"\n", fmt.Sprintf("%q %v", body, err)
 	})
 }
@@ -353,15 +353,15 @@ func (e *env) hostAccess(t *testing.T) {
 	e.waitPod(t, ns, "hostport", startTimeout, "Running", running)
 	for _, host := range []string{"127.0.0.1", nodeIP} {
 		url := fmt.Sprintf("http://%s:%d/", host, e.hostPort)
-		waitFor(t, 20*time.Second, "GET "+url, func() (bool, string) {
-			body, err := get(url)
+		kubeenv.WaitFor(t, 20*time.Second, "GET "+url, func() (bool, string) {
+			body, err := kubeenv.Get(url)
 			return err == nil && body == "v1 hostport\n", fmt.Sprintf("%q %v", body, err)
 		})
 	}
 	e.waitPod(t, ns, "hostnet", startTimeout, "Running", running)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", e.hostNetPort)
-	waitFor(t, 20*time.Second, "GET "+url, func() (bool, string) {
-		body, err := get(url)
+	kubeenv.WaitFor(t, 20*time.Second, "GET "+url, func() (bool, string) {
+		body, err := kubeenv.Get(url)
 		return err == nil && strings.HasPrefix(body, "v1 "), fmt.Sprintf("%q %v", body, err)
 	})
 }
@@ -395,61 +395,18 @@ func (e *env) limits(t *testing.T) {
 		t.Errorf("QoS class %s, want Burstable", p.Status.QOSClass)
 	}
 	pid := e.containerPID(t, string(p.UID))
-	v2 := len(e.hierarchies) == 1
-	podCg := e.cgroupRoot + "/kubepods/burstable/pod" + string(p.UID)
-	cg := procCgroup(t, pid, "memory", v2)
+	v2 := e.cgroups.V2()
+	podCg := e.cgroups.Root + "/kubepods/burstable/pod" + string(p.UID)
+	cg := kubeenv.ProcCgroup(t, pid, "memory", v2)
 	if !strings.HasPrefix(cg, podCg+"/") {
 		t.Fatalf("container process %d is in cgroup %s, not below the pod's %s", pid, cg, podCg)
 	}
 	if v2 {
-		expectFile(t, "", cg, "memory.max", strconv.Itoa(64<<20))
-		expectFile(t, "", cg, "cpu.max", "25000 100000")
+		kubeenv.ExpectFile(t, "", cg, "memory.max", strconv.Itoa(64<<20))
+		kubeenv.ExpectFile(t, "", cg, "cpu.max", "25000 100000")
 		return
 	}
-	expectFile(t, "memory", cg, "memory.limit_in_bytes", strconv.Itoa(64<<20))
-	expectFile(t, "cpu", procCgroup(t, pid, "cpu", v2), "cpu.cfs_quota_us", "25000")
-	expectFile(t, "cpu", procCgroup(t, pid, "cpu", v2), "cpu.shares", "102")
-}
-
-// procCgroup is the cgroup of pid in the hierarchy of controller (v1), or
-// its one v2 cgroup.
-func procCgroup(t *testing.T, pid int, controller string, v2 bool) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if v2 && parts[0] == "0" || !v2 && containsField(parts[1], controller) {
-			return parts[2]
-		}
-	}
-	t.Fatalf("process %d has no %s cgroup in %q", pid, controller, b)
-	return ""
-}
-
-func containsField(list, name string) bool {
-	for _, f := range strings.Split(list, ",") {
-		if f == name {
-			return true
-		}
-	}
-	return false
-}
-
-func expectFile(t *testing.T, controller, cgroup, file, want string) {
-	t.Helper()
-	p := filepath.Join("/sys/fs/cgroup", controller, cgroup, file)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Errorf("%v", err)
-		return
-	}
-	if got := strings.TrimSpace(string(b)); got != want {
-		t.Errorf("%s = %s, want %s", p, got, want)
-	}
+	kubeenv.ExpectFile(t, "memory", cg, "memory.limit_in_bytes", strconv.Itoa(64<<20))
+	kubeenv.ExpectFile(t, "cpu", kubeenv.ProcCgroup(t, pid, "cpu", v2), "cpu.cfs_quota_us", "25000")
+	kubeenv.ExpectFile(t, "cpu", kubeenv.ProcCgroup(t, pid, "cpu", v2), "cpu.shares", "102")
 }

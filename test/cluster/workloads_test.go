@@ -2,14 +2,13 @@ package cluster
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -33,7 +32,7 @@ func (e *env) readyWeb(t *testing.T) (pods, sandboxes int) {
 
 func (e *env) sandboxes(t *testing.T, uid string) []*runtimeapi.PodSandbox {
 	t.Helper()
-	r, err := e.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{
+	r, err := e.rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{
 		Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{uidLabel: uid}}})
 	if err != nil {
 		t.Fatalf("ListPodSandbox: %v", err)
@@ -46,7 +45,7 @@ func (e *env) scale(t *testing.T) {
 	for _, n := range []int{5, 2} {
 		e.kubectl(t, "scale", "-n", ns, "deployment/web", fmt.Sprintf("--replicas=%d", n))
 		e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
-		waitFor(t, time.Minute, fmt.Sprintf("%d web pods, each with a READY sandbox in berth", n), func() (bool, string) {
+		kubeenv.WaitFor(t, time.Minute, fmt.Sprintf("%d web pods, each with a READY sandbox in berth", n), func() (bool, string) {
 			pods, sbs := e.readyWeb(t)
 			all := len(e.pods(t, ns, "app=web"))
 			return pods == n && sbs == n && all == n, fmt.Sprintf("%d ready pods, %d READY sandboxes, %d pods", pods, sbs, all)
@@ -66,11 +65,11 @@ func (e *env) rollingUpdate(t *testing.T) {
 // checkVersion checks every web pod is Ready and answers version on its IP.
 func (e *env) checkVersion(t *testing.T, version string) {
 	t.Helper()
-	waitFor(t, time.Minute, "3 web pods, all Ready and serving "+version, func() (bool, string) {
+	kubeenv.WaitFor(t, time.Minute, "3 web pods, all Ready and serving "+version, func() (bool, string) {
 		pods := e.pods(t, ns, "app=web")
 		var bad []string
 		for _, p := range pods {
-			body, err := get(fmt.Sprintf("http://%s:8080/", p.Status.PodIP))
+			body, err := kubeenv.Get(fmt.Sprintf("http://%s:8080/", p.Status.PodIP))
 			if !running(&p) || err != nil || body != version+" "+p.Name+"\n" {
 				bad = append(bad, fmt.Sprintf("%s: %q %v", describe(&p), body, err))
 			}
@@ -126,7 +125,7 @@ func (e *env) berthdKilled(t *testing.T) {
 	}
 	e.kubectl(t, "set", "image", "-n", ns, "deployment/web", "web="+e.imageV1)
 	// Kill it once the rollout has made its first new pod.
-	waitFor(t, time.Minute, "a v1 pod of the rollout", func() (bool, string) {
+	kubeenv.WaitFor(t, time.Minute, "a v1 pod of the rollout", func() (bool, string) {
 		for _, p := range e.pods(t, ns, "app=web") {
 			if p.Spec.Containers[0].Image == e.imageV1 {
 				return true, ""
@@ -134,15 +133,15 @@ func (e *env) berthdKilled(t *testing.T) {
 		}
 		return false, "none yet"
 	})
-	if err := syscall.Kill(e.berthd.pid(), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(e.berthd.PID(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-e.berthd.done
+	<-e.berthd.Done()
 	time.Sleep(2 * time.Second)
 	e.launchBerthd()
 	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
 	e.checkVersion(t, "v1")
-	waitFor(t, time.Minute, "every other pod still Running, on the same READY sandbox", func() (bool, string) {
+	kubeenv.WaitFor(t, time.Minute, "every other pod still Running, on the same READY sandbox", func() (bool, string) {
 		var lost []string
 		for name, uid := range others {
 			p, err := e.kubectlErr("get", "pod", "-n", ns, name, "-o", "jsonpath={.status.phase} {.metadata.uid}")
@@ -167,7 +166,7 @@ func (e *env) kubeletRestart(t *testing.T) {
 	for _, p := range e.pods(t, ns, "app=web") {
 		restarts[p.Name] = p.Status.ContainerStatuses[0].RestartCount
 	}
-	if !e.kubelet.stop(syscall.SIGTERM, 30*time.Second) {
+	if !e.kubelet.Stop(syscall.SIGTERM, 30*time.Second) {
 		t.Errorf("kubelet did not stop within 30s of SIGTERM (killed)")
 	}
 	e.launchKubelet()
@@ -188,7 +187,7 @@ func (e *env) kubeletRestart(t *testing.T) {
 func (e *env) deleteAll(t *testing.T) {
 	e.kubectl(t, "delete", "-n", ns, "deployment,job,pod,service", "--all", "--wait=false")
 	start := time.Now()
-	waitFor(t, 3*time.Minute, "berth empty after kubectl delete", func() (bool, string) {
+	kubeenv.WaitFor(t, 3*time.Minute, "berth empty after kubectl delete", func() (bool, string) {
 		left := e.berthLeftovers(t)
 		return len(left) == 0, strings.Join(left, "; ")
 	})
@@ -199,36 +198,28 @@ func (e *env) deleteAll(t *testing.T) {
 func (e *env) berthLeftovers(t *testing.T) []string {
 	t.Helper()
 	var left []string
-	sbs, err := e.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{})
+	sbs, err := e.rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
 		return []string{err.Error()}
 	}
 	for _, sb := range sbs.Items {
 		left = append(left, "pod "+sb.Metadata.GetName())
 	}
-	cs, err := e.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{})
+	cs, err := e.rt.ListContainers(kubeenv.Ctx(t), &runtimeapi.ListContainersRequest{})
 	if err != nil {
 		return []string{err.Error()}
 	}
 	for _, c := range cs.Containers {
 		left = append(left, "container "+c.Metadata.GetName())
 	}
-	for _, m := range mountsUnder(e.work) {
-		if m != e.kubeletRoot && m != filepath.Join(e.state, "pods") {
-			left = append(left, "mount "+m)
-		}
+	left = append(left, e.berthd.Leftovers()...)
+	// The kubelet's volume mounts, below its root (a bind mount of itself).
+	for _, m := range kubeenv.MountsUnder(e.kubeletRoot, e.kubeletRoot) {
+		left = append(left, "mount "+m)
 	}
-	out, _ := exec.Command("ip", "-o", "link", "show", "master", e.bridge).CombinedOutput()
-	if s := strings.TrimSpace(string(out)); s != "" {
-		left = append(left, "veth "+s)
-	}
-	leases, _ := os.ReadDir(filepath.Join(e.root, "network", "leases"))
-	for _, l := range leases {
-		left = append(left, "lease "+l.Name())
-	}
-	for _, h := range e.hierarchies {
-		pods, _ := filepath.Glob(filepath.Join(h, e.cgroupRoot, "kubepods", "*", "pod*"))
-		guaranteed, _ := filepath.Glob(filepath.Join(h, e.cgroupRoot, "kubepods", "pod*"))
+	for _, h := range e.cgroups.Hierarchies {
+		pods, _ := filepath.Glob(filepath.Join(h, e.cgroups.Root, "kubepods", "*", "pod*"))
+		guaranteed, _ := filepath.Glob(filepath.Join(h, e.cgroups.Root, "kubepods", "pod*"))
 		for _, p := range append(pods, guaranteed...) {
 			left = append(left, "cgroup "+p)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -51,7 +52,7 @@ func TestKubeletEventedPLEG(t *testing.T) {
 	}
 	t.Logf("exit seen by the kubelet %s after it happened", time.Since(term.FinishedAt.Time).Round(100*time.Millisecond))
 
-	body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/metrics", e.readOnly))
+	body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", e.readOnly))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestKubeletEventedPLEG(t *testing.T) {
 		}
 	}
 	e.removeManifest("evented")
-	waitFor(t, 2*time.Minute, "berth has no pod left", func() (bool, string) {
+	kubeenv.WaitFor(t, 2*time.Minute, "berth has no pod left", func() (bool, string) {
 		n, err := e.berthPodCount()
 		return err == nil && n == 0, fmt.Sprintf("%d pods, %v", n, err)
 	})

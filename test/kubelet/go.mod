@@ -6,7 +6,7 @@ go 1.26.0
 tool k8s.io/kubernetes/cmd/kubelet
 
 require (
-	golang.org/x/sys v0.46.0
+	github.com/berth-runtime/berth/test/kubeenv v0.0.0
 	google.golang.org/grpc v1.79.3
 	k8s.io/api v0.36.4
 	k8s.io/client-go v0.36.4
@@ -114,6 +114,7 @@ require (
 	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/oauth2 v0.34.0 // indirect
 	golang.org/x/sync v0.21.0 // indirect
+	golang.org/x/sys v0.46.0 // indirect
 	golang.org/x/term v0.44.0 // indirect
 	golang.org/x/text v0.39.0 // indirect
 	golang.org/x/time v0.14.0 // indirect
@@ -188,3 +189,6 @@ replace (
 	k8s.io/sample-controller => k8s.io/sample-controller v0.36.4
 	k8s.io/streaming => k8s.io/streaming v0.36.4
 )
+
+// The helpers this tier shares with the other Kubernetes tier.
+replace github.com/berth-runtime/berth/test/kubeenv => ../kubeenv

@@ -9,21 +9,18 @@ package kubelet
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"net"
 	"os"
-	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -44,7 +41,7 @@ func TestKubelet(t *testing.T) {
 	t.Logf("berthd and kubelet ready in %s (kubelet %s, berthd %s)", time.Since(begin).Round(time.Millisecond), e.kubeletBin, e.berthBin)
 
 	// Every pod starts at once: the scenarios then only wait for their own.
-	hostPort := freePort(t)
+	hostPort := kubeenv.FreePort(t)
 	e.writeManifest("web", webPod)
 	e.writeManifest("probes", probesPod)
 	e.writeManifest("crash", crashPod)
@@ -75,7 +72,7 @@ func TestKubelet(t *testing.T) {
 	step("7-ExecAttachPortForward", func(t *testing.T) { e.streams(t) })
 	step("5-BerthdKilled", func(t *testing.T) { e.berthdKilled(t) })
 	step("4-ManifestRemoved", func(t *testing.T) { e.manifestRemoved(t, all) })
-	if body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthz)); err != nil || body != "ok" {
+	if body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthz)); err != nil || body != "ok" {
 		t.Errorf("kubelet /healthz at the end: %q %v", body, err)
 	}
 	t.Logf("scenarios done in %s (then the teardown)", time.Since(begin).Round(time.Second))
@@ -92,8 +89,8 @@ func (e *env) twoContainerPod(t *testing.T) {
 
 	// The pod answers HTTP on its address, from the node.
 	url := fmt.Sprintf("http://%s/", net.JoinHostPort(p.Status.PodIP, "8080"))
-	waitFor(t, 20*time.Second, "HTTP from the pod IP", func() (bool, string) {
-		body, err := e.get(url)
+	kubeenv.WaitFor(t, 20*time.Second, "HTTP from the pod IP", func() (bool, string) {
+		body, err := kubeenv.Get(url)
 		return err == nil && body == "hello from berth\n", fmt.Sprintf("%q %v", body, err)
 	})
 
@@ -138,7 +135,7 @@ func (e *env) twoContainerPod(t *testing.T) {
 			t.Errorf("%s: kubelet's containerID = %v, berth's %s", name, ks, c.Id)
 		}
 		// The kubelet asks ImageStatus with the image ID the container reports.
-		is, err := e.img.ImageStatus(ctx(t), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: cs.ImageRef}})
+		is, err := e.img.ImageStatus(kubeenv.Ctx(t), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: cs.ImageRef}})
 		if err != nil || is.Image == nil || is.Image.GetSize() == 0 || is.Image.Id != e.imageID {
 			t.Errorf("%s: ImageStatus(%q) = %v, %v; want image %s with a size", name, cs.ImageRef, is.GetImage(), err, e.imageID)
 		}
@@ -147,7 +144,7 @@ func (e *env) twoContainerPod(t *testing.T) {
 	// The logs the kubelet serves (kubectl logs) are CRI-format files in its
 	// pod log folder, written by berth.
 	logPath := e.logFile(p, "logger", 0)
-	waitFor(t, 20*time.Second, "logger output in "+logPath, func() (bool, string) {
+	kubeenv.WaitFor(t, 20*time.Second, "logger output in "+logPath, func() (bool, string) {
 		b, err := os.ReadFile(logPath)
 		return err == nil && strings.Contains(string(b), " stdout F tick 2\n") && strings.Contains(string(b), " stderr F tock 2\n"),
 			fmt.Sprintf("%q %v", tail(string(b), 300), err)
@@ -164,7 +161,7 @@ func (e *env) twoContainerPod(t *testing.T) {
 	}
 
 	// Runtime-wide answers the kubelet relies on.
-	rs, err := e.rt.Status(ctx(t), &runtimeapi.StatusRequest{})
+	rs, err := e.rt.Status(kubeenv.Ctx(t), &runtimeapi.StatusRequest{})
 	if err != nil {
 		t.Fatalf("Status: %v", err)
 	}
@@ -175,24 +172,24 @@ func (e *env) twoContainerPod(t *testing.T) {
 	if !conds[runtimeapi.RuntimeReady] || !conds[runtimeapi.NetworkReady] {
 		t.Errorf("Status conditions %v: want RuntimeReady and NetworkReady true", rs.GetStatus().GetConditions())
 	}
-	rc, err := e.rt.RuntimeConfig(ctx(t), &runtimeapi.RuntimeConfigRequest{})
+	rc, err := e.rt.RuntimeConfig(kubeenv.Ctx(t), &runtimeapi.RuntimeConfigRequest{})
 	if err != nil || rc.GetLinux().GetCgroupDriver() != runtimeapi.CgroupDriver_CGROUPFS {
 		t.Errorf("RuntimeConfig = %v, %v; want cgroupfs", rc, err)
 	}
 	const unknown = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-	if _, err := e.rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: unknown}); status.Code(err) != codes.NotFound {
+	if _, err := e.rt.ContainerStatus(kubeenv.Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: unknown}); status.Code(err) != codes.NotFound {
 		t.Errorf("ContainerStatus(unknown) = %v, want NotFound", err)
 	}
-	if _, err := e.rt.PodSandboxStatus(ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: unknown}); status.Code(err) != codes.NotFound {
+	if _, err := e.rt.PodSandboxStatus(kubeenv.Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: unknown}); status.Code(err) != codes.NotFound {
 		t.Errorf("PodSandboxStatus(unknown) = %v, want NotFound", err)
 	}
 
 	// The kubelet's resource stats (/stats/summary, what metrics-server and
 	// eviction read) carry the containers' CPU and memory, from berth's
 	// ListContainerStats.
-	waitFor(t, 45*time.Second, "CPU and memory of both containers in the kubelet's /stats/summary", func() (bool, string) {
+	kubeenv.WaitFor(t, 45*time.Second, "CPU and memory of both containers in the kubelet's /stats/summary", func() (bool, string) {
 		var sum summary
-		body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/stats/summary", e.readOnly))
+		body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/stats/summary", e.readOnly))
 		if err == nil {
 			err = json.Unmarshal([]byte(body), &sum)
 		}
@@ -321,7 +318,7 @@ func (e *env) crashLoop(t *testing.T) {
 	// their logs), with its exit code and its log under the pod's log folder.
 	var last *runtimeapi.ContainerStatus
 	for _, ct := range e.containers(t, uid, "crasher") {
-		r, err := e.rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: ct.Id})
+		r, err := e.rt.ContainerStatus(kubeenv.Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: ct.Id})
 		if status.Code(err) == codes.NotFound {
 			continue // removed by the kubelet since the list
 		}
@@ -371,7 +368,7 @@ func (e *env) initContainer(t *testing.T) {
 	if got := e.exec(t, main.Id, "cat", "/data/msg"); got != "prepared-by-init\n" {
 		t.Errorf("main sees /data/msg = %q, want what the init container wrote", got)
 	}
-	waitFor(t, 10*time.Second, "main's log", func() (bool, string) {
+	kubeenv.WaitFor(t, 10*time.Second, "main's log", func() (bool, string) {
 		b, err := os.ReadFile(e.logFile(p, "main", 0))
 		return err == nil && strings.Contains(string(b), " stdout F prepared-by-init\n"), fmt.Sprintf("%q %v", b, err)
 	})
@@ -413,8 +410,8 @@ func (e *env) userNamespace(t *testing.T) {
 func (e *env) hostNetwork(t *testing.T, port int) {
 	p := e.waitPod(t, "hostnet", startTimeout, "Running", running)
 	uid := string(p.UID)
-	waitFor(t, 20*time.Second, "HTTP on the host's loopback", func() (bool, string) {
-		body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	kubeenv.WaitFor(t, 20*time.Second, "HTTP on the host's loopback", func() (bool, string) {
+		body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
 		return err == nil && body == "hello from the host network\n", fmt.Sprintf("%q %v", body, err)
 	})
 	sb := e.onlySandbox(t, uid)
@@ -435,7 +432,7 @@ func (e *env) hostNetwork(t *testing.T, port int) {
 // resources checks the pod and container cgroups the kubelet's requests and
 // limits became: the kubelet sets the pod's, berth the container's.
 func (e *env) resources(t *testing.T) {
-	v2 := len(e.hierarchies) == 1
+	v2 := e.cgroups.V2()
 	cases := []struct {
 		pod, container string
 		qos            corev1.PodQOSClass
@@ -455,62 +452,28 @@ func (e *env) resources(t *testing.T) {
 			uid := string(p.UID)
 			c := e.runningContainer(t, uid, tc.container)
 			pid := e.containerPID(t, c.Id)
-			podCg := e.cgroupRoot + "/kubepods/" + tc.qosDir + "pod" + uid
-			ctrCg := procCgroup(t, pid, "memory", v2)
+			podCg := e.cgroups.Root + "/kubepods/" + tc.qosDir + "pod" + uid
+			ctrCg := kubeenv.ProcCgroup(t, pid, "memory", v2)
 			if !strings.HasPrefix(ctrCg, podCg+"/") {
 				t.Fatalf("container process %d is in cgroup %s, not below the pod's %s", pid, ctrCg, podCg)
 			}
-			if cpuCg := procCgroup(t, pid, "cpu", v2); cpuCg != ctrCg {
+			if cpuCg := kubeenv.ProcCgroup(t, pid, "cpu", v2); cpuCg != ctrCg {
 				t.Errorf("container's cpu cgroup %s differs from its memory cgroup %s", cpuCg, ctrCg)
 			}
 			for _, cg := range []string{podCg, ctrCg} {
 				if v2 {
-					expectFile(t, "", cg, "memory.max", strconv.FormatInt(tc.memory, 10))
-					expectFile(t, "", cg, "cpu.max", fmt.Sprintf("%d 100000", tc.quota))
+					kubeenv.ExpectFile(t, "", cg, "memory.max", strconv.FormatInt(tc.memory, 10))
+					kubeenv.ExpectFile(t, "", cg, "cpu.max", fmt.Sprintf("%d 100000", tc.quota))
 					continue
 				}
-				expectFile(t, "memory", cg, "memory.limit_in_bytes", strconv.FormatInt(tc.memory, 10))
-				expectFile(t, "cpu", cg, "cpu.cfs_quota_us", strconv.FormatInt(tc.quota, 10))
-				expectFile(t, "cpu", cg, "cpu.cfs_period_us", "100000")
-				expectFile(t, "cpu", cg, "cpu.shares", strconv.FormatInt(tc.shares, 10))
+				kubeenv.ExpectFile(t, "memory", cg, "memory.limit_in_bytes", strconv.FormatInt(tc.memory, 10))
+				kubeenv.ExpectFile(t, "cpu", cg, "cpu.cfs_quota_us", strconv.FormatInt(tc.quota, 10))
+				kubeenv.ExpectFile(t, "cpu", cg, "cpu.cfs_period_us", "100000")
+				kubeenv.ExpectFile(t, "cpu", cg, "cpu.shares", strconv.FormatInt(tc.shares, 10))
 			}
 			adj, _ := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
 			t.Logf("%s: pod cgroup %s, container cgroup %s, oom_score_adj %s", tc.pod, podCg, ctrCg, strings.TrimSpace(string(adj)))
 		})
-	}
-}
-
-// procCgroup is the cgroup of pid in the hierarchy of controller (v1), or
-// its one v2 cgroup.
-func procCgroup(t *testing.T, pid int, controller string, v2 bool) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if v2 && parts[0] == "0" || !v2 && slices.Contains(strings.Split(parts[1], ","), controller) {
-			return parts[2]
-		}
-	}
-	t.Fatalf("process %d has no %s cgroup in %q", pid, controller, b)
-	return ""
-}
-
-func expectFile(t *testing.T, controller, cgroup, file, want string) {
-	t.Helper()
-	p := filepath.Join("/sys/fs/cgroup", controller, cgroup, file)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Errorf("%v", err)
-		return
-	}
-	if got := strings.TrimSpace(string(b)); got != want {
-		t.Errorf("%s = %s, want %s", p, got, want)
 	}
 }
 
@@ -554,23 +517,23 @@ func (e *env) berthdKilled(t *testing.T) {
 	url := fmt.Sprintf("http://%s/", net.JoinHostPort(web.Status.PodIP, "8080"))
 
 	killedAt := time.Now()
-	e.berthd.stop(syscall.SIGKILL, 10*time.Second)
+	e.berthd.Stop(syscall.SIGKILL, 10*time.Second)
 	// Without berthd the containers keep running, serving and logging.
 	time.Sleep(5 * time.Second)
 	if err := syscall.Kill(loggerPID, 0); err != nil {
 		t.Errorf("logger (pid %d) is gone while berthd is down: %v", loggerPID, err)
 	}
-	if body, err := e.get(url); err != nil || body != "hello from berth\n" {
+	if body, err := kubeenv.Get(url); err != nil || body != "hello from berth\n" {
 		t.Errorf("web pod while berthd is down: %q %v", body, err)
 	}
-	logOffset := fileSize(e.berthd.log)
+	logOffset := fileSize(e.berthd.Log)
 	e.launchBerthd()
 	e.reconnect()
 	t.Logf("berthd down for %s", time.Since(killedAt).Round(100*time.Millisecond))
 
 	// The kubelet reconnects: berthd serves its periodic calls again.
-	waitFor(t, 60*time.Second, "the kubelet's calls on the new berthd", func() (bool, string) {
-		b, _ := os.ReadFile(e.berthd.log)
+	kubeenv.WaitFor(t, 60*time.Second, "the kubelet's calls on the new berthd", func() (bool, string) {
+		b, _ := os.ReadFile(e.berthd.Log)
 		if int64(len(b)) < logOffset {
 			return false, "short log"
 		}
@@ -621,10 +584,10 @@ func (e *env) berthdKilled(t *testing.T) {
 	if want := ticksBefore + int(elapsed.Seconds()/2); ticks < want {
 		t.Errorf("logger wrote %d lines in the %s since berthd was killed (%d → %d), want at least %d more", ticks-ticksBefore, elapsed.Round(time.Second), ticksBefore, ticks, want-ticksBefore)
 	}
-	if body, err := e.get(url); err != nil || body != "hello from berth\n" {
+	if body, err := kubeenv.Get(url); err != nil || body != "hello from berth\n" {
 		t.Errorf("web pod after the restart: %q %v", body, err)
 	}
-	if body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthz)); err != nil || body != "ok" {
+	if body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthz)); err != nil || body != "ok" {
 		t.Errorf("kubelet /healthz after the restart: %q %v", body, err)
 	}
 }
@@ -661,7 +624,7 @@ func (e *env) manifestRemoved(t *testing.T, names []string) {
 		}
 		e.removeManifest(name)
 	}
-	waitFor(t, time.Minute, "the kubelet dropping the pods", func() (bool, string) {
+	kubeenv.WaitFor(t, time.Minute, "the kubelet dropping the pods", func() (bool, string) {
 		pods, err := e.kubeletPods()
 		if err != nil {
 			return false, err.Error()
@@ -673,7 +636,7 @@ func (e *env) manifestRemoved(t *testing.T, names []string) {
 		return len(pods) == 0, fmt.Sprintf("kubelet still lists %v", left)
 	})
 	// The kubelet's container GC (every minute) removes the sandboxes.
-	waitFor(t, 2*time.Minute, "berth holding no pod or container", func() (bool, string) {
+	kubeenv.WaitFor(t, 2*time.Minute, "berth holding no pod or container", func() (bool, string) {
 		var left []string
 		for name, uid := range uids {
 			for _, s := range e.sandboxes(t, uid) {
@@ -688,32 +651,8 @@ func (e *env) manifestRemoved(t *testing.T, names []string) {
 
 	// Nothing of them on disk, in the kernel or as a process either.
 	time.Sleep(2 * time.Second) // the kubelet removes pod cgroups on its next housekeeping
-	if ents, err := os.ReadDir(filepath.Join(e.state, "pods")); err != nil || len(ents) != 0 {
-		t.Errorf("%s/pods: %v %v, want empty", e.state, names0(ents), err)
-	}
-	if ents, err := os.ReadDir(filepath.Join(e.root, "containers")); err != nil || len(ents) != 0 {
-		t.Errorf("%s/containers: %v %v, want empty", e.root, names0(ents), err)
-	}
-	if ents, err := os.ReadDir(filepath.Join(e.root, "network", "leases")); err != nil && !errors.Is(err, fs.ErrNotExist) || len(ents) != 0 {
-		t.Errorf("IP leases left: %v %v", names0(ents), err)
-	}
-	// state/pods is berth's own private bind mount of itself, made at start.
-	if ms := slices.DeleteFunc(append(mountsUnder(e.root), mountsUnder(e.state)...), func(m string) bool {
-		return m == filepath.Join(e.state, "pods")
-	}); len(ms) != 0 {
-		t.Errorf("mounts left: %v", ms)
-	}
-	if pids := slices.DeleteFunc(processesWithArg(e.state), func(pid int) bool {
-		return pid == e.berthd.pid() || pid == e.kubelet.pid()
-	}); len(pids) != 0 {
-		var cmds []string
-		for _, pid := range pids {
-			cmds = append(cmds, fmt.Sprintf("%d: %s", pid, cmdline(pid)))
-		}
-		t.Errorf("processes left: %v", cmds)
-	}
-	if ports, _ := os.ReadDir(filepath.Join("/sys/class/net", e.bridge, "brif")); len(ports) != 0 {
-		t.Errorf("veths left on %s: %v", e.bridge, names0(ports))
+	if left := e.berthd.Leftovers(e.kubelet.PID()); len(left) != 0 {
+		t.Errorf("berth left: %v", left)
 	}
 	for _, ip := range ips {
 		if conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "8080"), time.Second); err == nil {
@@ -721,9 +660,9 @@ func (e *env) manifestRemoved(t *testing.T, names []string) {
 			t.Errorf("%s still answers", ip)
 		}
 	}
-	waitFor(t, 30*time.Second, "pod cgroups removed", func() (bool, string) {
+	kubeenv.WaitFor(t, 30*time.Second, "pod cgroups removed", func() (bool, string) {
 		var left []string
-		for _, dir := range e.cgroupDirs() {
+		for _, dir := range e.cgroups.Dirs() {
 			for _, uid := range uids {
 				if strings.Contains(dir, uid) {
 					left = append(left, dir)
@@ -732,14 +671,6 @@ func (e *env) manifestRemoved(t *testing.T, names []string) {
 		}
 		return len(left) == 0, fmt.Sprint(left)
 	})
-}
-
-func names0(ents []os.DirEntry) []string {
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out
 }
 
 func tail(s string, n int) string {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/tools/remotecommand"
@@ -85,7 +86,7 @@ func (e *env) portForward(t *testing.T, cfg *rest.Config, path string) {
 	}
 	u := &url.URL{Scheme: "https", Host: strings.TrimPrefix(cfg.Host, "https://"), Path: path}
 	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
-	local := freePort(t)
+	local := kubeenv.FreePort(t)
 	stop, ready := make(chan struct{}), make(chan struct{})
 	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("%d:8080", local)}, stop, ready, io.Discard, io.Discard)
 	if err != nil {
@@ -104,7 +105,7 @@ func (e *env) portForward(t *testing.T, cfg *rest.Config, path string) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("port-forward through the kubelet: not ready within 30 s")
 	}
-	body, err := e.get(fmt.Sprintf("http://%s/", net.JoinHostPort("127.0.0.1", fmt.Sprint(local))))
+	body, err := kubeenv.Get(fmt.Sprintf("http://%s/", net.JoinHostPort("127.0.0.1", fmt.Sprint(local))))
 	if err != nil || body != "hello from berth\n" {
 		t.Errorf("GET through port-forward = %q, %v; want the httpd's page", body, err)
 	}

@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,34 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/kubeenv"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
-
-// waitFor polls cond every half second until it holds or timeout passes,
-// then fails t with what cond last said.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %s", what, timeout, detail)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
 
 // ---- static pods ----
 
@@ -67,7 +44,7 @@ func (e *env) removeManifest(name string) {
 
 // kubeletPods is the kubelet's own list: GET /pods on its read-only port.
 func (e *env) kubeletPods() ([]corev1.Pod, error) {
-	body, err := e.get(fmt.Sprintf("http://127.0.0.1:%d/pods", e.readOnly))
+	body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/pods", e.readOnly))
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +118,7 @@ func describe(p *corev1.Pod) string {
 func (e *env) waitPod(t *testing.T, name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var last *corev1.Pod
-	waitFor(t, timeout, name+": "+what, func() (bool, string) {
+	kubeenv.WaitFor(t, timeout, name+": "+what, func() (bool, string) {
 		p, err := e.kubeletPod(name)
 		if err != nil {
 			return false, err.Error()
@@ -173,7 +150,7 @@ func (e *env) reconnect() {
 	if e.conn != nil {
 		e.conn.Close()
 	}
-	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+e.berthd.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -187,7 +164,7 @@ const uidLabel = "io.kubernetes.pod.uid"
 // sandboxes are berth's pod sandboxes of the pod with uid, in any state.
 func (e *env) sandboxes(t *testing.T, uid string) []*runtimeapi.PodSandbox {
 	t.Helper()
-	r, err := e.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{
+	r, err := e.rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{
 		Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{uidLabel: uid}}})
 	if err != nil {
 		t.Fatalf("ListPodSandbox: %v", err)
@@ -199,7 +176,7 @@ func (e *env) sandboxes(t *testing.T, uid string) []*runtimeapi.PodSandbox {
 // still has), optionally only those named name, oldest attempt first.
 func (e *env) containers(t *testing.T, uid, name string) []*runtimeapi.Container {
 	t.Helper()
-	r, err := e.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{
+	r, err := e.rt.ListContainers(kubeenv.Ctx(t), &runtimeapi.ListContainersRequest{
 		Filter: &runtimeapi.ContainerFilter{LabelSelector: map[string]string{uidLabel: uid}}})
 	if err != nil {
 		t.Fatalf("ListContainers: %v", err)
@@ -234,7 +211,7 @@ func (e *env) runningContainer(t *testing.T, uid, name string) *runtimeapi.Conta
 
 func (e *env) containerStatus(t *testing.T, id string) *runtimeapi.ContainerStatus {
 	t.Helper()
-	r, err := e.rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	r, err := e.rt.ContainerStatus(kubeenv.Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
 	if err != nil {
 		t.Fatalf("ContainerStatus %s: %v", id, err)
 	}
@@ -245,7 +222,7 @@ func (e *env) containerStatus(t *testing.T, id string) *runtimeapi.ContainerStat
 // ContainerStatus carries it).
 func (e *env) containerPID(t *testing.T, id string) int {
 	t.Helper()
-	r, err := e.rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	r, err := e.rt.ContainerStatus(kubeenv.Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 	if err != nil {
 		t.Fatalf("ContainerStatus %s: %v", id, err)
 	}
@@ -260,7 +237,7 @@ func (e *env) containerPID(t *testing.T, id string) int {
 
 func (e *env) sandboxStatus(t *testing.T, id string) *runtimeapi.PodSandboxStatus {
 	t.Helper()
-	r, err := e.rt.PodSandboxStatus(ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+	r, err := e.rt.PodSandboxStatus(kubeenv.Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
 	if err != nil {
 		t.Fatalf("PodSandboxStatus %s: %v", id, err)
 	}
@@ -271,7 +248,7 @@ func (e *env) sandboxStatus(t *testing.T, id string) *runtimeapi.PodSandboxStatu
 // a non-zero exit fails t.
 func (e *env) exec(t *testing.T, id string, cmd ...string) string {
 	t.Helper()
-	r, err := e.rt.ExecSync(ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 20})
+	r, err := e.rt.ExecSync(kubeenv.Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 20})
 	if err != nil {
 		t.Fatalf("ExecSync %s %q: %v", id, cmd, err)
 	}

@@ -1,4 +1,4 @@
-package kubelet
+package kubeenv
 
 import (
 	"archive/tar"
@@ -21,7 +21,7 @@ const busyboxPath = "/bin/busybox"
 
 // applets are linked to busybox in the test image's /bin.
 var applets = []string{"sh", "httpd", "sleep", "echo", "cat", "touch", "test", "rm", "ls", "mkdir",
-	"date", "wget", "true", "false", "hostname", "id", "ps", "grep", "env", "kill", "seq", "wc", "head", "tail"}
+	"date", "tar", "wget", "true", "false", "hostname", "id", "ps", "grep", "env", "kill", "seq", "wc", "head", "tail"}
 
 // fixedTime makes the same files give the same layer digest on every run.
 var fixedTime = time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -37,10 +37,18 @@ func digestOf(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
+// File is a regular file a tier adds to its test image.
+type File struct {
+	Name string // its path, relative to the root
+	Mode int64
+	Data []byte
+}
+
 // busyboxImage builds a one-layer OCI image of Debian's busybox-static (with
-// applet symlinks, /etc/passwd, /etc/group, /tmp) and returns its manifest,
-// config and layer. It is what every test pod runs, with commands of its own.
-func busyboxImage(t *testing.T) (manifest, config, layer blob) {
+// applet symlinks, /etc/passwd, /etc/group, /tmp) and files, and returns its
+// manifest, config and layer. It is what every test pod runs, with commands
+// of its own.
+func busyboxImage(t *testing.T, files []File) (manifest, config, layer blob) {
 	t.Helper()
 	bb, err := os.ReadFile(busyboxPath)
 	if err != nil {
@@ -78,6 +86,9 @@ func busyboxImage(t *testing.T) (manifest, config, layer blob) {
 	file("etc/group", "root:x:0:\nnogroup:x:65534:\n")
 	dir("root", 0o700)
 	dir("tmp", 0o1777)
+	for _, f := range files {
+		add(&tar.Header{Name: f.Name, Typeflag: tar.TypeReg, Mode: f.Mode}, f.Data)
+	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -120,31 +131,40 @@ func busyboxImage(t *testing.T) (manifest, config, layer blob) {
 	return blob{"application/vnd.oci.image.manifest.v1+json", m}, config, layer
 }
 
-// registry is a read-only OCI distribution endpoint on loopback: enough of
+// Registry is a read-only OCI distribution endpoint on loopback: enough of
 // the API for a pull (ping, manifests by tag or digest, blobs, GET and HEAD).
-type registry struct {
-	host      string // 127.0.0.1:PORT
+type Registry struct {
+	Host      string // 127.0.0.1:PORT
 	srv       *http.Server
 	blobs     map[string]blob   // digest → blob (manifests included)
 	manifests map[string]string // "repo:tag" → manifest digest
 }
 
-func newRegistry(t *testing.T) *registry {
+// NewRegistry serves a registry on a loopback port until t ends.
+func NewRegistry(t *testing.T) *Registry {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &registry{host: ln.Addr().String(), blobs: map[string]blob{}, manifests: map[string]string{}}
+	r := &Registry{Host: ln.Addr().String(), blobs: map[string]blob{}, manifests: map[string]string{}}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	go r.srv.Serve(ln)
 	t.Cleanup(func() { r.srv.Close() })
 	return r
 }
 
+// PushBusybox stores the busybox image with files as repoTag and returns
+// its reference and image ID.
+func (r *Registry) PushBusybox(t *testing.T, repoTag string, files ...File) (ref, id string) {
+	t.Helper()
+	manifest, config, layer := busyboxImage(t, files)
+	return r.push(repoTag, manifest, config, layer)
+}
+
 // push stores an image as repo:tag and returns its reference and image ID
 // (the config digest, which berth reports as the image's ID).
-func (r *registry) push(repoTag string, manifest blob, others ...blob) (ref, id string) {
+func (r *Registry) push(repoTag string, manifest blob, others ...blob) (ref, id string) {
 	for _, b := range append(others, manifest) {
 		r.blobs[digestOf(b.data)] = b
 	}
@@ -153,10 +173,10 @@ func (r *registry) push(repoTag string, manifest blob, others ...blob) (ref, id 
 		Config struct{ Digest string }
 	}
 	_ = json.Unmarshal(manifest.data, &m)
-	return r.host + "/" + repoTag, m.Config.Digest
+	return r.Host + "/" + repoTag, m.Config.Digest
 }
 
-func (r *registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodGet && req.Method != http.MethodHead {
 		w.WriteHeader(http.StatusMethodNotAllowed)
 		return

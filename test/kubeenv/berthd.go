@@ -1,0 +1,130 @@
+package kubeenv
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Berthd is a berthd of the run's own: root, state folder, socket, bridge
+// and nftables table (other berthds, a node's or the integration tests',
+// may run at the same time). No masquerade: every packet of a tier stays
+// on this host.
+type Berthd struct {
+	*Proc  // the running berthd; Launch replaces it
+	Root   string
+	State  string
+	Socket string
+	Bridge string
+	args   []string
+	work   string
+}
+
+// NewBerthd writes berthd's configuration below w: its own bridge, subnet
+// (none: the pod CIDR the kubelet passes on) and registryHost as a plain
+// HTTP registry. binDir holds berthd, berth-shim and berth-pause.
+func NewBerthd(t *testing.T, w *Work, binDir, bridge, subnet, registryHost string) *Berthd {
+	t.Helper()
+	b := &Berthd{Root: w.Path("berth-root"), State: w.Path("berth-state"), Bridge: bridge, work: w.Dir}
+	b.Socket = filepath.Join(b.State, "berth.sock")
+	network := fmt.Sprintf("bridge = %q\nmasquerade = false\n", bridge)
+	if subnet != "" {
+		network += fmt.Sprintf("subnet = %q\n", subnet)
+	}
+	cfg := fmt.Sprintf("[network]\n%s\n[registry.%q]\nplain_http = true\n", network, registryHost)
+	cfgPath := w.Path("berthd.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.args = []string{filepath.Join(binDir, "berthd"), "--config", cfgPath, "--root", b.Root,
+		"--state", b.State, "--socket", b.Socket, "--log-level", "debug"}
+	return b
+}
+
+// PodsFolder is state/pods, which berthd makes a private bind mount of
+// itself at start ("" before NewBerthd).
+func (b *Berthd) PodsFolder() string {
+	if b == nil {
+		return ""
+	}
+	return filepath.Join(b.State, "pods")
+}
+
+// Launch starts berthd (again, after a stop or a kill) and waits, 30 s at
+// most, until its socket is there and ready holds: the tier's CRI client
+// asks Version.
+func (b *Berthd) Launch(t *testing.T, ready func() error) {
+	t.Helper()
+	b.Proc = Start(t, "berthd", filepath.Join(b.work, "berthd.log"), b.args...)
+	b.WaitUp(t, 30*time.Second, func() error {
+		conn, err := net.Dial("unix", b.Socket)
+		if err != nil {
+			return err
+		}
+		conn.Close()
+		return ready()
+	})
+}
+
+// Teardown stops berthd (the tier has removed its pods through the CRI
+// first), then reports and kills processes still running from the run's
+// folder (shims of pods berth failed to remove), and removes berth's
+// bridge and nftables tables.
+func (b *Berthd) Teardown(t *testing.T) {
+	if b == nil || b.Proc == nil {
+		return
+	}
+	if !b.Proc.Stop(syscall.SIGTERM, 20*time.Second) {
+		t.Errorf("teardown: berthd did not stop within 20s of SIGTERM (killed)")
+	}
+	for _, pid := range LiveProcessesWithArg(b.work) {
+		t.Errorf("teardown: process %d still runs from %s: %s (killed)", pid, b.work, Cmdline(pid))
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if out, err := exec.Command("ip", "link", "del", b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("Cannot find device")) {
+		t.Errorf("teardown: ip link del %s: %v %s", b.Bridge, err, out)
+	}
+	for _, family := range []string{"ip", "bridge"} {
+		if out, err := exec.Command("nft", "delete", "table", family, b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("No such file")) {
+			t.Errorf("teardown: nft delete table %s %s: %v %s", family, b.Bridge, err, out)
+		}
+	}
+	if t.Failed() {
+		t.Logf("berthd log (last 150 lines of %s):\n%s", b.Log, b.Tail(150))
+	}
+}
+
+// Leftovers lists what berth still holds on the host of any pod: pod and
+// container folders, IP leases, mounts below its folders (its own private
+// bind mount of state/pods aside), veths on its bridge, and processes
+// started with its state folder in their arguments (berthd aside, and
+// the PIDs in others, such as the kubelet's, which names berth's socket).
+func (b *Berthd) Leftovers(others ...int) []string {
+	var left []string
+	for _, dir := range []string{b.PodsFolder(), filepath.Join(b.Root, "containers"), filepath.Join(b.Root, "network", "leases")} {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			left = append(left, filepath.Join(dir, e.Name()))
+		}
+	}
+	for _, m := range append(MountsUnder(b.Root), MountsUnder(b.State, b.PodsFolder())...) {
+		left = append(left, "mount "+m)
+	}
+	ports, _ := os.ReadDir(filepath.Join("/sys/class/net", b.Bridge, "brif"))
+	for _, p := range ports {
+		left = append(left, "veth "+p.Name()+" on "+b.Bridge)
+	}
+	for _, pid := range LiveProcessesWithArg(b.State) {
+		if pid != b.PID() && !slices.Contains(others, pid) {
+			left = append(left, fmt.Sprintf("process %d: %s", pid, Cmdline(pid)))
+		}
+	}
+	return left
+}
