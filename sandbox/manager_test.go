@@ -88,7 +88,8 @@ func (legacyShim) State(req *shim.IDRequest, _ *shim.State) error {
 
 // startFakeShim serves a fakeShim (a legacyShim if legacy) on podDir's
 // socket until it is shut down; its first start fails with fail, when set.
-func startFakeShim(t *testing.T, fail error, legacy bool) ShimStarter {
+// Each shim it starts is added to started, when not nil.
+func startFakeShim(t *testing.T, fail error, legacy bool, started *[]*fakeShim) ShimStarter {
 	return func(_ context.Context, podDir string) (*shim.Client, error) {
 		if err := fail; err != nil {
 			fail = nil
@@ -99,6 +100,9 @@ func startFakeShim(t *testing.T, fail error, legacy bool) ShimStarter {
 			return nil, err
 		}
 		f := &fakeShim{quit: make(chan struct{})}
+		if started != nil {
+			*started = append(*started, f)
+		}
 		var api any = f
 		if legacy {
 			api = legacyShim{f}
@@ -125,7 +129,7 @@ func startFakeShim(t *testing.T, fail error, legacy bool) ShimStarter {
 func podManager(t *testing.T, shimErr error) (*Manager, *fakeCgroups) {
 	m := testManager(t)
 	cg := &fakeCgroups{live: map[string]bool{}}
-	m.opts.Cgroups, m.opts.StartShim = cg, startFakeShim(t, shimErr, false)
+	m.opts.Cgroups, m.opts.StartShim = cg, startFakeShim(t, shimErr, false, nil)
 	return m, cg
 }
 
@@ -146,12 +150,15 @@ func TestRunPodRollsBack(t *testing.T) {
 		name               string
 		cgroupErr, shimErr error
 		wantCgroupRemoved  bool
+		wantShims          int // started (and shut down)
 	}{
-		{"cgroup", errors.New("no cgroup for you"), nil, false},
-		{"shim", nil, errors.New("no shim for you"), true},
+		{"cgroup", errors.New("no cgroup for you"), nil, false, 1},
+		{"shim", nil, errors.New("no shim for you"), true, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			m, cg := podManager(t, c.shimErr)
+			m, cg := podManager(t, nil)
+			var shims []*fakeShim
+			m.opts.StartShim = startFakeShim(t, c.shimErr, false, &shims)
 			cg.failNext = c.cgroupErr
 			if _, err := m.RunPod(t.Context(), hostPodConfig("p")); err == nil {
 				t.Fatal("RunPod succeeded")
@@ -168,6 +175,18 @@ func TestRunPodRollsBack(t *testing.T) {
 			}
 			if len(cg.live) != 0 || (len(cg.removedAt) == 1) != c.wantCgroupRemoved {
 				t.Errorf("cgroups live %v, removed %v", cg.live, cg.removedAt)
+			}
+			// The shim starts alongside the first steps: one started before
+			// a failure is shut down.
+			if len(shims) != c.wantShims {
+				t.Errorf("%d shims started, want %d", len(shims), c.wantShims)
+			}
+			for i, f := range shims {
+				select {
+				case <-f.quit:
+				default:
+					t.Errorf("shim %d of %d not shut down", i+1, len(shims))
+				}
 			}
 			if _, err := m.RunPod(t.Context(), hostPodConfig("p")); err != nil {
 				t.Errorf("the same pod once the fault is gone: %v", err)
@@ -252,7 +271,7 @@ func TestPodNamesStopRemoveAndEvents(t *testing.T) {
 // not taken for lost, and stops and goes as any other.
 func TestShimWithoutEvents(t *testing.T) {
 	m, cg := podManager(t, nil)
-	m.opts.StartShim = startFakeShim(t, nil, true)
+	m.opts.StartShim = startFakeShim(t, nil, true, nil)
 	pod, err := m.RunPod(t.Context(), hostPodConfig("old"))
 	if err != nil {
 		t.Fatal(err)

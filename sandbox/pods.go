@@ -75,6 +75,23 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	}
 	u.add("remove pod folder", func() error { return os.RemoveAll(dir) })
 
+	// The shim needs only the pod's folder: it starts (a 10 MB binary and a
+	// Go runtime, the longest step) while the namespaces, network, cgroup
+	// and files are made.
+	shimStarted := m.startShimAsync(ctx, dir)
+	shimSet := false
+	u.add("stop starting shim", func() error {
+		if shimSet {
+			return nil // "stop shim" below has stopped it
+		}
+		client, err := shimStarted()
+		if err != nil {
+			return nil // shim.Start killed what it started
+		}
+		m.setShim(pod.ID, client)
+		return m.stopShim(context.WithoutCancel(ctx), pod.ID, nil)
+	})
+
 	ns := namespaceOptions(cfg)
 	hostNet := ns.Network == runtimeapi.NamespaceMode_NODE
 	hostname := cfg.Hostname
@@ -145,12 +162,13 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	pod.Files = map[string]string{"hosts": files.Hosts, "resolv": files.Resolv, "hostname": files.Hostname, "shm": files.Shm}
 	t.step("files")
 
-	client, err := m.opts.StartShim(ctx, dir)
+	client, err := shimStarted()
 	if err != nil {
 		return nil, fmt.Errorf("start shim: %w", err)
 	}
 	u.add("stop shim", func() error { return m.stopShim(context.WithoutCancel(ctx), pod.ID, []string{pauseID}) })
 	m.setShim(pod.ID, client)
+	shimSet = true
 	t.step("shim")
 
 	if ns.Pid == runtimeapi.NamespaceMode_POD {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/berth-runtime/berth/sandbox/podns"
@@ -22,6 +23,24 @@ func (m *Manager) shim(podID string) *shim.Client {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.shims[podID]
+}
+
+// startShimAsync starts the shim of the pod folder dir in the background;
+// the function it returns waits for the outcome (the same on every call).
+func (m *Manager) startShimAsync(ctx context.Context, dir string) func() (*shim.Client, error) {
+	type outcome struct {
+		c   *shim.Client
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		c, err := m.opts.StartShim(ctx, dir)
+		done <- outcome{c, err}
+	}()
+	return sync.OnceValues(func() (*shim.Client, error) {
+		o := <-done
+		return o.c, o.err
+	})
 }
 
 func (m *Manager) setShim(podID string, c *shim.Client) {

@@ -112,9 +112,8 @@ func logTail(path string) string {
 func shimEnv(env []string) []string {
 	if os.Getenv("GOMAXPROCS") == "" {
 		// One P: the shim waits on syscalls and pipes, and each P costs its
-		// caches and threads. Given here, it also spares the runtime
-		// sizing it from the cgroup's CPU limit (which parses
-		// /proc/self/mountinfo, long on a node with many pods).
+		// caches and threads. (The runtime still finds its CPU cgroup in
+		// /proc/self/mountinfo at start, GOMAXPROCS set or not: Go 1.25+.)
 		env = append(env, "GOMAXPROCS=1")
 	}
 	if os.Getenv("GODEBUG") == "" {

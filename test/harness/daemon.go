@@ -234,7 +234,14 @@ func newDaemon(t testing.TB, o Options) *Daemon {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
+		t.Cleanup(func() {
+			// berthd leaves STATE/pods a private bind mount of itself on
+			// purpose (sandbox/podns.PrepareRoot); left mounted, every test's
+			// would lengthen the node's mountinfo, which each Go process start
+			// and each container init parses.
+			syscall.Unmount(filepath.Join(dir, "pods"), syscall.MNT_DETACH)
+			os.RemoveAll(dir)
+		})
 		d.State = dir
 	}
 	if d.Socket == "" {

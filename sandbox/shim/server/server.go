@@ -109,6 +109,7 @@ func Run(dir string, ready *os.File) error {
 		ready.Write([]byte("ok\n"))
 		ready.Close()
 	}
+	go s.warm()
 	log.Printf("serving %s (pid %d)", dir, os.Getpid())
 	<-s.quit
 	l.Close()
