@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net/rpc"
 	"strings"
 	"syscall"
 	"time"
@@ -14,7 +13,7 @@ import (
 // Client talks to one pod's shim. It is safe for concurrent use; calls are
 // multiplexed over one connection.
 type Client struct {
-	rpc    *rpc.Client
+	rpc    *rpcClient
 	podDir string
 }
 
@@ -24,11 +23,11 @@ func Dial(podDir string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial shim in %s: %v", ErrUnavailable, podDir, err)
 	}
-	return &Client{rpc: rpc.NewClient(conn), podDir: podDir}, nil
+	return &Client{rpc: newRPCClient(conn), podDir: podDir}, nil
 }
 
 // Close closes the connection; the shim keeps running.
-func (c *Client) Close() error { return c.rpc.Close() }
+func (c *Client) Close() error { return c.rpc.close() }
 
 // Events returns the container events after after (see EventsRequest)
 // once there are any. It fails with ErrUnavailable when the shim went away
@@ -38,8 +37,8 @@ func (c *Client) Close() error { return c.rpc.Close() }
 func (c *Client) Events(ctx context.Context, after uint64) (EventsReply, error) {
 	var r EventsReply
 	err := c.call(ctx, "Events", &EventsRequest{After: after}, &r)
-	var se rpc.ServerError
-	if errors.As(err, &se) && strings.HasPrefix(string(se), "rpc: can't find method") {
+	var se serverError
+	if errors.As(err, &se) && strings.HasPrefix(string(se), unknownMethod) {
 		return EventsReply{}, fmt.Errorf("%w: %v", ErrNoEvents, err)
 	}
 	if err != nil {
@@ -55,11 +54,12 @@ func (c *Client) PodDir() string { return c.podDir }
 // and the reply is then written later: on an error, callers must not read
 // reply).
 func (c *Client) call(ctx context.Context, method string, args, reply any) error {
-	done := c.rpc.Go(ServiceName+"."+method, args, reply, make(chan *rpc.Call, 1)).Done
+	seq, call := c.rpc.start(ServiceName+"."+method, args, reply)
 	select {
-	case call := <-done:
-		return remoteError(call.Error)
+	case err := <-call.done:
+		return remoteError(err)
 	case <-ctx.Done():
+		c.rpc.abandon(seq)
 		return ctx.Err()
 	}
 }
@@ -70,7 +70,7 @@ func remoteError(err error) error {
 	if err == nil {
 		return nil
 	}
-	var se rpc.ServerError
+	var se serverError
 	if !errors.As(err, &se) {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

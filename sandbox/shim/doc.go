@@ -1,5 +1,5 @@
 // Package shim is berthd's side of the per-pod berth-shim: the wire types of
-// its net/rpc API, the client, the detached start, and readers for the
+// its API (net/rpc's wire format, wire.go), the client, the detached start, and readers for the
 // records the shim leaves on disk (so a pod whose shim died still reports
 // what happened). It uses the standard library only, so that importing it
 // does not drag libcontainer into berthd; the shim's own logic is in

@@ -7,8 +7,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// ServiceName is the net/rpc service the shim registers; methods are
-// ServiceName + "." + the Client method name.
+// ServiceName names the shim's calls on the wire (net/rpc's format, see
+// wire.go): ServiceName + "." + the Client method name.
 const ServiceName = "Shim"
 
 // Container statuses reported in State.Status.

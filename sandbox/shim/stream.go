@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/rpc"
 	"os"
 	"path/filepath"
 	"time"
@@ -14,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Interactive exec does not go through net/rpc: it needs byte streams. Each
+// Interactive exec does not go through the calls of wire.go: it needs byte streams. Each
 // one is a connection to the shim's stream socket (SOCK_SEQPACKET, so every
 // message keeps its bounds):
 //
@@ -97,7 +96,7 @@ func startStream(conn *net.UnixConn, req StreamRequest, files []*os.File) (*Stre
 	}
 	if started.Error != "" {
 		closeAll(got)
-		return nil, remoteError(rpc.ServerError(started.Error))
+		return nil, remoteError(serverError(started.Error))
 	}
 	st := &Stream{conn: conn}
 	if req.TTY && !req.Attach {

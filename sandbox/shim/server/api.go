@@ -6,9 +6,28 @@ import (
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
-// API is the net/rpc receiver; each method is one call of package shim's
-// Client. net/rpc runs calls concurrently, one goroutine each.
+// API is what the shim serves; each method is one call of package shim's
+// Client. Calls run concurrently, one goroutine each (shim.ServeConn).
 type API struct{ s *Server }
+
+// methods names the calls for shim.ServeConn.
+func (a *API) methods() map[string]shim.Method {
+	return map[string]shim.Method{
+		"Info":       shim.NewMethod(a.Info),
+		"Create":     shim.NewMethod(a.Create),
+		"Start":      shim.NewMethod(a.Start),
+		"Kill":       shim.NewMethod(a.Kill),
+		"State":      shim.NewMethod(a.State),
+		"Wait":       shim.NewMethod(a.Wait),
+		"Delete":     shim.NewMethod(a.Delete),
+		"Exec":       shim.NewMethod(a.Exec),
+		"CancelExec": shim.NewMethod(a.CancelExec),
+		"Update":     shim.NewMethod(a.Update),
+		"ReopenLog":  shim.NewMethod(a.ReopenLog),
+		"Events":     shim.NewMethod(a.Events),
+		"Shutdown":   shim.NewMethod(a.Shutdown),
+	}
+}
 
 func (a *API) Info(_ *shim.Empty, r *shim.Info) error {
 	*r = shim.Info{Pid: os.Getpid(), PodDir: a.s.dir, Running: a.s.live()}

@@ -1,7 +1,7 @@
 // Package server is the berth-shim process: one per pod, the child
 // subreaper of the pod's containers, which it creates and runs with
 // libcontainer, whose output it writes to CRI log files and whose exits it
-// records durably. It serves the API of package shim with net/rpc.
+// records durably. It serves the API of package shim (shim.ServeConn).
 package server
 
 import (
@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log"
 	"net"
-	"net/rpc"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -98,12 +97,9 @@ func Run(dir string, ready *os.File) error {
 	}
 	defer os.Remove(pidFile)
 
-	rs := rpc.NewServer()
-	if err := rs.RegisterName(shim.ServiceName, &API{s: s}); err != nil {
-		return err
-	}
+	methods := (&API{s: s}).methods()
 	go s.signals()
-	go s.accept(l, rs)
+	go s.accept(l, methods)
 	go s.acceptStreams(sl)
 	if ready != nil {
 		ready.Write([]byte("ok\n"))
@@ -118,7 +114,7 @@ func Run(dir string, ready *os.File) error {
 	return nil
 }
 
-func (s *Server) accept(l net.Listener, rs *rpc.Server) {
+func (s *Server) accept(l net.Listener, methods map[string]shim.Method) {
 	for {
 		conn, err := l.Accept()
 		if err != nil {
@@ -131,7 +127,7 @@ func (s *Server) accept(l net.Listener, rs *rpc.Server) {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		go rs.ServeConn(conn)
+		go shim.ServeConn(conn, methods)
 	}
 }
 
