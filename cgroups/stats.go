@@ -1,16 +1,16 @@
 package cgroups
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
-	"github.com/opencontainers/cgroups/fscommon"
+	"golang.org/x/sys/unix"
 )
 
 // Stats is a snapshot of one cgroup (a container's or a pod's), counting
@@ -31,18 +31,20 @@ type Stats struct {
 // Stats reads the cgroup at cgroupsPath (a pod cgroup or a container's
 // cgroups path as handed out by this package). A missing cgroup is an error
 // that matches os.ErrNotExist. It reads the five files it reports from and
-// no more (a library's full stats read some twenty per cgroup on v1): a
-// full node's collector samples hundreds of cgroups each second.
+// no more (a library's full stats read some twenty per cgroup on v1), with
+// a fileReader: a full node's collector samples hundreds of cgroups each
+// second.
 func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
 	rel, err := m.fsPath(cgroupsPath)
 	if err != nil {
 		return Stats{}, err
 	}
 	out := Stats{Timestamp: time.Now()}
+	var r fileReader
 	if m.mode == V2 {
-		err = m.statsV2(filepath.Join(m.root, rel), &out)
+		err = m.statsV2(&r, filepath.Join(m.root, rel), &out)
 	} else {
-		err = m.statsV1(rel, &out)
+		err = m.statsV1(&r, rel, &out)
 	}
 	if err != nil {
 		return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
@@ -51,35 +53,40 @@ func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
 }
 
 // statsV2 reads a unified cgroup; its counters count its children's.
-func (m *Manager) statsV2(dir string, out *Stats) error {
+func (m *Manager) statsV2(r *fileReader, dir string, out *Stats) error {
 	// A file of a controller that is not enabled here is missing, and its
 	// figures zero; a missing cgroup must not look idle.
-	if _, err := os.Stat(dir); err != nil {
+	if err := statDir(dir); err != nil {
 		return err
 	}
-	cpu, err := readKeyValues(dir, "cpu.stat")
-	if err != nil {
+	var cpu [1]uint64
+	if _, err := r.keyValues(dir, "cpu.stat", []string{"usage_usec"}, cpu[:]); err != nil {
 		return err
 	}
-	out.CPUUsageNanos = cpu["usage_usec"] * 1000
-	if out.MemoryUsageBytes, err = readUint(dir, "memory.current"); err != nil {
+	out.CPUUsageNanos = cpu[0] * 1000
+	var err error
+	if out.MemoryUsageBytes, err = r.uint(dir, "memory.current"); err != nil {
 		return err
 	}
-	ms, err := readKeyValues(dir, "memory.stat")
-	if err != nil {
+	var ms [5]uint64
+	if _, err := r.keyValues(dir, "memory.stat", []string{"inactive_file", "anon", "file", "pgfault", "pgmajfault"}, ms[:]); err != nil {
 		return err
 	}
-	out.setMemory(ms["inactive_file"], ms["anon"], ms["file"], ms["pgfault"], ms["pgmajfault"])
-	if out.Pids, err = readUint(dir, "pids.current"); err != nil {
+	out.setMemory(ms)
+	if out.Pids, err = r.uint(dir, "pids.current"); err != nil {
 		return err
 	}
-	return m.readOOMKills(dir, out)
+	return m.readOOMKills(r, dir, out)
 }
 
-// statsV1 reads a cgroup of the v1 hierarchies. memory.stat has the
-// cgroup's own counters and hierarchical "total_" ones; a pod cgroup has no
-// processes of its own, so take the totals.
-func (m *Manager) statsV1(rel string, out *Stats) error {
+// v1MemoryStats are the memory.stat keys Stats reports on v1: the
+// hierarchical "total_" counters (a pod cgroup has no processes of its
+// own), then the cgroup's own, taken where a kernel has no total.
+var v1MemoryStats = []string{"total_inactive_file", "total_rss", "total_cache", "total_pgfault", "total_pgmajfault",
+	"inactive_file", "rss", "cache", "pgfault", "pgmajfault"}
+
+// statsV1 reads a cgroup of the v1 hierarchies.
+func (m *Manager) statsV1(r *fileReader, rel string, out *Stats) error {
 	dir := func(controller string) string {
 		if mnt, ok := m.hier[controller]; ok {
 			return filepath.Join(mnt, rel)
@@ -87,59 +94,110 @@ func (m *Manager) statsV1(rel string, out *Stats) error {
 		return "" // not mounted: its files are missing, its figures zero
 	}
 	memDir := dir("memory")
-	if _, err := os.Stat(memDir); err != nil {
+	if err := statDir(memDir); err != nil {
 		return err
 	}
 	var err error
-	if out.CPUUsageNanos, err = readUint(dir("cpuacct"), "cpuacct.usage"); err != nil {
+	if out.CPUUsageNanos, err = r.uint(dir("cpuacct"), "cpuacct.usage"); err != nil {
 		return err
 	}
-	if out.MemoryUsageBytes, err = readUint(memDir, "memory.usage_in_bytes"); err != nil {
+	if out.MemoryUsageBytes, err = r.uint(memDir, "memory.usage_in_bytes"); err != nil {
 		return err
 	}
-	ms, err := readKeyValues(memDir, "memory.stat")
+	var ms [10]uint64
+	found, err := r.keyValues(memDir, "memory.stat", v1MemoryStats, ms[:])
 	if err != nil {
 		return err
 	}
-	total := func(k string) uint64 {
-		if v, ok := ms["total_"+k]; ok {
-			return v
+	for i := range 5 {
+		if found&(1<<i) == 0 {
+			ms[i] = ms[i+5]
 		}
-		return ms[k]
 	}
-	out.setMemory(total("inactive_file"), total("rss"), total("cache"), total("pgfault"), total("pgmajfault"))
-	if out.Pids, err = readUint(dir("pids"), "pids.current"); err != nil {
+	out.setMemory([5]uint64(ms[:5]))
+	if out.Pids, err = r.uint(dir("pids"), "pids.current"); err != nil {
 		return err
 	}
-	return m.readOOMKills(memDir, out)
+	return m.readOOMKills(r, memDir, out)
 }
 
-// setMemory fills the memory figures; the working set is the usage minus
-// the inactive file pages, as cadvisor and the kubelet's eviction count it.
-func (s *Stats) setMemory(inactiveFile, rss, cache, faults, majorFaults uint64) {
-	if inactiveFile < s.MemoryUsageBytes {
+// statDir is os.Stat's error for dir, without making its FileInfo.
+func statDir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return &fs.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	return nil
+}
+
+// setMemory fills the memory figures from memory.stat's inactive file
+// pages, RSS (v2 anon), page cache (v2 file), page faults and major ones;
+// the working set is the usage minus the inactive file pages, as cadvisor
+// and the kubelet's eviction count it.
+func (s *Stats) setMemory(ms [5]uint64) {
+	if inactiveFile := ms[0]; inactiveFile < s.MemoryUsageBytes {
 		s.MemoryWorkingSetBytes = s.MemoryUsageBytes - inactiveFile
 	}
-	s.MemoryRSSBytes, s.MemoryCacheBytes, s.PageFaults, s.MajorPageFaults = rss, cache, faults, majorFaults
+	s.MemoryRSSBytes, s.MemoryCacheBytes, s.PageFaults, s.MajorPageFaults = ms[1], ms[2], ms[3], ms[4]
 }
 
 // readOOMKills sets the OOM kill count; without the memory controller there
 // is nothing to count them in.
-func (m *Manager) readOOMKills(memDir string, out *Stats) error {
-	n, err := m.oomKills(memDir)
-	if errors.Is(err, os.ErrNotExist) {
+func (m *Manager) readOOMKills(r *fileReader, memDir string, out *Stats) error {
+	n, err := m.oomKills(r, memDir)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	out.OOMKills = n
 	return err
 }
 
-// readUint reads a file of one number in dir; a missing file or dir (its
+// fileReader reads cgroup files with plain system calls into a buffer of
+// its own. os.ReadFile costs twice the calls (cgroup files are pollable, so
+// each is added to and removed from the netpoller) and allocates per file,
+// and the collector reads five files of each of hundreds of cgroups every
+// second. What it returns is valid until its next read.
+type fileReader struct {
+	buf [8 << 10]byte // memory.stat, the longest file read, is 1-3 KB
+}
+
+// read reads dir/name. A missing file, or dir "" (a v1 controller that
+// is not mounted), is an error matching fs.ErrNotExist.
+func (r *fileReader) read(dir, name string) (b []byte, path string, err error) {
+	if dir == "" {
+		return nil, name, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	path = filepath.Join(dir, name)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, path, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	b = r.buf[:0]
+	for {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, len(b))
+		}
+		n, err := unix.Read(fd, b[len(b):cap(b)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, path, &fs.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return b, path, nil
+		}
+		b = b[:len(b)+n]
+	}
+}
+
+// uint reads a file of one number in dir; a missing file or dir (its
 // controller is not there) is 0.
-func readUint(dir, name string) (uint64, error) {
-	b, path, err := readControllerFile(dir, name)
-	if b == nil || err != nil {
-		return 0, err
+func (r *fileReader) uint(dir, name string) (uint64, error) {
+	b, path, err := r.read(dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
 	}
 	if err != nil {
 		return 0, err
@@ -151,36 +209,43 @@ func readUint(dir, name string) (uint64, error) {
 	return v, nil
 }
 
-// readControllerFile reads dir/name: nil when it or dir ("": a v1
-// controller that is not mounted) is missing.
-func readControllerFile(dir, name string) (b []byte, path string, err error) {
-	if dir == "" {
-		return nil, "", nil
+// keyValues reads a file of "key number" lines (memory.stat, cpu.stat) in
+// dir into vals as parseKeyValues does; a missing file or dir has none of
+// keys.
+func (r *fileReader) keyValues(dir, name string, keys []string, vals []uint64) (found uint64, err error) {
+	b, path, err := r.read(dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
 	}
-	path = filepath.Join(dir, name)
-	b, err = os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, path, nil
+	if err != nil {
+		return 0, err
 	}
-	return b, path, err
+	return parseKeyValues(b, path, keys, vals)
 }
 
-// readKeyValues reads a file of "key number" lines (memory.stat, cpu.stat)
-// in dir; a missing file or dir is empty.
-func readKeyValues(dir, name string) (map[string]uint64, error) {
-	b, path, err := readControllerFile(dir, name)
-	if b == nil || err != nil {
-		return nil, err
-	}
-	out := map[string]uint64{}
-	for line := range bytes.Lines(b) {
-		k, v, err := fscommon.ParseKeyValue(string(bytes.TrimSpace(line)))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+// parseKeyValues sets vals[i] to the number on the "keys[i] number" line
+// of b, the content of path; found has bit i set when b has keys[i]. A line
+// of another form is an error: the file is not what it should be.
+func parseKeyValues(b []byte, path string, keys []string, vals []uint64) (found uint64, err error) {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
 		}
-		out[k] = v
+		k, v, _ := bytes.Cut(line, []byte{' '})
+		n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: line %q: %w", path, string(line), err)
+		}
+		for i, key := range keys {
+			if string(k) == key {
+				vals[i], found = n, found|1<<i
+			}
+		}
 	}
-	return out, nil
+	return found, nil
 }
 
 // OOMKilled reports whether the kernel's OOM killer killed a process in the
@@ -200,7 +265,8 @@ func (m *Manager) OOMKilled(cgroupsPath string) (bool, error) {
 		}
 		dir = filepath.Join(mnt, rel)
 	}
-	n, err := m.oomKills(dir)
+	var r fileReader
+	n, err := m.oomKills(&r, dir)
 	if err != nil {
 		return false, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
 	}
@@ -209,24 +275,19 @@ func (m *Manager) OOMKilled(cgroupsPath string) (bool, error) {
 
 // oomKills reads the oom_kill counter. A file without one is an error, not
 // zero: it means a kernel too old to tell, and guessing would hide OOM kills.
-func (m *Manager) oomKills(dir string) (uint64, error) {
+func (m *Manager) oomKills(r *fileReader, dir string) (uint64, error) {
 	file := "memory.events"
 	if m.mode == V1 {
 		file = "memory.oom_control"
 	}
-	data, err := os.ReadFile(filepath.Join(dir, file))
+	b, path, err := r.read(dir, file)
 	if err != nil {
 		return 0, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		k, v, err := fscommon.ParseKeyValue(sc.Text())
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", filepath.Join(dir, file), err)
-		}
-		if k == "oom_kill" {
-			return v, nil
-		}
+	var n [1]uint64
+	found, err := parseKeyValues(b, path, []string{"oom_kill"}, n[:])
+	if err == nil && found == 0 {
+		err = fmt.Errorf("%s has no oom_kill counter (kernel older than 4.13?)", path)
 	}
-	return 0, fmt.Errorf("%s has no oom_kill counter (kernel older than 4.13?)", filepath.Join(dir, file))
+	return n[0], err
 }

@@ -498,3 +498,23 @@ func TestV2FakeStats(t *testing.T) {
 		t.Errorf("Stats of a missing cgroup: %v", err)
 	}
 }
+
+// TestParseKeyValues: only the keys asked for are kept, every line must be
+// "key number", and a file longer than fileReader's buffer is read whole.
+func TestParseKeyValues(t *testing.T) {
+	dir := t.TempDir()
+	long := strings.Repeat("filler 1\n", 2000) + "wanted 42\n" // 18 KB
+	writeFiles(t, dir, map[string]string{"long.stat": long, "bad.stat": "wanted 1\nnot a key value file\n"})
+	var r fileReader
+	var v [2]uint64
+	found, err := r.keyValues(dir, "long.stat", []string{"other", "wanted"}, v[:])
+	if err != nil || found != 0b10 || v[1] != 42 {
+		t.Errorf("keyValues(long.stat) = %b, %v, %v; want key 1 found, 42", found, v, err)
+	}
+	if _, err := r.keyValues(dir, "bad.stat", []string{"wanted"}, v[:]); err == nil || !strings.Contains(err.Error(), "not a key value file") {
+		t.Errorf("keyValues(bad.stat) = %v, want an error naming the line", err)
+	}
+	if found, err := r.keyValues(dir, "missing.stat", []string{"wanted"}, v[:]); found != 0 || err != nil {
+		t.Errorf("keyValues(missing.stat) = %b, %v; want nothing found, no error", found, err)
+	}
+}

@@ -17,7 +17,7 @@ func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.Conta
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	st, ok, err := r.containerStats(c, &containerStatsMsgs{})
+	st, ok, err := r.containerStats(c)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -34,12 +34,9 @@ func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	// The messages of the whole answer are one allocation: the kubelet
-	// asks for every container's every 10-15 s.
-	msgs := make([]containerStatsMsgs, len(all))
 	resp := &runtimeapi.ListContainerStatsResponse{Stats: make([]*runtimeapi.ContainerStats, 0, len(all))}
-	for i, c := range all {
-		if st, ok := r.listedContainerStats(c.Container, &msgs[i]); ok {
+	for _, c := range all {
+		if st, ok := r.listedContainerStats(c.Container); ok {
 			resp.Stats = append(resp.Stats, st)
 		}
 	}
@@ -58,16 +55,15 @@ type containerStatsMsgs struct {
 	used   [2]runtimeapi.UInt64Value
 }
 
-// listedContainerStats is one container's entry in a node- or pod-wide list,
-// made in m: a container whose usage cannot be read is logged and listed
-// without usage, so that it does not cost the kubelet every other
-// container's figures.
-func (r *RuntimeService) listedContainerStats(c *sandbox.Container, m *containerStatsMsgs) (*runtimeapi.ContainerStats, bool) {
-	st, ok, err := r.containerStats(c, m)
+// listedContainerStats is one container's entry in a node- or pod-wide list:
+// a container whose usage cannot be read is logged and listed without
+// usage, so that it does not cost the kubelet every other container's
+// figures.
+func (r *RuntimeService) listedContainerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool) {
+	st, ok, err := r.containerStats(c)
 	if err != nil {
 		r.cfg.Logger.Warn("container stats unreadable; listed without usage", "container", c.ID, "err", err)
-		m.stats = runtimeapi.ContainerStats{Attributes: containerAttributes(c, &m.attrs)}
-		return &m.stats, true
+		return &runtimeapi.ContainerStats{Attributes: containerAttributes(c, &runtimeapi.ContainerAttributes{})}, true
 	}
 	return st, ok
 }
@@ -77,13 +73,20 @@ func containerAttributes(c *sandbox.Container, a *runtimeapi.ContainerAttributes
 	return a
 }
 
-// containerStats is c's stats message, made in m.
-func (r *RuntimeService) containerStats(c *sandbox.Container, m *containerStatsMsgs) (*runtimeapi.ContainerStats, bool, error) {
+// containerStats is c's stats message. The message made of a sample of
+// the collector is kept with the sample and shared, read-only, by every
+// call until the next one (a second later): a node-wide list is some 900
+// bytes of messages per container, and callers (the kubelet's summary and
+// its metrics, crictl) come more often than samples.
+func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool, error) {
 	u, ok, err := r.pods.ContainerUsage(c)
 	if !ok || err != nil {
 		return nil, ok, err
 	}
-	m.fsID = runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root}
+	if m, _ := u.Memo.Load().(*containerStatsMsgs); m != nil && m.used[0].Value == u.LayerBytes && m.used[1].Value == u.LayerInodes {
+		return &m.stats, true, nil
+	}
+	m := &containerStatsMsgs{fsID: runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root}}
 	m.used = [2]runtimeapi.UInt64Value{{Value: u.LayerBytes}, {Value: u.LayerInodes}}
 	m.layer = runtimeapi.FilesystemUsage{Timestamp: u.Timestamp.UnixNano(), FsId: &m.fsID, UsedBytes: &m.used[0], InodesUsed: &m.used[1]}
 	m.stats = runtimeapi.ContainerStats{
@@ -92,6 +95,7 @@ func (r *RuntimeService) containerStats(c *sandbox.Container, m *containerStatsM
 		Memory:        m.memory.fill(u),
 		WritableLayer: &m.layer,
 	}
+	u.Memo.Store(m)
 	return &m.stats, true, nil
 }
 
@@ -175,9 +179,8 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 	if err != nil {
 		return nil, err
 	}
-	msgs := make([]containerStatsMsgs, len(ctrs))
-	for i, c := range ctrs {
-		if cs, ok := r.listedContainerStats(c.Container, &msgs[i]); ok {
+	for _, c := range ctrs {
+		if cs, ok := r.listedContainerStats(c.Container); ok {
 			st.Linux.Containers = append(st.Linux.Containers, cs)
 		}
 	}

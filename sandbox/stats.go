@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
@@ -23,11 +24,32 @@ type Usage struct {
 	CPUNanoCores uint64
 	// Writable layer (containers only).
 	LayerBytes, LayerInodes uint64
+	// Memo is the same for every Usage of one sample of the cgroup, and
+	// new with the next: what a caller makes of the figures and keeps
+	// there (cri: the stats message) serves every call until then, as long
+	// as the writable layer's figures, walked on their own time, are the
+	// same.
+	Memo *Memo
 }
+
+// Memo holds what a caller made of one sample.
+type Memo struct{ v atomic.Value }
+
+// Load returns what Store kept, nil before.
+func (m *Memo) Load() any { return m.v.Load() }
+
+// Store keeps v, always of the same type, for the next calls.
+func (m *Memo) Store(v any) { m.v.Store(v) }
 
 // statsPeriod is how often the collector samples the cgroups whose usage
 // is asked for: CPU rates are over this period, and figures never older.
 const statsPeriod = time.Second
+
+// statsSteps is how many steps the collector takes in a period, each
+// reading its share of the cgroups, every cgroup in the same step of each
+// period: a full node's cgroups (hundreds) read in one burst would stall
+// the calls running beside it for tens of milliseconds.
+const statsSteps = 10
 
 // statsInterest is how long after a stats call the collector keeps
 // sampling a cgroup: the kubelet asks every 10-15 s, and nobody's cgroup is
@@ -38,12 +60,14 @@ const statsInterest = time.Minute
 // by the ID of its pod or container: a stats call finds it without working
 // out the cgroup's path.
 type usageCache struct {
-	mu   sync.Mutex
-	byID map[string]*cgroupSample
+	mu       sync.Mutex
+	byID     map[string]*cgroupSample
+	nextStep int // the step of the next cgroup asked for: round robin
 }
 
 type cgroupSample struct {
 	path    string
+	step    int // of the collector's period in which it is read
 	u       Usage
 	askedAt time.Time
 }
@@ -70,12 +94,13 @@ func (c *usageCache) put(id, path string, st cgroups.Stats) Usage {
 	}
 	s := c.byID[id]
 	if s == nil || s.path != path {
-		s = &cgroupSample{path: path, askedAt: time.Now()}
+		s = &cgroupSample{path: path, step: c.nextStep, askedAt: time.Now()}
+		c.nextStep = (c.nextStep + 1) % statsSteps
 		c.byID[id] = s
 	} else {
 		s.u.CPUNanoCores = cpuRate(s.u.Stats, st)
 	}
-	s.u.Stats = st
+	s.u.Stats, s.u.Memo = st, &Memo{}
 	return s.u
 }
 
@@ -96,16 +121,18 @@ func (c *usageCache) forget(id string) {
 // watchedCgroup is a cgroup the collector samples, and whose it is.
 type watchedCgroup struct{ id, path string }
 
-// watched lists the cgroups asked for within statsInterest and forgets
-// the others.
-func (c *usageCache) watched() []watchedCgroup {
+// watched lists the cgroups of step asked for within statsInterest and
+// forgets the others of step.
+func (c *usageCache) watched(step int) []watchedCgroup {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []watchedCgroup
 	for id, s := range c.byID {
-		if time.Since(s.askedAt) > statsInterest {
+		switch {
+		case s.step != step:
+		case time.Since(s.askedAt) > statsInterest:
 			delete(c.byID, id)
-		} else {
+		default:
 			out = append(out, watchedCgroup{id, s.path})
 		}
 	}
@@ -113,11 +140,13 @@ func (c *usageCache) watched() []watchedCgroup {
 }
 
 // collectStats samples every watched cgroup each statsPeriod, off the
-// request path. A cgroup that is gone or unreadable is dropped: the next
-// call reads it itself and says why.
+// request path, in statsSteps steps. A cgroup that is gone or unreadable
+// is dropped: the next call reads it itself and says why.
 func (m *Manager) collectStats() {
-	for range time.Tick(statsPeriod) {
-		for _, w := range m.usages.watched() {
+	tick := time.NewTicker(statsPeriod / statsSteps)
+	for step := 0; ; step = (step + 1) % statsSteps {
+		<-tick.C
+		for _, w := range m.usages.watched(step) {
 			st, err := m.opts.Cgroups.Stats(w.path)
 			if err != nil {
 				m.usages.forget(w.id)

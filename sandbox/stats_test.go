@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -57,14 +58,63 @@ func TestUsageCacheRate(t *testing.T) {
 	if u, ok := c.get("c1"); !ok || u.CPUNanoCores != 5e8 || u.CPUUsageNanos != 1e9+5e8 {
 		t.Errorf("get = %+v, %v; want half a core, the last counter", u, ok)
 	}
-	if w := c.watched(); len(w) != 1 || w[0] != (watchedCgroup{"c1", "/p"}) {
-		t.Errorf("watched = %v, want [{c1 /p}]", w)
+	step := c.byID["c1"].step
+	if w := c.watched(step); len(w) != 1 || w[0] != (watchedCgroup{"c1", "/p"}) {
+		t.Errorf("watched(%d) = %v, want [{c1 /p}]", step, w)
 	}
 	c.byID["c1"].askedAt = time.Now().Add(-statsInterest - time.Second)
-	if w := c.watched(); len(w) != 0 {
+	if w := c.watched(step); len(w) != 0 {
 		t.Errorf("watched = %v after the interest passed, want none", w)
 	}
 	if _, ok := c.get("c1"); ok {
 		t.Error("a cgroup nobody watches still has a sample")
+	}
+}
+
+// TestUsageCacheSteps: the collector reads each cgroup in the same step of
+// every period (its rate is over a whole period), and each step reads an
+// equal share.
+func TestUsageCacheSteps(t *testing.T) {
+	var c usageCache
+	ids := map[string]bool{}
+	for i := range 3 * statsSteps {
+		id := fmt.Sprint("c", i)
+		ids[id] = true
+		c.put(id, "/"+id, cgroups.Stats{Timestamp: time.Now()})
+	}
+	for range 2 { // a second sample of each keeps its step
+		seen := map[string]bool{}
+		for step := range statsSteps {
+			w := c.watched(step)
+			if len(w) != 3 {
+				t.Errorf("step %d reads %v, want 3 cgroups", step, w)
+			}
+			for _, x := range w {
+				if seen[x.id] {
+					t.Errorf("%s read twice in a period", x.id)
+				}
+				seen[x.id] = true
+				c.put(x.id, x.path, cgroups.Stats{Timestamp: time.Now()})
+			}
+		}
+		if len(seen) != len(ids) {
+			t.Errorf("a period read %d cgroups, want %d", len(seen), len(ids))
+		}
+	}
+}
+
+// TestUsageMemo: what a caller keeps in a sample's memo serves every call
+// until the next sample, which starts empty.
+func TestUsageMemo(t *testing.T) {
+	var c usageCache
+	c.put("c1", "/p", cgroups.Stats{Timestamp: time.Now()})
+	u, _ := c.get("c1")
+	u.Memo.Store("made of sample 1")
+	if u, _ := c.get("c1"); u.Memo.Load() != "made of sample 1" {
+		t.Errorf("memo of the same sample = %v", u.Memo.Load())
+	}
+	c.put("c1", "/p", cgroups.Stats{Timestamp: time.Now()})
+	if u, _ := c.get("c1"); u.Memo.Load() != nil {
+		t.Errorf("memo of the next sample = %v, want none", u.Memo.Load())
 	}
 }
