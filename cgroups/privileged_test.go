@@ -192,14 +192,24 @@ func TestPodLifecycle(t *testing.T) {
 		t.Fatalf("helper: %q %v", line, err)
 	}
 	for _, p := range []string{ctr, pod} {
-		st, err := m.Stats(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("Stats(%s) = %+v", p, st)
-		if st.Pids < 1 || st.MemoryUsageBytes < 8<<20 || st.MemoryWorkingSetBytes == 0 ||
-			st.MemoryRSSBytes < 8<<20 || st.PageFaults == 0 || st.CPUUsageNanos == 0 || st.OOMKills != 0 {
-			t.Errorf("Stats(%s) = %+v: want the helper's pid, 8 MiB and some CPU", p, st)
+		// The kernel updates a cgroup's memory.stat from its children's
+		// lazily (every 2 s on Linux 6.x): the pod's counts may lag.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			st, err := m.Stats(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Pids >= 1 && st.MemoryUsageBytes >= 8<<20 && st.MemoryWorkingSetBytes != 0 &&
+				st.MemoryRSSBytes >= 8<<20 && st.PageFaults != 0 && st.CPUUsageNanos != 0 && st.OOMKills == 0 {
+				t.Logf("Stats(%s) = %+v", p, st)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("Stats(%s) = %+v: want the helper's pid, 8 MiB and some CPU", p, st)
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 
