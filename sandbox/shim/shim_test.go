@@ -442,8 +442,8 @@ func TestShimRSS(t *testing.T) {
 
 	// What each pod pays for its shim, with room for noise: the anonymous
 	// memory (heap, stacks, runtime metadata; about 2.7 MiB today on this
-	// host's kernel, 4.2 MiB on Debian 12's in the VM tier, whose
-	// transparent huge pages default to always), the
+	// host's kernel, 2.2 to 4.2 MiB from run to run on Debian 12's in the
+	// VM tier, whose transparent huge pages default to always), the
 	// threads (7), the binary's pages it maps (7.7 MiB: the kernel maps
 	// the page cache's large folios whole, so all of it; 10.6 MiB while
 	// the shim imported net/rpc and with it net/http), and the
