@@ -7,7 +7,7 @@ LDFLAGS   := -X github.com/berth-runtime/berth/cri.buildCommit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX    ?= /usr/local
 
-.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet test-cluster lint run bench bench-compare install start clean
+.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet test-cluster k8s-bins lint run bench bench-compare install start clean
 
 # The shim is linked statically: it needs no libc on the node (nor in the
 # VM tier). The seccomp tag links libcontainer's seccomp support with Debian's static
@@ -34,13 +34,11 @@ deps:
 # same privileged suite in a VM on unified cgroup v2 (with busybox, then
 # systemd, as init), a stock kubelet, then a one-node cluster; each tier's
 # time is printed at the end (CI's budget is 40 minutes on 2 cores).
+# test/tiers.sh builds the Kubernetes binaries (k8s-bins) in the background,
+# at the lowest priority, while the host and VM tiers run.
 TEST_TIERS := test-host test-vm test-kubelet test-cluster
-test:
-	@times=""; for tier in $(TEST_TIERS); do start=$$(date +%s); \
-		$(MAKE) --no-print-directory $$tier; rc=$$?; \
-		times="$$times  $$tier: $$(( $$(date +%s) - start )) s\n"; \
-		if [ $$rc -ne 0 ]; then printf "tier times:\n$$times"; exit $$rc; fi; \
-	done; printf "tier times:\n$$times"
+test: deps
+	@MAKE="$(MAKE)" BIN=$(BIN) test/tiers.sh $(TEST_TIERS)
 
 test-host: deps lint test-unit test-fuzz test-integration
 
@@ -84,7 +82,7 @@ test-kubelet: deps build $(BIN)/kubelet
 
 KUBELET_VERSION = $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 }' test/kubelet/go.mod)
 $(BIN)/kubelet: test/kubelet/go.mod test/kubelet/go.sum
-	cd test/kubelet && $(GO) build -trimpath -ldflags '-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION)' \
+	cd test/kubelet && $(GO) build -trimpath -ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION)' \
 		-o $(CURDIR)/$(BIN)/kubelet k8s.io/kubernetes/cmd/kubelet
 
 # The whole-flow tier (privileged): etcd, a control plane, a kubelet and
@@ -104,6 +102,9 @@ CLUSTER_K8S_VERSION = $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 }' tes
 $(CLUSTER_BINS) &: test/cluster/go.mod test/cluster/go.sum
 	cd test/cluster && $(GO) build -trimpath -ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(CLUSTER_K8S_VERSION)' \
 		-o $(CURDIR)/$(BIN)/cluster/ $(addprefix k8s.io/kubernetes/cmd/,$(CLUSTER_CMDS))
+
+# k8s-bins: every Kubernetes and etcd binary the kubelet and cluster tiers run.
+k8s-bins: $(BIN)/kubelet $(CLUSTER_BINS) $(BIN)/cluster/etcd
 
 $(BIN)/cluster/etcd: test/cluster/etcd/go.mod test/cluster/etcd/go.sum
 	cd test/cluster/etcd && $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(BIN)/cluster/etcd go.etcd.io/etcd/server/v3
