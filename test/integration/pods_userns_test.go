@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -143,6 +144,15 @@ func TestUserNamespacePod(t *testing.T) {
 	if got := e.sh(t, ctr, "stat -c %u:%g /bin/busybox / /etc/hosts /vol; head -c 4 /bin/busybox | wc -c; cat /vol/from-host /etc/hostname"); got != "0:0\n0:0\n0:0\n0:0\n4\nhost\nuserns" {
 		t.Errorf("owners of image, rootfs, pod file and volume inside, and reads: %q", got)
 	}
+	// The image's /root is root's and 0700: only an idmapped layer lets the
+	// pod's root (host uid 1000000) list it and write in it.
+	if got := e.sh(t, ctr, "stat -c %u:%a /root; ls -A /root; echo secret > /root/made && cat /root/made"); got != "0:700\nsecret" {
+		t.Errorf("the image's root-only /root inside: %q", got)
+	}
+	if got := e.sh(t, ctr, "cat /etc/resolv.conf >/dev/null && echo shm > /dev/shm/x && cat /dev/shm/x"); got != "shm" {
+		t.Errorf("resolv.conf and /dev/shm inside: %q", got)
+	}
+	assertOwnedByUserNS(t, e.ctrPID(t, ctr))
 	e.sh(t, ctr, "echo 127.0.0.2 extra >> /etc/hosts; touch /made-inside /vol/made-inside; touch /bin")
 	upper := filepath.Join(e.d.Root, "containers", ctr, "upper")
 	for _, p := range []string{filepath.Join(upper, "made-inside"), filepath.Join(upper, "bin")} {
@@ -160,10 +170,49 @@ func TestUserNamespacePod(t *testing.T) {
 	e.assertNoLeaks(t)
 }
 
-// usernsRefused is TestUserNamespacePod on a kernel whose overlayfs cannot
-// stack berth's detached idmapped layers (Debian 12's 6.1; the host tier's
-// newer kernel can): Status says so, and such a pod is refused with
-// FailedPrecondition, never run with host IDs, and leaves nothing behind.
+// assertOwnedByUserNS checks, from the host, that the process pid is in a
+// user namespace of its own that owns its network, IPC and UTS namespaces
+// (ioctl NS_GET_USERNS): the pod's namespaces were made by its user
+// namespace, and the container joined them all.
+func assertOwnedByUserNS(t *testing.T, pid int) {
+	t.Helper()
+	var userNS, hostUserNS unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &userNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat("/proc/self/ns/user", &hostUserNS); err != nil {
+		t.Fatal(err)
+	}
+	if userNS.Ino == hostUserNS.Ino {
+		t.Fatalf("process %d is in the host's user namespace", pid)
+	}
+	for _, k := range []string{"net", "ipc", "uts"} {
+		p := fmt.Sprintf("/proc/%d/ns/%s", pid, k)
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, err := unix.IoctlRetInt(fd, unix.NS_GET_USERNS)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatalf("NS_GET_USERNS %s: %v", p, err)
+		}
+		var st unix.Stat_t
+		err = unix.Fstat(owner, &st)
+		unix.Close(owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Ino != userNS.Ino {
+			t.Errorf("the %s namespace of process %d is owned by user namespace %d, want the pod's %d", k, pid, st.Ino, userNS.Ino)
+		}
+	}
+}
+
+// usernsRefused is TestUserNamespacePod on a kernel older than 5.19, whose
+// overlayfs cannot stack idmapped layers: Status says so, and such a pod is
+// refused with FailedPrecondition, never run with host IDs, and leaves
+// nothing behind.
 func usernsRefused(t *testing.T, e *podEnv) {
 	t.Logf("Linux %s: user namespaces not advertised (no overlayfs over idmapped layers); checking the refusal", kernelRelease(t))
 	cfg := e.podConfig("userns-refused")
