@@ -61,7 +61,7 @@ func TestContainerExecSync(t *testing.T) {
 		go func() {
 			n := 0
 			for {
-				n = max(n, len(harness.LiveProcessesWithArg(t, marker)))
+				n = max(n, len(harness.LiveProcessesWithArg(marker)))
 				select {
 				case <-done:
 					most <- n
@@ -81,8 +81,8 @@ func TestContainerExecSync(t *testing.T) {
 		if took < time.Second || took > 5*time.Second {
 			t.Errorf("ExecSync with a 1 s timeout returned after %s", took)
 		}
-		if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) == 0 }) {
-			t.Errorf("processes of the timed-out exec still alive: %v", harness.LiveProcessesWithArg(t, marker))
+		if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 0 }) {
+			t.Errorf("processes of the timed-out exec still alive: %v", harness.LiveProcessesWithArg(marker))
 		}
 		// The container itself is untouched.
 		if st := e.status(t, ctr); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
@@ -110,8 +110,8 @@ func TestContainerExecSync(t *testing.T) {
 			script = fmt.Sprintf(script, marker)
 			_, err := call(script)
 			assertCode(t, err, one(codes.ResourceExhausted), "exceeds", "16777216")
-			if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) == 0 }) {
-				t.Errorf("%s: processes of the flooding exec still alive: %v", name, harness.LiveProcessesWithArg(t, marker))
+			if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 0 }) {
+				t.Errorf("%s: processes of the flooding exec still alive: %v", name, harness.LiveProcessesWithArg(marker))
 			}
 		}
 		if r := e.exec(t, ctr, "/bin/echo", "still fine"); r.stdout != "still fine\n" {

@@ -202,7 +202,7 @@ func TestPodRestart(t *testing.T) {
 		if alive(pause2) {
 			t.Errorf("the pause of the pod with a dead shim still runs (pid %d)", pause2)
 		}
-		if pids := harness.LiveProcessesWithArg(t, filepath.Join(e.d.State, "pods", pod2)); len(pids) != 0 {
+		if pids := harness.LiveProcessesWithArg(filepath.Join(e.d.State, "pods", pod2)); len(pids) != 0 {
 			t.Errorf("shim processes of pod 2: %v", pids)
 		}
 		// The other pod is untouched.

@@ -131,13 +131,13 @@ func TestContainerExecStream(t *testing.T) {
 				pr, pw := io.Pipe()
 				defer pw.Close()
 				go func() { done <- stream(t, ctx, u, remotecommand.StreamOptions{Stdin: pr, Stdout: io.Discard}) }()
-				if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) >= 2 }) {
+				if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) >= 2 }) {
 					t.Fatalf("the exec'd processes did not start")
 				}
 				cancel()
 				<-done
-				if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) == 0 }) {
-					t.Errorf("processes of the exec still alive after the client hung up: %v", harness.LiveProcessesWithArg(t, marker))
+				if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 0 }) {
+					t.Errorf("processes of the exec still alive after the client hung up: %v", harness.LiveProcessesWithArg(marker))
 				}
 			})
 			t.Run("token-single-use", func(t *testing.T) {
@@ -168,12 +168,12 @@ func TestContainerExecStream(t *testing.T) {
 		marker := newMarker()
 		u = execURL(t, &runtimeapi.ExecRequest{Cmd: []string{"/bin/sleep", "1000", marker}, Stdout: true})
 		wsExec(t, u, func() {
-			if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) == 1 }) {
+			if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 1 }) {
 				t.Errorf("the exec'd sleep did not start")
 			}
 		})
-		if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(t, marker)) == 0 }) {
-			t.Errorf("exec still alive after the websocket client hung up: %v", harness.LiveProcessesWithArg(t, marker))
+		if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 0 }) {
+			t.Errorf("exec still alive after the websocket client hung up: %v", harness.LiveProcessesWithArg(marker))
 		}
 	})
 

@@ -229,7 +229,7 @@ func assertPodGone(t *testing.T, d *harness.Daemon, pod string) {
 	if _, err := os.Stat(filepath.Join(d.State, "pods", pod)); !os.IsNotExist(err) {
 		t.Errorf("pod folder left behind: %v", err)
 	}
-	if pids := harness.LiveProcessesWithArg(t, filepath.Join(d.State, "pods", pod)); len(pids) != 0 {
+	if pids := harness.LiveProcessesWithArg(filepath.Join(d.State, "pods", pod)); len(pids) != 0 {
 		t.Errorf("shim processes of the removed pod still alive: %v", pids)
 	}
 }
@@ -263,7 +263,7 @@ func (e *podEnv) assertNoLeaks(t *testing.T) {
 	if cgs := cgroupDirs(e.parent + "/*/"); len(cgs) != 0 {
 		t.Errorf("cgroups left behind: %v", cgs)
 	}
-	if pids := harness.LiveProcessesWithArg(t, podsRoot); len(pids) != 0 {
+	if pids := harness.LiveProcessesWithArg(podsRoot); len(pids) != 0 {
 		t.Errorf("shim processes still alive: %v", pids)
 	}
 	if leases := e.leases(t); len(leases) != 0 {
