@@ -218,18 +218,20 @@ func (o *callObserver) record(ctx context.Context, method string, req any, start
 }
 
 // warnEvery is how often one method's Unimplemented or Internal answers
-// are logged at warn: the kubelet repeats such calls every few seconds.
+// about one pod or container are logged at warn: the kubelet repeats such
+// calls every few seconds.
 const warnEvery = time.Minute
 
 // callLog logs every call at debug and failures higher: the caller's
 // mistakes (NotFound, InvalidArgument, …) at info, calls berth does not have
-// and its own failures at warn, at most once per warnEvery per method and
-// code, with the count of those left out in between.
+// and its own failures at warn, at most once per warnEvery per method, code
+// and subject (another pod's failure gets its own line), with the count of
+// those left out in between.
 type callLog struct {
 	log *slog.Logger
 
 	mu     sync.Mutex
-	warned map[string]*warnWindow // method + code
+	warned map[string]*warnWindow // method, code and subject
 }
 
 type warnWindow struct {
@@ -253,7 +255,7 @@ func (c *callLog) record(ctx context.Context, method string, start time.Time, er
 		// The kubelet cancels calls routinely: no news for an operator.
 		attrs = append(attrs, "err", st.Message())
 	case codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss, codes.Unavailable, codes.ResourceExhausted:
-		suppressed, ok := c.mayWarn(method + " " + st.Code().String())
+		suppressed, ok := c.mayWarn(fmt.Sprintf("%s %s %q", method, st.Code(), subject))
 		if ok {
 			level = slog.LevelWarn
 		}
@@ -280,6 +282,13 @@ func (c *callLog) mayWarn(key string) (suppressed int, ok bool) {
 		return 0, false
 	}
 	if w == nil {
+		// Windows that passed are forgotten (the lines they held back went
+		// out at debug), or every pod that ever failed would stay here.
+		for k, old := range c.warned {
+			if now.Sub(old.at) >= warnEvery {
+				delete(c.warned, k)
+			}
+		}
 		w = &warnWindow{}
 		c.warned[key] = w
 	}

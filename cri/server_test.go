@@ -272,8 +272,9 @@ func TestCallLogging(t *testing.T) {
 	}
 }
 
-// The kubelet repeats a call berth lacks every few seconds: the operator sees
-// it at warn once per window, with the count held back, not every time.
+// The kubelet repeats a call berth lacks, or one that fails for a pod, every
+// few seconds: the operator sees it at warn once per window, with the count
+// held back, not every time; the same failure for another pod is news.
 func TestUnimplementedWarnsOncePerWindow(t *testing.T) {
 	logs := &lockedBuffer{}
 	calls := newCallLog(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -282,8 +283,15 @@ func TestUnimplementedWarnsOncePerWindow(t *testing.T) {
 	for range 3 {
 		calls.record(context.Background(), method, time.Now(), unimplemented)
 	}
-	calls.warned[method+" Unimplemented"].at = time.Now().Add(-warnEvery) // the window has passed
+	for _, w := range calls.warned {
+		w.at = time.Now().Add(-warnEvery) // the window has passed
+	}
 	calls.record(context.Background(), method, time.Now(), unimplemented)
+	internal := status.Error(codes.Internal, "no space left on device")
+	const run = "/runtime.v1.RuntimeService/RunPodSandbox"
+	for _, pod := range []string{"web-0", "web-0", "web-1"} {
+		calls.record(context.Background(), run, time.Now(), internal, "pod", pod, "namespace", "shop")
+	}
 
 	var levels []string
 	var suppressed []int
@@ -297,7 +305,18 @@ func TestUnimplementedWarnsOncePerWindow(t *testing.T) {
 		}
 		levels, suppressed = append(levels, rec.Level), append(suppressed, rec.Suppressed)
 	}
-	if !slices.Equal(levels, []string{"WARN", "DEBUG", "DEBUG", "WARN"}) || suppressed[3] != 2 {
-		t.Errorf("levels %v, suppressed %v; want WARN DEBUG DEBUG WARN with 2 held back\n%s", levels, suppressed, logs.String())
+	if !slices.Equal(levels, []string{"WARN", "DEBUG", "DEBUG", "WARN", "WARN", "DEBUG", "WARN"}) || suppressed[3] != 2 {
+		t.Errorf("levels %v, suppressed %v; want WARN DEBUG DEBUG WARN with 2 held back, then WARN DEBUG for web-0 and WARN for web-1\n%s",
+			levels, suppressed, logs.String())
+	}
+	if len(calls.warned) != 3 {
+		t.Errorf("%d warn windows, want 3 (CheckpointContainer, web-0, web-1)", len(calls.warned))
+	}
+	for _, w := range calls.warned {
+		w.at = time.Now().Add(-warnEvery)
+	}
+	calls.record(context.Background(), run, time.Now(), internal, "pod", "web-2", "namespace", "shop")
+	if len(calls.warned) != 1 {
+		t.Errorf("%d warn windows after the others passed, want web-2's alone", len(calls.warned))
 	}
 }
