@@ -82,10 +82,19 @@ func TestMetricsEndpoint(t *testing.T) {
 	if m[`berth_pods{state="SANDBOX_READY"}`] != 0 || m[`berth_shims`] != 0 {
 		t.Errorf("before any pod: pods ready %v, shims %v", m[`berth_pods{state="SANDBOX_READY"}`], m[`berth_shims`])
 	}
+	// An image with the same layer and another config unpacks nothing.
+	unpacked := m[`berth_image_layers_total{result="unpacked"}`]
+	e.pushImage(t, "berth/busybox:reused", v1.Config{Env: []string{"REUSED=1"}})
+	m = scrape(t, addr)
+	if m[`berth_image_layers_total{result="reused"}`] != 1 || m[`berth_images`] != 2 ||
+		m[`berth_image_layers_total{result="unpacked"}`] != unpacked {
+		t.Errorf("after a pull of the same layer: reused %v, images %v, unpacked %v (was %v); want 1, 2 and no more unpacked",
+			m[`berth_image_layers_total{result="reused"}`], m[`berth_images`], m[`berth_image_layers_total{result="unpacked"}`], unpacked)
+	}
 
 	cfg := e.podConfig("metrics")
 	pod := e.runPod(t, cfg)
-	e.runContainer(t, pod, cfg, e.ctrConfig("sleeper", sleeper...))
+	sleeperID := e.runContainer(t, pod, cfg, e.ctrConfig("sleeper", sleeper...))
 	hog := e.ctrConfig("hog", "/bin/sh", "-c", "x=$(/bin/busybox head -c 67108864 /dev/zero | /bin/busybox tr '\\0' a)")
 	hog.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 16 << 20}}
 	if st, _ := e.runToExit(t, pod, cfg, hog); st.Reason != "OOMKilled" {
@@ -95,6 +104,10 @@ func TestMetricsEndpoint(t *testing.T) {
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("StartContainer(unknown) = %v", err)
 	}
+	_, err = e.d.Runtime.StartContainer(t.Context(), &runtimeapi.StartContainerRequest{ContainerId: sleeperID})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("StartContainer(running) = %v", err)
+	}
 
 	m = scrape(t, addr)
 	want := map[string]float64{
@@ -103,9 +116,10 @@ func TestMetricsEndpoint(t *testing.T) {
 		`berth_containers{state="CONTAINER_EXITED"}`:  1,
 		`berth_shims`:           1,
 		`berth_oom_kills_total`: 1,
-		`berth_cri_request_duration_seconds_count{code="OK",method="RunPodSandbox"}`:        1,
-		`berth_cri_request_duration_seconds_count{code="OK",method="StartContainer"}`:       2,
-		`berth_cri_request_duration_seconds_count{code="NotFound",method="StartContainer"}`: 1,
+		`berth_cri_request_duration_seconds_count{code="OK",method="RunPodSandbox"}`:                  1,
+		`berth_cri_request_duration_seconds_count{code="OK",method="StartContainer"}`:                 2,
+		`berth_cri_request_duration_seconds_count{code="NotFound",method="StartContainer"}`:           1,
+		`berth_cri_request_duration_seconds_count{code="FailedPrecondition",method="StartContainer"}`: 1,
 	}
 	for s, v := range want {
 		if m[s] != v {
@@ -128,11 +142,17 @@ func TestMetricsEndpoint(t *testing.T) {
 	if m[`process_resident_memory_bytes`] <= 0 {
 		t.Error("berthd's own process series are missing")
 	}
-	// The failed call's log line names what it was about.
+	// The failed calls' log lines name what they were about: the ID the
+	// call carried and, for a container berthd has, its and its pod's names.
 	if !eventually(5*time.Second, func() bool {
 		return regexp.MustCompile(`msg="cri call".*method=/runtime.v1.RuntimeService/StartContainer.*code=NotFound.*container_id=0123456789`).MatchString(e.d.Logs())
 	}) {
 		t.Errorf("no log line for the failed StartContainer with its container ID")
+	}
+	named := regexp.MustCompile(`msg="cri call".*method=/runtime.v1.RuntimeService/StartContainer.*code=FailedPrecondition.*container_id=` +
+		sleeperID + ` container=sleeper pod=metrics namespace=default`)
+	if !eventually(5*time.Second, func() bool { return named.MatchString(e.d.Logs()) }) {
+		t.Errorf("no log line for the failed StartContainer naming the container and its pod")
 	}
 	e.removePod(t, pod)
 	m = scrape(t, addr)

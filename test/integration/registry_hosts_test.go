@@ -27,16 +27,21 @@ func writeHostsTOML(t *testing.T, dir, host, body string) {
 
 // TestContainerdHostsDir: a containerd certs.d tree is honoured: a host's
 // mirror (with its headers) and _default's mirror for every other host
-// serve pulls of registries nobody answers for; berth's own table for a
-// host wins over the folder's.
+// serve pulls of registries nobody answers for; a mirror without the
+// resolve capability serves references by digest only; berth's own table
+// for a host wins over the folder's.
 func TestContainerdHostsDir(t *testing.T) {
 	harness.RequireIntegration(t)
 	live := harness.NewRegistry(t)
 	img := harness.BusyboxImage(t, harness.ImageSpec{})
 	p := live.Push(t, "berth/busybox:certsd", img)
+	pullOnly := harness.NewRegistry(t)
+	pullOnly.Push(t, "berth/busybox:certsd", img)
+	pushed := len(pullOnly.Requests())
 	unreachable := harness.FreePort(t) // a registry host nobody answers on
 	other := harness.FreePort(t)
 	own := harness.FreePort(t)
+	digestOnly := harness.FreePort(t)
 
 	dir := t.TempDir()
 	writeHostsTOML(t, dir, unreachable, `server = "http://`+unreachable+`"
@@ -50,6 +55,9 @@ func TestContainerdHostsDir(t *testing.T) {
   capabilities = ["pull", "resolve"]
   [host."`+live.URL()+`".header]
     x-berth-certsd = "mirror"
+`)
+	writeHostsTOML(t, dir, digestOnly, `[host."`+pullOnly.URL()+`"]
+  capabilities = ["pull"]
 `)
 	// own's table in berth's config names no mirror: _default must not apply.
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: "[registry]\nconfig_path = \"" + dir + "\"\n" +
@@ -70,6 +78,12 @@ func TestContainerdHostsDir(t *testing.T) {
 	}
 	if _, err := pull(t, d, own+"/berth/busybox:certsd", nil); err == nil {
 		t.Errorf("a host berth's own table configures without mirrors was pulled through _default's mirror")
+	}
+	if _, err := pull(t, d, digestOnly+"/berth/busybox:certsd", nil); err == nil || len(pullOnly.Requests()) != pushed {
+		t.Errorf("a tag was resolved through a mirror without the resolve capability: %v, mirror saw %v", err, pullOnly.Requests()[pushed:])
+	}
+	if id, err := pull(t, d, digestOnly+"/berth/busybox@"+p.Digest, nil); err != nil || id != p.ID || len(pullOnly.Requests()) == pushed {
+		t.Errorf("PullImage by digest through the pull-only mirror = %q, %v; want %s fetched from the mirror", id, err, p.ID)
 	}
 	out, err := d.Berthctl("info")
 	if err != nil || !strings.Contains(out, "registry:       "+unreachable+": mirrors "+live.URL()) {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/hex"
 	"net"
 	"slices"
 	"strings"
@@ -13,6 +14,10 @@ import (
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
 )
 
 // collector is an in-process OTLP/gRPC trace collector.
@@ -121,5 +126,30 @@ func TestNoTracingWithoutEndpoint(t *testing.T) {
 	e := startPodEnv(t, v1.Config{})
 	if strings.Contains(e.d.Logs(), "tracing") {
 		t.Errorf("berthd mentions tracing without an endpoint:\n%s", e.d.Logs())
+	}
+}
+
+// TestTracingSamplingFollowsCaller: with sampling_rate = 0 berthd records
+// no trace of its own, but a call whose caller sampled its trace (a tracing
+// kubelet's traceparent) is recorded, as a child of the caller's span.
+func TestTracingSamplingFollowsCaller(t *testing.T) {
+	harness.RequireIntegration(t)
+	c, addr := startCollector(t)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: "[tracing]\nendpoint = \"http://" + addr + "\"\nsampling_rate = 0\n"})
+	if _, err := d.Runtime.Version(t.Context(), &runtimeapi.VersionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "traceparent", "00-"+traceID+"-"+parentID+"-01")
+	if _, err := d.Runtime.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	const call = "/runtime.v1.RuntimeService/Version"
+	if !eventually(20*time.Second, func() bool { return len(c.named(call)) > 0 }) {
+		t.Fatal("the call in the caller's sampled trace did not reach the collector")
+	}
+	spans := c.named(call)
+	if len(spans) != 1 || hex.EncodeToString(spans[0].TraceId) != traceID || hex.EncodeToString(spans[0].ParentSpanId) != parentID {
+		t.Fatalf("Version spans %v: want one, in trace %s under span %s (the unsampled call recorded nothing)", spans, traceID, parentID)
 	}
 }
