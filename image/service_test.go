@@ -18,6 +18,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/berth-runtime/berth/cri/errkind"
 )
 
 func newTestService(t *testing.T) (*Service, string) {
@@ -125,6 +127,11 @@ func TestPullStoreRemove(t *testing.T) {
 		t.Errorf("Get after Remove: %v", err)
 	}
 	waitCollected(t, s, root, 0, 0)
+	// A container created from the image as looked up before its removal:
+	// its layers are gone, which is NotFound (pull again), not a fault.
+	if _, err := s.Lease("ctr2", img); !errors.Is(err, ErrNotFound) || !errors.Is(err, errkind.NotFound) {
+		t.Errorf("Lease of a removed image's layers: %v, want ErrNotFound", err)
+	}
 }
 
 func TestPullErrors(t *testing.T) {

@@ -3,6 +3,7 @@ package podfiles
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/cri/errkind"
 )
 
 func needRoot(t *testing.T) {
@@ -186,22 +189,27 @@ func TestWriteFailureCleansUp(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "shm"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Write(Options{Dir: dir, Hostname: "pod-a"}); err == nil {
-		t.Fatal("Write succeeded with a file in the way of shm")
+	// The node's failure, not the caller's: not an invalid argument.
+	if _, err := Write(Options{Dir: dir, Hostname: "pod-a"}); err == nil || errors.Is(err, errkind.Invalid) {
+		t.Fatalf("Write with a file in the way of shm: %v, want an error of no kind", err)
 	}
 	os.Remove(filepath.Join(dir, "shm"))
 	assertClean(t, dir)
 
-	// Bad input fails before anything is made.
-	for name, o := range map[string]Options{
-		"bad DNS":  {Hostname: "pod-a", DNS: &runtimeapi.DNSConfig{Servers: []string{"not-an-ip"}}},
-		"bad IP":   {Hostname: "pod-a", PodIPs: []string{"x"}},
-		"no name":  {},
-		"neg size": {Hostname: "pod-a", ShmSize: -1},
+	// Bad input fails before anything is made; what the CRI caller sent
+	// is an invalid argument, a bad pod IP (berth's own network's) is not.
+	for name, c := range map[string]struct {
+		o       Options
+		invalid bool
+	}{
+		"bad DNS":  {Options{Hostname: "pod-a", DNS: &runtimeapi.DNSConfig{Servers: []string{"not-an-ip"}}}, true},
+		"bad IP":   {Options{Hostname: "pod-a", PodIPs: []string{"x"}}, false},
+		"no name":  {Options{}, true},
+		"neg size": {Options{Hostname: "pod-a", ShmSize: -1}, true},
 	} {
-		o.Dir = dir
-		if _, err := Write(o); err == nil {
-			t.Errorf("%s: Write succeeded", name)
+		c.o.Dir = dir
+		if _, err := Write(c.o); err == nil || errors.Is(err, errkind.Invalid) != c.invalid {
+			t.Errorf("%s: Write = %v, want an error, invalid argument %v", name, err, c.invalid)
 		}
 		assertClean(t, dir)
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/cri/errkind"
 )
 
 const (
@@ -227,14 +229,22 @@ func TestCreateFailureCleansUp(t *testing.T) {
 			tc.opts.Dir = dir
 			before := readTrim(t, portSys)
 			_, err := Create(tc.opts)
-			if err == nil || !strings.Contains(err.Error(), tc.key) {
-				t.Fatalf("err = %v, want one naming %s", err, tc.key)
+			if !errors.Is(err, errkind.Invalid) || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("err = %v, want an invalid argument naming %s", err, tc.key)
 			}
 			assertGone(t, dir)
 			if v := readTrim(t, portSys); v != before {
 				t.Errorf("host sysctl changed")
 			}
 		})
+	}
+	// The node failing (no folder for the pins) is not the caller's error.
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Create(Options{Dir: filepath.Join(file, "ns"), Kinds: all}); err == nil || errors.Is(err, errkind.Invalid) {
+		t.Errorf("Create below a regular file: %v, want an error of no kind", err)
 	}
 	allThreadsHome(t)
 }
