@@ -75,8 +75,8 @@ func (x *metrics) recovered(result string) {
 	}
 }
 
-// sawOOM counts container id in berth_oom_kills_total the first time a
-// status shows it OOMKilled (the kubelet asks for statuses every second).
+// sawOOM counts container id in berth_oom_kills_total the first time its
+// state changes to stopped by the OOM killer.
 func (x *metrics) sawOOM(id string) {
 	if x == nil {
 		return

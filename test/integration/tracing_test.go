@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"net"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -121,11 +122,18 @@ func TestTracingToOTLPCollector(t *testing.T) {
 }
 
 // TestNoTracingWithoutEndpoint: without [tracing] nothing is exported and
-// berthd says nothing about tracing.
+// berthd says nothing about tracing; without [metrics] no endpoint listens.
 func TestNoTracingWithoutEndpoint(t *testing.T) {
 	e := startPodEnv(t, v1.Config{})
 	if strings.Contains(e.d.Logs(), "tracing") {
 		t.Errorf("berthd mentions tracing without an endpoint:\n%s", e.d.Logs())
+	}
+	if !regexp.MustCompile(`msg="berthd serving" .*metrics="" `).MatchString(e.d.Logs()) {
+		t.Errorf("berthd serves metrics without [metrics] address:\n%s", e.d.Logs())
+	}
+	out, err := e.d.Berthctl("info")
+	if err != nil || !strings.Contains(out, "metrics:        off\n") {
+		t.Errorf("berthctl info = %v:\n%s", err, out)
 	}
 }
 
