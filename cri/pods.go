@@ -41,6 +41,15 @@ func (r *RuntimeService) RemovePodSandbox(ctx context.Context, req *runtimeapi.R
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
 
+// UpdatePodSandboxResources records the pod-level resources the kubelet has
+// just applied to the pod's cgroup (in-place resize).
+func (r *RuntimeService) UpdatePodSandboxResources(_ context.Context, req *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
+	if err := r.pods.UpdatePodResources(req.GetPodSandboxId(), req.GetOverhead(), req.GetResources()); err != nil {
+		return nil, grpcError(err)
+	}
+	return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil
+}
+
 func (r *RuntimeService) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
 	pod, err := r.pods.GetPod(req.GetPodSandboxId())
 	if err != nil {

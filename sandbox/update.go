@@ -7,6 +7,7 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -30,4 +31,32 @@ func (m *Manager) UpdateResources(ctx context.Context, id string, res *runtimeap
 		return errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
 	}
 	return err
+}
+
+// UpdatePodResources records the pod-level resources of an in-place resize
+// in the pod's config. The kubelet calls it after it has set the pod's
+// cgroup itself, so berth writes no cgroup here: it keeps the config that
+// PodSandboxStatus shows and a restarted berthd reads true. Resources the
+// host could not honour are refused as they are at RunPodSandbox.
+func (m *Manager) UpdatePodResources(id string, overhead, resources *runtimeapi.LinuxContainerResources) error {
+	for field, res := range map[string]*runtimeapi.LinuxContainerResources{"overhead": overhead, "resources": resources} {
+		if _, err := cgroups.SpecResources(res, m.opts.Cgroups.Mode(), 0); err != nil {
+			return errkind.Errorf(errkind.Invalid, "%s: %v", field, err)
+		}
+	}
+	pod, unlock, err := m.lockPod(id)
+	if err != nil {
+		return err
+	}
+	if pod == nil {
+		return errkind.Errorf(errkind.NotFound, "pod %q", id)
+	}
+	defer unlock()
+	cfg := proto.CloneOf(pod.Config) // the view's config is shared with readers
+	if cfg.Linux == nil {
+		cfg.Linux = &runtimeapi.LinuxPodSandboxConfig{}
+	}
+	cfg.Linux.Overhead, cfg.Linux.Resources = overhead, resources
+	pod.Config = cfg
+	return m.savePod(pod)
 }

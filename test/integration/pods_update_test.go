@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -69,5 +72,51 @@ func TestUpdateContainerResources(t *testing.T) {
 	_, err = e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: "nope",
 		Linux: &runtimeapi.LinuxContainerResources{}})
 	assertCode(t, err, one(codes.NotFound), "")
+	e.removePod(t, pod)
+}
+
+// TestUpdatePodSandboxResources: the pod-level resources of an in-place
+// resize are kept in the pod's config, through a berthd restart; bad
+// resources and unknown pods are refused and change nothing.
+func TestUpdatePodSandboxResources(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	pod := e.runPod(t, e.podConfig("podres"))
+	update := func(id string, res *runtimeapi.LinuxContainerResources) error {
+		_, err := e.d.Runtime.UpdatePodSandboxResources(t.Context(), &runtimeapi.UpdatePodSandboxResourcesRequest{
+			PodSandboxId: id, Resources: res, Overhead: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 8 << 20}})
+		return err
+	}
+	want := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20, CpuShares: 512, CpuQuota: 50000, CpuPeriod: 100000}
+	if err := update(pod, want); err != nil {
+		t.Fatal(err)
+	}
+	recorded := func() *runtimeapi.LinuxPodSandboxConfig {
+		var info struct {
+			Pod struct {
+				Config json.RawMessage `json:"config"`
+			} `json:"pod"`
+		}
+		e.verbosePodInfo(t, pod, &info)
+		var cfg runtimeapi.PodSandboxConfig
+		if err := protojson.Unmarshal(info.Pod.Config, &cfg); err != nil {
+			t.Fatalf("pod config in the verbose status: %v: %s", err, info.Pod.Config)
+		}
+		return cfg.Linux
+	}
+	check := func(when string) {
+		t.Helper()
+		got := recorded()
+		if !proto.Equal(got.GetResources(), want) || got.GetOverhead().GetMemoryLimitInBytes() != 8<<20 {
+			t.Errorf("%s: pod config has resources %v, overhead %v; want %v and 8 MiB", when, got.GetResources(), got.GetOverhead(), want)
+		}
+	}
+	check("after the update")
+
+	assertCode(t, update(pod, &runtimeapi.LinuxContainerResources{CpuQuota: 50000}), one(codes.InvalidArgument), "resources")
+	assertCode(t, update("nope", want), one(codes.NotFound), "nope")
+	check("after refused updates")
+
+	e.d.Restart()
+	check("after a berthd restart")
 	e.removePod(t, pod)
 }
