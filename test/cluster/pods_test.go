@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-runtime/berth/test/kubeenv"
 	corev1 "k8s.io/api/core/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // podsYAML are the single pods of the scenarios; they are applied together
@@ -409,4 +410,42 @@ func (e *env) limits(t *testing.T) {
 	kubeenv.ExpectFile(t, "memory", cg, "memory.limit_in_bytes", strconv.Itoa(64<<20))
 	kubeenv.ExpectFile(t, "cpu", kubeenv.ProcCgroup(t, pid, "cpu", v2), "cpu.cfs_quota_us", "25000")
 	kubeenv.ExpectFile(t, "cpu", kubeenv.ProcCgroup(t, pid, "cpu", v2), "cpu.shares", "102")
+}
+
+// resize: an in-place resize (kubectl patch --subresource resize) reaches the
+// running container's cgroup without a restart, and berth records the pod's
+// new pod-level resources (UpdatePodSandboxResources).
+func (e *env) resize(t *testing.T) {
+	e.kubectl(t, "-n", ns, "patch", "pod", "limits", "--subresource", "resize", "--patch",
+		`{"spec":{"containers":[{"name":"main","resources":{"requests":{"cpu":"100m","memory":"32Mi"},"limits":{"cpu":"500m","memory":"96Mi"}}}]}}`)
+	p := e.waitPod(t, ns, "limits", time.Minute, "resized to 500m and 96Mi", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return len(cs) == 1 && cs[0].Resources != nil && cs[0].Resources.Limits.Memory().Value() == 96<<20 &&
+			cs[0].Resources.Limits.Cpu().MilliValue() == 500
+	})
+	if n := p.Status.ContainerStatuses[0].RestartCount; n != 0 {
+		t.Errorf("the resize restarted the container (%d restarts)", n)
+	}
+	pid := e.containerPID(t, string(p.UID))
+	v2 := e.cgroups.V2()
+	cg := kubeenv.ProcCgroup(t, pid, "memory", v2)
+	if v2 {
+		kubeenv.ExpectFile(t, "", cg, "memory.max", strconv.Itoa(96<<20))
+		kubeenv.ExpectFile(t, "", cg, "cpu.max", "50000 100000")
+	} else {
+		kubeenv.ExpectFile(t, "memory", cg, "memory.limit_in_bytes", strconv.Itoa(96<<20))
+		kubeenv.ExpectFile(t, "cpu", kubeenv.ProcCgroup(t, pid, "cpu", v2), "cpu.cfs_quota_us", "50000")
+	}
+	sandboxes := e.sandboxes(t, string(p.UID))
+	if len(sandboxes) != 1 {
+		t.Fatalf("pod %s has %d sandboxes in berth, want 1", p.UID, len(sandboxes))
+	}
+	r, err := e.rt.PodSandboxStatus(kubeenv.Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxes[0].Id, Verbose: true})
+	if err != nil {
+		t.Fatalf("PodSandboxStatus: %v", err)
+	}
+	// protojson writes an int64 as a string.
+	if want := fmt.Sprintf(`"memoryLimitInBytes":"%d"`, 96<<20); !strings.Contains(r.Info["info"], want) {
+		t.Errorf("berth's record of the pod has no %s: %.600s", want, r.Info["info"])
+	}
 }
