@@ -263,9 +263,10 @@ func (e *env) service(t *testing.T) {
 		seen[name] = true
 	}
 	url := "http://" + ip + "/"
-	// kube-proxy may program the replicas one by one as they become ready
-	// endpoints (slowly on a loaded machine): wait until the node's requests
-	// have reached two of them, which shows the load balancing.
+	// Each request is a connection of its own (kubeenv.Get). kube-proxy may
+	// program the replicas one by one as they become ready endpoints
+	// (slowly on a loaded machine): wait until the node's requests have
+	// reached two of them, which shows the load balancing.
 	kubeenv.WaitFor(t, time.Minute, "the Service from the node reaching two replicas", func() (bool, string) {
 		body, err := kubeenv.Get(url)
 		if err != nil {

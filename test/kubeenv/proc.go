@@ -147,7 +147,10 @@ func FreePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-var httpClient = &http.Client{Timeout: 5 * time.Second}
+// httpClient opens a connection per request: a Service's load balancing
+// picks a replica per connection, and a kept-alive one would always reach
+// the same.
+var httpClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 // Get returns the body of a 200 answer.
 func Get(url string) (string, error) {
