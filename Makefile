@@ -52,7 +52,7 @@ test-unit:
 # counts inputs rather than seconds: on a loaded machine a fuzz time that
 # ends while a worker is busy fails the run with "context deadline exceeded".
 FUZZ_TARGETS := image/unpack:FuzzUnpack image/reference:FuzzParse image:FuzzDecodeImageBlobs \
-	cmd/berthd/config:FuzzLoad sandbox/spec:FuzzSysctls sandbox/spec:FuzzCRIMount sandbox/podfiles:FuzzPodFiles
+	cmd/berthd/config:FuzzLoad sandbox/spec:FuzzSysctls sandbox/spec:FuzzCRIMount sandbox/podfiles:FuzzPodFiles sandbox:FuzzLogPath
 FUZZTIME ?= 30s
 FUZZMINIMIZE ?= 100x
 

@@ -52,9 +52,8 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	case cfg.GetImage().GetImage() == "":
 		return nil, errkind.Errorf(errkind.Invalid, "config.image.image is required")
 	}
-	// The kubelet sends NAME/RESTART.log: local, but not always one element.
-	if p := cfg.GetLogPath(); p != "" && !filepath.IsLocal(p) {
-		return nil, errkind.Errorf(errkind.Invalid, "config.log_path %q: must be a relative path inside the pod's log_directory", p)
+	if err := checkLogPath(cfg.GetLogPath()); err != nil {
+		return nil, err
 	}
 	if err := m.checkFeatures(cfg); err != nil {
 		return nil, err

@@ -30,8 +30,23 @@ func validatePodConfig(cfg *runtimeapi.PodSandboxConfig) error {
 	case md.Uid == "":
 		return errkind.Errorf(errkind.Invalid, "config.metadata.uid is required")
 	}
-	if dir := cfg.GetLogDirectory(); dir != "" && (!filepath.IsAbs(dir) || slices.Contains(strings.Split(dir, "/"), "..")) {
+	return checkLogDirectory(cfg.GetLogDirectory())
+}
+
+// checkLogDirectory and checkLogPath confine the CRI log, which the shim
+// (root) writes: a pod's log_directory is absolute without .., and a
+// container's log_path stays inside it (the kubelet sends NAME/RESTART.log:
+// local, but not always one element).
+func checkLogDirectory(dir string) error {
+	if dir != "" && (!filepath.IsAbs(dir) || slices.Contains(strings.Split(dir, "/"), "..")) {
 		return errkind.Errorf(errkind.Invalid, "config.log_directory %q: must be an absolute path without ..", dir)
+	}
+	return nil
+}
+
+func checkLogPath(p string) error {
+	if p != "" && (!filepath.IsLocal(p) || filepath.Clean(p) == ".") {
+		return errkind.Errorf(errkind.Invalid, "config.log_path %q: must name a file inside the pod's log_directory", p)
 	}
 	return nil
 }

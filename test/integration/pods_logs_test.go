@@ -153,7 +153,7 @@ func TestContainerLogRotation(t *testing.T) {
 }
 
 // TestLogPathConfinement: the log folder must be absolute and the log path
-// inside it (the kubelet's NAME/RESTART.log is), or the call is refused
+// a file inside it (the kubelet's NAME/RESTART.log is), or the call is refused
 // with the field named and nothing left; and the shim never follows a
 // symlink planted as the log file.
 func TestLogPathConfinement(t *testing.T) {
@@ -167,7 +167,7 @@ func TestLogPathConfinement(t *testing.T) {
 	}
 	cfg := e.podConfig("logpath")
 	pod := e.runPod(t, cfg)
-	for _, p := range []string{"../escape.log", "/abs.log", "a/../../escape.log"} {
+	for _, p := range []string{"../escape.log", "/abs.log", "a/../../escape.log", "a/.."} {
 		cc := e.ctrConfig("bad", sleeper...)
 		cc.LogPath = p
 		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg, Config: cc})
