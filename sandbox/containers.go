@@ -126,6 +126,9 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err != nil {
 		return nil, err
 	}
+	if err := checkIDMappable(s, pod.Pins[string(podns.User)]); err != nil {
+		return nil, err
+	}
 	c.User = &s.Process.User
 	if err := writeJSON(filepath.Join(m.bundleDir(pod.ID, c.ID), "config.json"), s); err != nil {
 		return nil, err

@@ -166,10 +166,14 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	u.add("remove pod cgroup", func() error { return m.opts.Cgroups.RemovePod(pod.Cgroup) })
 	t.step("cgroup")
 
-	files, err := podfiles.Write(podfiles.Options{
+	fileOpts := podfiles.Options{
 		Dir: dir, Hostname: hostname, DNS: cfg.DnsConfig, HostNetwork: hostNet, PodIPs: podIPs(pod),
 		HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
-	})
+	}
+	if userNS != nil {
+		fileOpts.RootUID, fileOpts.RootGID = int(userNS.Uids[0].HostId), int(userNS.Gids[0].HostId)
+	}
+	files, err := podfiles.Write(fileOpts)
 	if err != nil {
 		return nil, fmt.Errorf("pod files: %w", err)
 	}

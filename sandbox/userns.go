@@ -1,10 +1,14 @@
 package sandbox
 
 import (
+	"fmt"
+	"os"
 	"syscall"
 
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/sandbox/rootfs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -83,6 +87,34 @@ func checkContainerUserns(pod *Pod, cfg *runtimeapi.ContainerConfig) error {
 	}
 	if !proto.Equal(c, p) {
 		return errkind.Errorf(errkind.Invalid, "config.linux.security_context.namespace_options.userns_options: %v differs from the pod's %v", c, p)
+	}
+	return nil
+}
+
+// checkIDMappable refuses a container whose idmapped mounts (its CRI mounts,
+// in a pod with the user namespace pinned at userNS) are on a filesystem
+// that cannot be idmapped on this kernel: a tmpfs before Linux 6.3, a ramfs
+// on any. libcontainer would find out only when it makes the container,
+// with an error that names no CRI field.
+func checkIDMappable(s *specs.Spec, userNS string) error {
+	if userNS == "" {
+		return nil
+	}
+	ns, err := os.Open(userNS)
+	if err != nil {
+		return fmt.Errorf("user namespace: %w", err)
+	}
+	defer ns.Close()
+	for _, m := range s.Mounts {
+		if m.UIDMappings == nil {
+			continue
+		}
+		tree, err := rootfs.IDMapTree(m.Source, int(ns.Fd()))
+		if err != nil {
+			return errkind.Errorf(errkind.FailedPrecondition, "mount %s: host_path %q: cannot idmap it into the pod's user namespace (%v); its filesystem must support idmapped mounts on this kernel",
+				m.Destination, m.Source, err)
+		}
+		unix.Close(tree)
 	}
 	return nil
 }

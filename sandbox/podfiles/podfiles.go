@@ -34,6 +34,10 @@ type Options struct {
 	ShmSize int64
 	// HostIPC pods use the host's /dev/shm: none is mounted.
 	HostIPC bool
+	// RootUID and RootGID own hosts, resolv.conf and hostname: the host IDs
+	// of the root of a pod with a user namespace of its own, whose
+	// containers bind them without idmapping; 0 (host root) otherwise.
+	RootUID, RootGID int
 }
 
 // Files are the paths Write made; Shm is "" for a HostIPC pod.
@@ -87,7 +91,7 @@ func Write(opts Options) (Files, error) {
 		data []byte
 	}{{f.Hosts, c.hosts}, {f.Resolv, c.resolv}, {f.Hostname, c.hostname}} {
 		_, statErr := os.Lstat(w.path)
-		if err := writeAtomic(w.path, w.data); err != nil {
+		if err := writeAtomic(w.path, w.data, opts.RootUID, opts.RootGID); err != nil {
 			return undo(err)
 		}
 		if errors.Is(statErr, os.ErrNotExist) {

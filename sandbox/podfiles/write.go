@@ -13,9 +13,9 @@ import (
 const tempMark = ".tmp-"
 
 // writeAtomic replaces path with data through a temp file and a rename, so
-// a reader sees the old or the new content, never a part. No fsync: the
-// files live in volatile state that a reboot wipes anyway.
-func writeAtomic(path string, data []byte) error {
+// a reader sees the old or the new content, never a part, owned by uid and
+// gid. No fsync: the files live in volatile state that a reboot wipes anyway.
+func writeAtomic(path string, data []byte, uid, gid int) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+tempMark+"*")
 	if err != nil {
 		return err
@@ -24,6 +24,9 @@ func writeAtomic(path string, data []byte) error {
 	if err == nil {
 		// Containers may run as any user and must read these files.
 		err = tmp.Chmod(0o644)
+	}
+	if err == nil && (uid != 0 || gid != 0) {
+		err = tmp.Chown(uid, gid)
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -149,6 +150,30 @@ func TestWritePod(t *testing.T) {
 	}
 }
 
+// The files of a pod with a user namespace of its own belong to its root's
+// host IDs, also once rewritten.
+func TestWriteOwner(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	opts := Options{Dir: dir, Hostname: "pod-u", HostIPC: true, RootUID: 1000000, RootGID: 1000001}
+	for range 2 {
+		f, err := Write(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{f.Hosts, f.Resolv, f.Hostname} {
+			var st syscall.Stat_t
+			if err := syscall.Stat(p, &st); err != nil || st.Uid != 1000000 || st.Gid != 1000001 || st.Mode&0o777 != 0o644 {
+				t.Errorf("%s: owner %d:%d mode %o, %v; want 1000000:1000001 0644", p, st.Uid, st.Gid, st.Mode&0o777, err)
+			}
+		}
+	}
+	if err := Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	assertClean(t, dir)
+}
+
 func TestWriteHost(t *testing.T) {
 	dir := t.TempDir()
 	// HostNetwork and HostIPC: copies of the host's files, no shm (so no
@@ -222,7 +247,7 @@ func TestWriteAtomic(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "hosts")
 	a, b := bytes.Repeat([]byte("a"), 64<<10), bytes.Repeat([]byte("b"), 32<<10)
-	if err := writeAtomic(p, a); err != nil {
+	if err := writeAtomic(p, a, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	var stop atomic.Bool
@@ -244,7 +269,7 @@ func TestWriteAtomic(t *testing.T) {
 		if i%2 == 0 {
 			data = b
 		}
-		if err := writeAtomic(p, data); err != nil {
+		if err := writeAtomic(p, data, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

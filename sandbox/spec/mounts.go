@@ -43,6 +43,8 @@ func defaultMounts(privileged bool) []specs.Mount {
 // podMounts are the pod's /dev/shm, /etc/hosts, /etc/resolv.conf and
 // /etc/hostname. As in containerd the three /etc files follow the rootfs:
 // read-only when it is, read-write otherwise; /dev/shm is always read-write.
+// None is idmapped: in a pod with a user namespace of its own, the /etc
+// files belong to its root's host IDs, and /dev/shm is world-writable.
 func podMounts(in Input, readonlyRootfs bool) []specs.Mount {
 	var ms []specs.Mount
 	switch {
@@ -153,6 +155,14 @@ func buildMounts(in Input, sc *runtimeapi.LinuxContainerSecurityContext) ([]spec
 		if err != nil {
 			return nil, "", err
 		}
+		if in.UserNS != "" {
+			// Idmapped: host root's files are the container root's, and what
+			// it writes is stored as host root's, as the kubelet expects of
+			// its volumes. The pod files are not (podMounts): berth owns
+			// them, gives them to the pod's root, and keeps them in its state
+			// folder, on a tmpfs that Linux before 6.3 cannot idmap.
+			cm.UIDMappings, cm.GIDMappings = in.UIDMappings, in.GIDMappings
+		}
 		if prop == "rshared" || (prop == "rslave" && rootfsPropagation == "") {
 			rootfsPropagation = prop
 		}
@@ -183,7 +193,7 @@ func depth(p string) int {
 
 // checkMountIDMaps accepts a mount's uid_mappings and gid_mappings only as
 // the kubelet sends them: those of the pod's user namespace, which every
-// bind mount of such a pod gets anyway (idmapBinds).
+// CRI mount of such a pod gets anyway (buildMounts).
 func checkMountIDMaps(in Input, m *runtimeapi.Mount) error {
 	if len(m.GetUidMappings()) == 0 && len(m.GetGidMappings()) == 0 {
 		return nil

@@ -28,6 +28,38 @@ func wantMount(t *testing.T, ms []specs.Mount, dst, typ, src string, opts ...str
 	}
 }
 
+// In a pod with a user namespace of its own, the CRI mounts (volumes, and
+// /etc/hosts when the kubelet sends it) are idmapped through it; berth's pod
+// files are not, whatever the filesystem of its state folder can do.
+func TestUserNSMounts(t *testing.T) {
+	in := baseInput(t)
+	podFiles(t, &in)
+	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 1000000, Size: 65536}}
+	in.UserNS, in.UIDMappings, in.GIDMappings = "/run/berth/ns/user-1", m, m
+	vol := t.TempDir()
+	in.Config.Mounts = []*runtimeapi.Mount{{HostPath: vol, ContainerPath: "/vol"}, {HostPath: vol, ContainerPath: "/etc/hosts"}}
+	s, err := Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s.Linux.UIDMappings, m) || !slices.Equal(s.Linux.GIDMappings, m) {
+		t.Errorf("linux mappings %v %v, want %v", s.Linux.UIDMappings, s.Linux.GIDMappings, m)
+	}
+	for _, dst := range []string{"/vol", "/etc/hosts", "/etc/resolv.conf", "/etc/hostname", "/dev/shm"} {
+		ms := findMount(s.Mounts, dst)
+		if ms == nil {
+			t.Fatalf("no mount at %s", dst)
+		}
+		cri := dst == "/vol" || dst == "/etc/hosts"
+		if idmapped := ms.UIDMappings != nil || ms.GIDMappings != nil; idmapped != cri {
+			t.Errorf("%s (source %s): idmapped %v, want %v", dst, ms.Source, idmapped, cri)
+		}
+		if cri && (!slices.Equal(ms.UIDMappings, m) || !slices.Equal(ms.GIDMappings, m)) {
+			t.Errorf("%s: mappings %v %v, want the pod's %v", dst, ms.UIDMappings, ms.GIDMappings, m)
+		}
+	}
+}
+
 func TestDefaultMounts(t *testing.T) {
 	in := baseInput(t)
 	podFiles(t, &in)

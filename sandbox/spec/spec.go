@@ -60,7 +60,7 @@ type Input struct {
 	AppArmor AppArmorHost // nil: the host has no AppArmor
 
 	// UserNS is the pod's user namespace (a pin) to join, with its
-	// mappings; bind mounts are then idmapped through them. Empty: the
+	// mappings; the CRI mounts are then idmapped through them. Empty: the
 	// host's.
 	UserNS                   string
 	UIDMappings, GIDMappings []specs.LinuxIDMapping
@@ -144,7 +144,6 @@ func Generate(in Input) (*specs.Spec, error) {
 	}
 	if in.UserNS != "" {
 		JoinUserNS(s, in.UserNS, in.UIDMappings, in.GIDMappings)
-		idmapBinds(s)
 	}
 	return s, nil
 }
@@ -154,18 +153,6 @@ func Generate(in Input) (*specs.Spec, error) {
 func JoinUserNS(s *specs.Spec, pin string, uids, gids []specs.LinuxIDMapping) {
 	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: pin})
 	s.Linux.UIDMappings, s.Linux.GIDMappings = uids, gids
-}
-
-// idmapBinds idmaps the bind mounts of s (volumes and pod files) through
-// its user namespace, so that host root's files are the container root's,
-// and what the container root writes is stored as its host ID. /dev/shm is
-// left as it is: a world-writable tmpfs, which older kernels cannot idmap.
-func idmapBinds(s *specs.Spec) {
-	for i, m := range s.Mounts {
-		if m.Type == "bind" && m.Destination != devShm {
-			s.Mounts[i].UIDMappings, s.Mounts[i].GIDMappings = s.Linux.UIDMappings, s.Linux.GIDMappings
-		}
-	}
 }
 
 // buildNamespaces returns the namespaces of the spec and whether the

@@ -36,7 +36,17 @@ func startPodEnv(t *testing.T, cfg v1.Config) *podEnv {
 // startPodEnvTOML is startPodEnv with extraTOML appended to berthd's config.
 func startPodEnvTOML(t *testing.T, cfg v1.Config, extraTOML string) *podEnv {
 	t.Helper()
-	reg, d := start(t, extraTOML)
+	return startPodEnvWith(t, cfg, harness.Options{ConfigTOML: extraTOML})
+}
+
+// startPodEnvWith is startPodEnv with berthd started with o, its ConfigTOML
+// appended to the registry's settings.
+func startPodEnvWith(t *testing.T, cfg v1.Config, o harness.Options) *podEnv {
+	t.Helper()
+	harness.RequireIntegration(t)
+	reg := harness.NewRegistry(t)
+	o.ConfigTOML = harness.PlainHTTP(reg.Host()) + o.ConfigTOML
+	d := harness.StartDaemon(t, o)
 	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
 	// Registered after the daemon's own cleanups, so it runs before them.
 	t.Cleanup(func() { e.teardown(t) })

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/berth-runtime/berth/test/harness"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -105,7 +106,7 @@ func hostOwner(t *testing.T, p string) uint32 {
 // IDs.
 func TestUserNamespacePod(t *testing.T) {
 	t.Parallel()
-	e := startPodEnv(t, v1.Config{})
+	e := startPodEnvWith(t, v1.Config{}, harness.Options{State: stateOnTmpfs(t)})
 	st, err := e.d.Runtime.Status(t.Context(), &runtimeapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +167,41 @@ func TestUserNamespacePod(t *testing.T) {
 		t.Errorf("a file made in the idmapped volume belongs to host uid %d, want 0", uid)
 	}
 	e.stop(t, ctr, 0)
+
+	// A volume on a filesystem that cannot idmap mounts (ramfs) cannot be
+	// honoured: CreateContainer refuses it, naming the mount, and leaves
+	// nothing behind.
+	noIDMap := t.TempDir()
+	mustMount(t, "ramfs", noIDMap, "ramfs", 0)
+	t.Cleanup(func() { unmountUnder(t, noIDMap) })
+	cc = e.ctrConfig("userns-ramfs", sleeper...)
+	cc.Mounts = []*runtimeapi.Mount{{HostPath: noIDMap, ContainerPath: "/ramfs", UidMappings: m, GidMappings: m}}
+	_, err = e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg, Config: cc})
+	assertCode(t, err, one(codes.FailedPrecondition), "mount /ramfs", noIDMap, "cannot idmap")
+	if ids := e.listContainerIDs(t, &runtimeapi.ContainerFilter{LabelSelector: cc.Labels}); len(ids) != 0 {
+		t.Errorf("the refused container is listed: %v", ids)
+	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
+}
+
+// stateOnTmpfs returns a folder on a tmpfs of its own for berthd's state, as
+// /run/berth is on a node: the tests' temp folders are on the disk's
+// filesystem, which idmaps mounts where a tmpfs may not (Linux before 6.3).
+func stateOnTmpfs(t *testing.T) string {
+	t.Helper()
+	// Short, as harness.StartDaemon's own: the socket is in it.
+	dir, err := os.MkdirTemp("", "berth-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustMount(t, "tmpfs", dir, "tmpfs", 0)
+	// Registered before berthd's cleanups, so it runs after them.
+	t.Cleanup(func() {
+		unmountUnder(t, dir)
+		os.Remove(dir)
+	})
+	return dir
 }
 
 // assertOwnedByUserNS checks, from the host, that the process pid is in a
