@@ -91,8 +91,9 @@ func TestContainerdHostsDir(t *testing.T) {
 	}
 }
 
-// TestSIGHUPReloadsRegistries: a mirror added to the hosts folder is used
-// after SIGHUP, without a restart; a broken file then changes nothing.
+// TestSIGHUPReloadsRegistries: a mirror added to the hosts folder, then one
+// added to berth's own file, is used after SIGHUP, without a restart; a
+// broken file then changes nothing.
 func TestSIGHUPReloadsRegistries(t *testing.T) {
 	harness.RequireIntegration(t)
 	live := harness.NewRegistry(t)
@@ -121,6 +122,25 @@ func TestSIGHUPReloadsRegistries(t *testing.T) {
 	}
 	if d.PID() != pid || !d.Running() {
 		t.Fatal("berthd restarted on SIGHUP")
+	}
+
+	// A [registry."HOST"] table added to berth's own file is read again too.
+	own := harness.FreePort(t)
+	ownRef := own + "/berth/busybox:hup"
+	if _, err := pull(t, d, ownRef, nil); err == nil {
+		t.Fatalf("pull of %s with no mirror succeeded", ownRef)
+	}
+	f, err := os.OpenFile(d.Config, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("\n[registry.\"" + own + "\"]\nmirrors = [\"" + live.URL() + "\"]\n")
+	if cerr := f.Close(); err != nil || cerr != nil {
+		t.Fatal(err, cerr)
+	}
+	hup("registry settings reloaded")
+	if id, err := pull(t, d, ownRef, nil); err != nil || id != p.ID {
+		t.Fatalf("PullImage(%s) after SIGHUP = %q, %v; want %s through the mirror of berth's own table", ownRef, id, err, p.ID)
 	}
 
 	// A broken hosts.toml is refused whole: the mirror stays.
