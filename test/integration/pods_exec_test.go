@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -16,8 +17,9 @@ import (
 
 // TestContainerExecSync checks ExecSync: exit code and both streams, the
 // container's environment and working dir, the timeout (the command and
-// what it started are killed, DeadlineExceeded comes back in time), the
-// 16 MiB output cap, and exec in a container that does not run.
+// what it started are killed, DeadlineExceeded comes back in time), a
+// caller that leaves an exec without a timeout, the 16 MiB output cap, and
+// exec in a container that does not run.
 func TestContainerExecSync(t *testing.T) {
 	t.Parallel()
 	e := startPodEnv(t, v1.Config{Env: []string{harness.DefaultPath, "FROM_IMAGE=image"}, WorkingDir: "/tmp"})
@@ -53,28 +55,13 @@ func TestContainerExecSync(t *testing.T) {
 		// arguments, so a unique fraction of a second rides along).
 		marker := newMarker()
 		script := "(/bin/sleep 1000 " + marker + ") & /bin/sleep 1000 " + marker + "; : " + marker
-		// While the exec runs, the marker finds them (so that the check
-		// below means something). Polled, not sampled once: in the VM an
-		// exec takes most of its second to start.
-		done := make(chan struct{})
-		most := make(chan int, 1)
-		go func() {
-			n := 0
-			for {
-				n = max(n, len(harness.LiveProcessesWithArg(marker)))
-				select {
-				case <-done:
-					most <- n
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-			}
-		}()
-		begin := time.Now()
-		_, err := e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/sh", "-c", script}, Timeout: 1})
-		took := time.Since(begin)
-		close(done)
-		if n := <-most; n < 3 {
+		var err error
+		var took time.Duration
+		if n := mostWithArg(marker, func() {
+			begin := time.Now()
+			_, err = e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/sh", "-c", script}, Timeout: 1})
+			took = time.Since(begin)
+		}); n < 3 {
 			t.Errorf("at most %d processes carried the marker while the exec ran, want 3 or more", n)
 		}
 		assertCode(t, err, one(codes.DeadlineExceeded), "timed out")
@@ -87,6 +74,26 @@ func TestContainerExecSync(t *testing.T) {
 		// The container itself is untouched.
 		if st := e.status(t, ctr); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			t.Errorf("container is %s after the exec timed out", st.State)
+		}
+	})
+
+	t.Run("caller-gone", func(t *testing.T) {
+		// Without a timeout an exec runs as long as its caller waits: when
+		// the caller gives up, the command and what it started are killed,
+		// not left running with their output held in berth's buffer.
+		marker := newMarker()
+		script := "(/bin/sleep 1000 " + marker + ") & while :; do echo " + marker + "; /bin/sleep 0.1; done"
+		var err error
+		if n := mostWithArg(marker, func() {
+			c, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+			defer cancel()
+			_, err = e.d.Runtime.ExecSync(c, &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/sh", "-c", script}})
+		}); n < 2 {
+			t.Errorf("at most %d processes carried the marker while the exec ran, want 2 or more", n)
+		}
+		assertCode(t, err, one(codes.DeadlineExceeded))
+		if !eventually(5*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 0 }) {
+			t.Errorf("processes of the exec whose caller left still alive: %v", harness.LiveProcessesWithArg(marker))
 		}
 	})
 
@@ -131,6 +138,30 @@ func TestContainerExecSync(t *testing.T) {
 	})
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
+}
+
+// mostWithArg runs fn and returns the most processes with marker among
+// their arguments seen alive meanwhile, so that a check that they are gone
+// means something. Polled, not sampled once: in the VM an exec takes most
+// of a second to start.
+func mostWithArg(marker string, fn func()) int {
+	done := make(chan struct{})
+	most := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			n = max(n, len(harness.LiveProcessesWithArg(marker)))
+			select {
+			case <-done:
+				most <- n
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	fn()
+	close(done)
+	return <-most
 }
 
 // newMarker is a unique argument that marks the processes of one exec: a
