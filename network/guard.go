@@ -1,7 +1,6 @@
 package network
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -163,28 +162,6 @@ func (n *Network) queueSource(c *nftables.Conn, l *lease) error {
 		return err
 	}
 	return c.SetAddElements(n.sourceSet(), sourceElements(l))
-}
-
-// delSource deletes the pod's source and veth, each in a transaction of
-// its own: one already gone (a half-done Attach, a table rebuilt without
-// it) is not an error.
-func (n *Network) delSource(l *lease) error {
-	for _, del := range []struct {
-		set *nftables.Set
-		els []nftables.SetElement
-	}{{n.sourceSet(), sourceElements(l)}, {n.vethSet(), vethElements(l)}} {
-		c, err := nftables.New()
-		if err != nil {
-			return err
-		}
-		if err := c.SetDeleteElements(del.set, del.els); err != nil {
-			return err
-		}
-		if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("network: forget the address of pod %s: %w", l.Pod, err)
-		}
-	}
-	return nil
 }
 
 // rewriteSources replaces the set's contents with the leases' sources in

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -237,6 +238,32 @@ func (e *testEnv) assertGone(tb testing.TB, pod string) {
 	if n := e.elementsOf(tb, pod); n != 0 {
 		tb.Errorf("%d host port elements of %s left", n, pod)
 	}
+	if n := e.guardElementsOf(tb, pod); n != 0 {
+		tb.Errorf("%d veth and source elements of %s left", n, pod)
+	}
+}
+
+// guardElementsOf counts the elements of the guard's sets keyed by the pod's
+// host veth.
+func (e *testEnv) guardElementsOf(tb testing.TB, pod string) int {
+	tb.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	count := 0
+	for _, s := range []*nftables.Set{e.vethSet(), e.sourceSet()} {
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, el := range els {
+			if bytes.HasPrefix(el.Key, ifnameKey(vethName(pod))) {
+				count++
+			}
+		}
+	}
+	return count
 }
 
 // leaseFiles lists the files in the lease folder, temp files included.

@@ -334,17 +334,15 @@ func (n *Network) Detach(ctx context.Context, pod PodInfo, netnsPath string) err
 	return n.teardown(l)
 }
 
-// teardown removes the pod's source, host ports, veth and lease, in that order, so that
-// a failure keeps the lease for a retry to find. It is slower than Attach:
-// deleting a link or an nftables element waits for an RCU grace period.
+// teardown removes the pod's source, host ports and veth, then its lease,
+// so that a failure keeps the lease for a retry to find. It is slower than
+// Attach: an nftables commit and, far longer, a link's unregistering wait
+// for RCU grace periods. The elements and the veth go side by side, since
+// neither needs the other gone first.
 func (n *Network) teardown(l *lease) error {
-	if err := n.delSource(l); err != nil {
-		return err
-	}
-	if err := n.delPorts([]*lease{l}); err != nil {
-		return err
-	}
-	if err := delVeth(l.Veth); err != nil {
+	veth := make(chan error, 1)
+	go func() { veth <- delVeth(l.Veth) }()
+	if err := errors.Join(n.delElements(l), <-veth); err != nil {
 		return err
 	}
 	return n.leases.release(l.Pod)

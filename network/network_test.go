@@ -360,6 +360,24 @@ func TestDetach(t *testing.T) {
 	// The port is free again.
 	e.attach(t, PortMapping{ContainerPort: 80, HostPort: hp})
 
+	// Detach of a pod whose veth element is gone already (a table rebuilt
+	// without it) deletes the rest.
+	id3, _, _ := e.attach(t, PortMapping{ContainerPort: 80, HostPort: hp + 2})
+	l3, err := e.leases.get(id3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := deleteElements(elementsIn{e.vethSet(), vethElements(l3)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.guardElementsOf(t, id3); n != 1 {
+		t.Fatalf("%d guard elements, want the source's 1", n)
+	}
+	if err := e.Detach(bg, PodInfo{ID: id3}, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.assertGone(t, id3)
+
 	// Detach after the namespace is gone (a reboot, a removed pod).
 	id2, pin2, a2 := e.attach(t, PortMapping{ContainerPort: 80, HostPort: hp + 1})
 	if err := podns.Remove(filepath.Dir(pin2)); err != nil {

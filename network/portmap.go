@@ -335,43 +335,53 @@ func (n *Network) addElements(l *lease) error {
 	return nil
 }
 
-// delPorts deletes the leases' host ports. Some may be gone already (a
-// half-done Attach, a table rebuilt without them): then it deletes them
-// one at a time and ignores the missing ones.
-func (n *Network) delPorts(leases []*lease) error {
-	anyEls, oneEls := elements(leases...)
-	if len(anyEls)+len(oneEls) == 0 {
-		return nil
-	}
+// delElements deletes what addElements added for the lease, its host ports,
+// veth and source, in one transaction. Some may be gone already (a
+// half-done Attach, a table rebuilt without them): the transaction then
+// fails whole, and each element is deleted in a transaction of its own, a
+// missing one ignored.
+func (n *Network) delElements(l *lease) error {
+	anyEls, oneEls := elements(l)
 	anyIP, oneIP := n.portMaps()
-	del := func(anyEls, oneEls []nftables.SetElement) error {
-		c, err := nftables.New()
-		if err != nil {
-			return err
-		}
-		if err := setElements(c.SetDeleteElements, anyIP, anyEls, oneIP, oneEls); err != nil {
-			return err
-		}
-		return c.Flush()
-	}
-	err := del(anyEls, oneEls)
+	all := []elementsIn{{anyIP, anyEls}, {oneIP, oneEls}, {n.vethSet(), vethElements(l)}, {n.sourceSet(), sourceElements(l)}}
+	err := deleteElements(all...)
 	if !errors.Is(err, unix.ENOENT) {
 		if err != nil {
-			return fmt.Errorf("network: delete host ports: %w", err)
+			return fmt.Errorf("network: delete host ports and address of pod %s: %w", l.Pod, err)
 		}
 		return nil
 	}
-	for _, el := range anyEls {
-		if err := del([]nftables.SetElement{el}, nil); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("network: delete host ports: %w", err)
-		}
-	}
-	for _, el := range oneEls {
-		if err := del(nil, []nftables.SetElement{el}); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("network: delete host ports: %w", err)
+	for _, s := range all {
+		for _, el := range s.els {
+			if err := deleteElements(elementsIn{s.set, []nftables.SetElement{el}}); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("network: delete host ports and address of pod %s: %w", l.Pod, err)
+			}
 		}
 	}
 	return nil
+}
+
+// elementsIn are elements of one set.
+type elementsIn struct {
+	set *nftables.Set
+	els []nftables.SetElement
+}
+
+// deleteElements deletes the elements in one transaction.
+func deleteElements(all ...elementsIn) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	for _, s := range all {
+		if len(s.els) == 0 {
+			continue
+		}
+		if err := c.SetDeleteElements(s.set, s.els); err != nil {
+			return err
+		}
+	}
+	return c.Flush()
 }
 
 // rewritePorts replaces the maps' contents with the leases' host ports in

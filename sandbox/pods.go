@@ -275,23 +275,14 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 		}
 		ids = append(ids, c.ID)
 	}
-	if pod.PausePID > 0 {
-		if err := m.killPause(ctx, pod.ID); err != nil {
-			return err
-		}
-	}
-	if err := m.stopShim(ctx, pod.ID, ids); err != nil {
+	// The network goes while the pause and the shim stop: its teardown
+	// mostly waits for the kernel (RCU grace periods), and the containers
+	// no longer run.
+	detached := make(chan error, 1)
+	go func() { detached <- m.detachNetwork(ctx, pod) }()
+	err := m.stopPodProcesses(ctx, pod, ctrs, ids)
+	if err := errors.Join(err, <-detached); err != nil {
 		return err
-	}
-	crashpoint.Hit("stop pod", "shim stopped")
-	if err := m.killLeftovers(pod, ctrs); err != nil {
-		return err
-	}
-	if hasPodNetwork(pod) {
-		if err := m.opts.Network.Detach(ctx, podInfo(pod), pod.Pins[string(podns.Net)]); err != nil {
-			return err
-		}
-		crashpoint.Hit("stop pod", "network detached")
 	}
 	if err := podns.Remove(m.nsDir(pod.ID)); err != nil {
 		return err
@@ -301,6 +292,33 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 		return nil
 	}
 	return m.podNotReady(pod)
+}
+
+// stopPodProcesses stops the pod's pause and shim (which deletes the
+// containers ids), then kills what outlived the shim.
+func (m *Manager) stopPodProcesses(ctx context.Context, pod *Pod, ctrs []*Container, ids []string) error {
+	if pod.PausePID > 0 {
+		if err := m.killPause(ctx, pod.ID); err != nil {
+			return err
+		}
+	}
+	if err := m.stopShim(ctx, pod.ID, ids); err != nil {
+		return err
+	}
+	crashpoint.Hit("stop pod", "shim stopped")
+	return m.killLeftovers(pod, ctrs)
+}
+
+// detachNetwork releases the pod's network, when berth attached one.
+func (m *Manager) detachNetwork(ctx context.Context, pod *Pod) error {
+	if !hasPodNetwork(pod) {
+		return nil
+	}
+	if err := m.opts.Network.Detach(ctx, podInfo(pod), pod.Pins[string(podns.Net)]); err != nil {
+		return err
+	}
+	crashpoint.Hit("stop pod", "network detached")
+	return nil
 }
 
 // killLeftovers kills what still runs of the pod's containers and pause

@@ -60,13 +60,32 @@ func Mount(l Layout) (err error) {
 	// overlayfs lists lower dirs top first.
 	slices.Reverse(lowers)
 	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + l.Upper + ",workdir=" + l.Work
-	if len(opts) >= os.Getpagesize() {
-		return fmt.Errorf("rootfs: overlay options for %d layers exceed one page (%d bytes)", len(lowers), len(opts))
+	if len(opts+volatile) >= os.Getpagesize() {
+		return fmt.Errorf("rootfs: overlay options for %d layers exceed one page (%d bytes)", len(lowers), len(opts+volatile))
 	}
-	if err := unix.Mount("overlay", l.Target, "overlay", 0, opts); err != nil {
+	if err := mountOverlay(l.Target, opts); err != nil {
 		return fmt.Errorf("rootfs: mount overlay on %s: %w", l.Target, err)
 	}
 	return nil
+}
+
+const volatile = ",volatile"
+
+// mountOverlay mounts the overlay volatile where the kernel can (Linux
+// 5.10): overlayfs then skips syncing its upper layer, and the unmount at a
+// container's removal no longer syncs the whole filesystem the layer is on
+// (ovl_sync_fs syncs upper's filesystem, tens of ms with other writers on
+// it). Nothing needs the layer on disk: a container's writable layer does
+// not outlive its container (the kubelet makes new containers after a
+// reboot), and berth never mounts it again. The price is that fsync
+// inside the container's rootfs (not its volumes) returns without
+// syncing. A kernel without the option refuses it as an unknown one.
+func mountOverlay(target, opts string) error {
+	err := unix.Mount("overlay", target, "overlay", 0, opts+volatile)
+	if errors.Is(err, unix.EINVAL) {
+		err = unix.Mount("overlay", target, "overlay", 0, opts)
+	}
+	return err
 }
 
 // Unmount detaches the overlay and removes Target, Upper and Work. A rootfs

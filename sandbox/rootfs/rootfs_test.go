@@ -28,6 +28,11 @@ func TestMountOverlay(t *testing.T) {
 	if err := Mount(l); err != nil {
 		t.Fatal(err)
 	}
+	// Volatile: the unmount does not sync the filesystem under Upper
+	// (every kernel berth's tests run on has the option, Linux 5.10).
+	if opts := mountOptions(t, l.Target); !strings.Contains(opts, "volatile") {
+		t.Errorf("overlay options %q lack volatile", opts)
+	}
 	got, _ := os.ReadFile(filepath.Join(l.Target, "a"))
 	if string(got) != "top" {
 		t.Errorf("upper snapshot must win: got %q", got)
@@ -121,4 +126,22 @@ func TestMountIDMapped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// mountOptions are the super block options of the mount on target, from
+// /proc/self/mountinfo.
+func mountOptions(t *testing.T, target string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == target {
+			return f[len(f)-1]
+		}
+	}
+	t.Fatalf("%s is not mounted", target)
+	return ""
 }
