@@ -212,7 +212,12 @@ func TestStaleSocketIsReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(state) })
+	t.Cleanup(func() { // after berthd stopped
+		// The private bind mount berthd leaves on STATE/pods, as the
+		// harness unmounts it for the folders it makes.
+		syscall.Unmount(filepath.Join(state, "pods"), syscall.MNT_DETACH)
+		os.RemoveAll(state)
+	})
 	sock := filepath.Join(state, "berth.sock")
 	// What a crashed berthd leaves: a socket file nobody listens on.
 	l, err := net.Listen("unix", sock)
