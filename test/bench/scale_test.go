@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,20 +20,20 @@ import (
 // scalePods and scaleContainers are the node TestScale fills: 250 pods of
 // 2 containers, what a kubelet runs at its default maxPods with sidecars.
 // BERTH_BENCH_PODS and BERTH_BENCH_CONTAINERS change them (to compare with
-// numbers taken at 50 pods of 1).
+// numbers taken at 50 pods of 1). listCalls is how many times each list
+// call is timed: the p99 of a few hundred calls follows the machine's load
+// more than the code (BERTH_BENCH_LIST_CALLS changes it).
 var (
 	scalePods       = envInt("BERTH_BENCH_PODS", 250)
 	scaleContainers = envInt("BERTH_BENCH_CONTAINERS", 2)
+	listCalls       = envInt("BERTH_BENCH_LIST_CALLS", 3000)
 )
-
-// listCalls is how many times TestScale times each list call.
-const listCalls = 200
 
 // TestScale starts scalePods pods of scaleContainers running containers
 // each, then prints the p50/p99 latency of ListPodSandbox, ListContainers
-// and ListContainerStats (no filter: the kubelet's calls), the latency from
-// a container's exit to its CONTAINER_STOPPED_EVENT on GetContainerEvents,
-// and berthd's RSS.
+// and ListContainerStats (no filter: the kubelet's calls) and berthd's CPU
+// time per call, the latency from a container's exit to its
+// CONTAINER_STOPPED_EVENT on GetContainerEvents, and berthd's RSS.
 func TestScale(t *testing.T) {
 	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
@@ -64,6 +66,7 @@ func TestScale(t *testing.T) {
 	}
 	for _, c := range calls {
 		var took []time.Duration
+		cpu := cpuTime(t, d.PID())
 		for range listCalls {
 			begin := time.Now()
 			n, err := c.call()
@@ -72,11 +75,32 @@ func TestScale(t *testing.T) {
 				t.Fatalf("%s: %d containers' worth, %v; want %d", c.name, n, err, want)
 			}
 		}
-		fmt.Printf("scale %s, %d pods x %d containers: p50 %s, p99 %s over %d calls\n",
-			c.name, scalePods, scaleContainers, pct(took, 50), pct(took, 99), listCalls)
+		cpu = cpuTime(t, d.PID()) - cpu
+		fmt.Printf("scale %s, %d pods x %d containers: p50 %s, p99 %s over %d calls; berthd CPU %s a call\n",
+			c.name, scalePods, scaleContainers, pct(took, 50), pct(took, 99), listCalls, (cpu / time.Duration(listCalls)).Round(time.Microsecond))
 	}
 	printEventLatency(t, d.Runtime, ids)
 	fmt.Printf("scale rss berthd: idle %d KB, with %d pods x %d containers %d KB\n", idleRSS, scalePods, scaleContainers, statusKB(t, d.PID(), "VmRSS"))
+}
+
+// cpuTime is the CPU time process pid has used (user and system), in
+// clock ticks of 10 ms: a daemon's own cost per call, which the machine's
+// load changes less than it changes latencies.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command's name, which ends with the last ')':
+	// state is the first, utime and stime the 12th and 13th.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // startScalePods starts the pods, 5 starts in flight.
