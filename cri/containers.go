@@ -59,21 +59,11 @@ func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.Lis
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	// The messages of the whole answer are one allocation: the kubelet
-	// lists every container each second.
-	msgs := make([]struct {
-		c     runtimeapi.Container
-		image runtimeapi.ImageSpec
-	}, len(all))
 	resp := &runtimeapi.ListContainersResponse{Containers: make([]*runtimeapi.Container, len(all))}
 	for i, c := range all {
-		m := &msgs[i]
-		m.c = runtimeapi.Container{
-			Id: c.ID, PodSandboxId: c.PodID, Metadata: c.Config.Metadata,
-			Image: &m.image, ImageRef: containerImage(c.Container, &m.image), ImageId: c.ImageID, State: c.State,
-			CreatedAt: c.CreatedAt.UnixNano(), Labels: c.Config.Labels, Annotations: c.Config.Annotations,
+		if resp.Containers[i], err = listedContainer(c); err != nil {
+			return nil, grpcError(err)
 		}
-		resp.Containers[i] = &m.c
 	}
 	return resp, nil
 }
@@ -168,6 +158,28 @@ func (r *RuntimeService) UpdateContainerResources(ctx context.Context, req *runt
 // the repo digest, or the image ID for an image that came without one.
 // Records written before berth kept the name show the image as the kubelet
 // asked for it.
+// listedContainer is c's entry in the lists, already encoded (see
+// encoded). It is made once per status of the container and kept with the
+// status, which the view replaces when the container changes: the kubelet
+// lists every container each second, and their encoding was most of such
+// a call's time.
+func listedContainer(c *sandbox.ContainerStatus) (*runtimeapi.Container, error) {
+	if msg, _ := c.Memo.Load().(*runtimeapi.Container); msg != nil {
+		return msg, nil
+	}
+	var image runtimeapi.ImageSpec
+	msg, err := encoded(&runtimeapi.Container{
+		Id: c.ID, PodSandboxId: c.PodID, Metadata: c.Config.Metadata,
+		Image: &image, ImageRef: containerImage(c.Container, &image), ImageId: c.ImageID, State: c.State,
+		CreatedAt: c.CreatedAt.UnixNano(), Labels: c.Config.Labels, Annotations: c.Config.Annotations,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.Memo.Store(msg)
+	return msg, nil
+}
+
 func containerImage(c *sandbox.Container, spec *runtimeapi.ImageSpec) (ref string) {
 	*spec = runtimeapi.ImageSpec{
 		Image:              cmp.Or(c.ImageName, c.Config.GetImage().GetImage()),

@@ -73,18 +73,27 @@ func containerAttributes(c *sandbox.Container, a *runtimeapi.ContainerAttributes
 	return a
 }
 
-// containerStats is c's stats message. The message made of a sample of
-// the collector is kept with the sample and shared, read-only, by every
-// call until the next one (a second later): a node-wide list is some 900
-// bytes of messages per container, and callers (the kubelet's summary and
-// its metrics, crictl) come more often than samples.
+// sampleStats is the stats message made of one sample of the collector,
+// encoded (see encoded), and the writable layer's figures it holds.
+type sampleStats struct {
+	layerBytes, layerInodes uint64
+	msg                     *runtimeapi.ContainerStats
+}
+
+// containerStats is c's stats message, already encoded. It is made and
+// encoded once per sample of the collector and kept with the sample,
+// shared by every call until the next one (a second later), unless the
+// writable layer's figures, walked on their own time, changed meanwhile:
+// callers (the kubelet's summary and its metrics, crictl) come more often
+// than samples, and a node-wide list is some 900 bytes per container,
+// whose encoding was most of such a call's time.
 func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool, error) {
 	u, ok, err := r.pods.ContainerUsage(c)
 	if !ok || err != nil {
 		return nil, ok, err
 	}
-	if m, _ := u.Memo.Load().(*containerStatsMsgs); m != nil && m.used[0].Value == u.LayerBytes && m.used[1].Value == u.LayerInodes {
-		return &m.stats, true, nil
+	if s, _ := u.Memo.Load().(*sampleStats); s != nil && s.layerBytes == u.LayerBytes && s.layerInodes == u.LayerInodes {
+		return s.msg, true, nil
 	}
 	m := &containerStatsMsgs{fsID: runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root}}
 	m.used = [2]runtimeapi.UInt64Value{{Value: u.LayerBytes}, {Value: u.LayerInodes}}
@@ -95,8 +104,12 @@ func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.Conta
 		Memory:        m.memory.fill(u),
 		WritableLayer: &m.layer,
 	}
-	u.Memo.Store(m)
-	return &m.stats, true, nil
+	msg, err := encoded(&m.stats)
+	if err != nil {
+		return nil, false, err
+	}
+	u.Memo.Store(&sampleStats{layerBytes: u.LayerBytes, layerInodes: u.LayerInodes, msg: msg})
+	return msg, true, nil
 }
 
 // cpuMsgs is a CPU usage message and the values it points to.

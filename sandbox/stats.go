@@ -32,7 +32,8 @@ type Usage struct {
 	Memo *Memo
 }
 
-// Memo holds what a caller made of one sample.
+// Memo holds what a caller made of a value that does not change (a sample
+// of the collector, a container's status), for the next callers.
 type Memo struct{ v atomic.Value }
 
 // Load returns what Store kept, nil before.

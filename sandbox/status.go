@@ -24,6 +24,11 @@ type ContainerStatus struct {
 	Reason     string // Completed, Error, OOMKilled
 	Message    string
 	Spec       *specs.Spec // only from ContainerStatus
+	// Memo is new with each status: the view makes one each time the
+	// container's record or state changes, and lists share it until then,
+	// so what a caller makes of it and keeps there (cri: the container's
+	// list entry) serves every list until the container changes.
+	Memo *Memo
 }
 
 // GetContainer returns the container whose ID is id or starts with id.
@@ -85,7 +90,8 @@ func (m *Manager) readSpec(c *Container) (*specs.Spec, error) {
 
 // statusOf is a container's status from its live state.
 func statusOf(c *Container, st shim.State) *ContainerStatus {
-	cs := &ContainerStatus{Container: c, Pid: st.Pid, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, ExitCode: int32(st.ExitCode)}
+	cs := &ContainerStatus{Container: c, Pid: st.Pid, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, ExitCode: int32(st.ExitCode),
+		Memo: &Memo{}}
 	switch st.Status {
 	case shim.StatusCreated:
 		cs.State = runtimeapi.ContainerState_CONTAINER_CREATED

@@ -97,7 +97,8 @@ func TestSlowSubscriberDropped(t *testing.T) {
 
 // TestListsShareSnapshots: lists hand out the view's pods and statuses
 // without copying them, and a change replaces them rather than changing
-// what a caller already holds; GetPod gives a copy of its own.
+// what a caller already holds (a status's memo with it); GetPod gives a
+// copy of its own.
 func TestListsShareSnapshots(t *testing.T) {
 	m := testManager(t)
 	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
@@ -108,6 +109,7 @@ func TestListsShareSnapshots(t *testing.T) {
 	if len(pods) != 1 || len(ctrs) != 1 || len(again) != 1 || again[0] != ctrs[0] {
 		t.Fatalf("lists %v %v %v: want one pod, the same container status twice", pods, ctrs, again)
 	}
+	ctrs[0].Memo.Store("made of the created container")
 
 	m.setContainerState("pod1", shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 42})
 	p, err := m.GetPod("pod1")
@@ -125,5 +127,8 @@ func TestListsShareSnapshots(t *testing.T) {
 	pods, _ = m.ListPods(Filter{})
 	if now[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING || now[0].Pid != 42 || pods[0].State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
 		t.Errorf("listed after: %v pid %d, %v; want RUNNING 42, NOTREADY", now[0].State, now[0].Pid, pods[0].State)
+	}
+	if got := now[0].Memo.Load(); got != nil {
+		t.Errorf("the running container's status has the memo %v of the one before", got)
 	}
 }

@@ -52,6 +52,32 @@ func TestContainerAndPodStats(t *testing.T) {
 		t.Errorf("writable layer %v: want at least the 1 MiB written", st.WritableLayer)
 	}
 
+	// Short IDs select, in the lists, their Stream* twins and the
+	// one-container call, each entry with its figures.
+	short := &runtimeapi.ContainerStatsFilter{Id: ctr[:6], PodSandboxId: pod[:6]}
+	list, err := e.d.Runtime.ListContainerStats(t.Context(), &runtimeapi.ListContainerStatsRequest{Filter: short})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := e.d.Runtime.StreamContainerStats(t.Context(), &runtimeapi.StreamContainerStatsRequest{Filter: short})
+	var streamed []*runtimeapi.ContainerStats
+	streamAll(t, stream, err, func(r *runtimeapi.StreamContainerStatsResponse) []string {
+		streamed = append(streamed, r.ContainerStats...)
+		return nil
+	})
+	one, err := e.d.Runtime.ContainerStats(t.Context(), &runtimeapi.ContainerStatsRequest{ContainerId: ctr[:6]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for call, got := range map[string][]*runtimeapi.ContainerStats{"ListContainerStats": list.Stats, "StreamContainerStats": streamed,
+		"ContainerStats": {one.Stats}} {
+		if len(got) != 1 || got[0].Attributes.GetId() != ctr || got[0].Attributes.Labels["container"] != "busy" ||
+			got[0].Cpu.GetUsageCoreNanoSeconds().GetValue() == 0 || got[0].Memory.GetWorkingSetBytes().GetValue() == 0 ||
+			got[0].WritableLayer.GetUsedBytes().GetValue() < 1<<20 {
+			t.Errorf("%s by short IDs = %v, want %s with its figures", call, got, ctr)
+		}
+	}
+
 	time.Sleep(100 * time.Millisecond)
 	ps, err := e.d.Runtime.PodSandboxStats(t.Context(), &runtimeapi.PodSandboxStatsRequest{PodSandboxId: pod})
 	if err != nil {
@@ -66,6 +92,17 @@ func TestContainerAndPodStats(t *testing.T) {
 		Filter: &runtimeapi.PodSandboxStatsFilter{LabelSelector: map[string]string{"app": "stats"}}})
 	if err != nil || len(all.Stats) != 1 {
 		t.Errorf("ListPodSandboxStats by label = %v, %v", all.GetStats(), err)
+	}
+	podStream, err := e.d.Runtime.StreamPodSandboxStats(t.Context(), &runtimeapi.StreamPodSandboxStatsRequest{
+		Filter: &runtimeapi.PodSandboxStatsFilter{Id: pod[:6]}})
+	var podsStreamed []*runtimeapi.PodSandboxStats
+	streamAll(t, podStream, err, func(r *runtimeapi.StreamPodSandboxStatsResponse) []string {
+		podsStreamed = append(podsStreamed, r.PodSandboxStats...)
+		return nil
+	})
+	if len(podsStreamed) != 1 || podsStreamed[0].Attributes.GetId() != pod || len(podsStreamed[0].GetLinux().GetContainers()) != 1 ||
+		podsStreamed[0].Linux.Containers[0].Attributes.GetId() != ctr || podsStreamed[0].Linux.Containers[0].Memory.GetWorkingSetBytes().GetValue() == 0 {
+		t.Errorf("StreamPodSandboxStats by short ID = %v, want %s with %s and its figures", podsStreamed, pod, ctr)
 	}
 	e.removePod(t, pod)
 }

@@ -1,0 +1,148 @@
+package cri
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/sandbox"
+)
+
+// statsSample is a container's stats message as berthd makes it, with
+// labels and annotations as the kubelet sets them.
+func statsSample(i int) *runtimeapi.ContainerStats {
+	u := func(v uint64) *runtimeapi.UInt64Value { return &runtimeapi.UInt64Value{Value: v} }
+	return &runtimeapi.ContainerStats{
+		Attributes: &runtimeapi.ContainerAttributes{Id: fmt.Sprintf("%064x", i),
+			Metadata: &runtimeapi.ContainerMetadata{Name: "c", Attempt: 1},
+			Labels: map[string]string{"io.kubernetes.pod.name": fmt.Sprint("pod-", i), "io.kubernetes.pod.namespace": "default",
+				"io.kubernetes.container.name": "c", "io.kubernetes.pod.uid": fmt.Sprint("uid-", i)},
+			Annotations: map[string]string{"io.kubernetes.container.hash": "1a2b3c", "io.kubernetes.container.restartCount": "0",
+				"io.kubernetes.container.terminationMessagePath": "/dev/termination-log"}},
+		Cpu: &runtimeapi.CpuUsage{Timestamp: 1700000000000000000, UsageCoreNanoSeconds: u(123456789), UsageNanoCores: u(4567)},
+		Memory: &runtimeapi.MemoryUsage{Timestamp: 1700000000000000000, WorkingSetBytes: u(1 << 20), UsageBytes: u(2 << 20),
+			RssBytes: u(1 << 19), PageFaults: u(300), MajorPageFaults: u(uint64(i))},
+		WritableLayer: &runtimeapi.FilesystemUsage{Timestamp: 1700000000000000000,
+			FsId: &runtimeapi.FilesystemIdentifier{Mountpoint: "/var/lib/berth"}, UsedBytes: u(4096), InodesUsed: u(3)},
+	}
+}
+
+// roundTrip encodes msg as gRPC does and decodes the bytes into a new
+// message of its type.
+func roundTrip[M proto.Message](t testing.TB, msg M) M {
+	t.Helper()
+	codec := encoding.GetCodecV2("proto")
+	data, err := codec.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Free()
+	out := msg.ProtoReflect().New().Interface().(M)
+	if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(data.Materialize())}, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestEncodedDecodesAsMessage: a list of encoded stats messages, mixed with
+// one made on the spot (a container listed without usage), reaches a
+// client as the messages themselves, at the top of a list, in a streamed
+// page and inside a pod's stats.
+func TestEncodedDecodesAsMessage(t *testing.T) {
+	plain := []*runtimeapi.ContainerStats{statsSample(1), {Attributes: statsSample(2).Attributes}, statsSample(3)}
+	var sent []*runtimeapi.ContainerStats
+	for _, s := range plain {
+		e, err := encoded(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Attributes != nil || len(e.ProtoReflect().GetUnknown()) == 0 {
+			t.Fatalf("encoded message has fields %v, unknown %d bytes: want only the encoding", e.Attributes, len(e.ProtoReflect().GetUnknown()))
+		}
+		sent = append(sent, e)
+	}
+	sent[1] = plain[1] // as made for one call
+	for _, c := range []struct{ sent, want proto.Message }{
+		{&runtimeapi.ListContainerStatsResponse{Stats: sent}, &runtimeapi.ListContainerStatsResponse{Stats: plain}},
+		{&runtimeapi.StreamContainerStatsResponse{ContainerStats: sent}, &runtimeapi.StreamContainerStatsResponse{ContainerStats: plain}},
+		{&runtimeapi.PodSandboxStatsResponse{Stats: &runtimeapi.PodSandboxStats{Linux: &runtimeapi.LinuxPodSandboxStats{Containers: sent}}},
+			&runtimeapi.PodSandboxStatsResponse{Stats: &runtimeapi.PodSandboxStats{Linux: &runtimeapi.LinuxPodSandboxStats{Containers: plain}}}},
+	} {
+		if got := roundTrip(t, c.sent); !proto.Equal(got, c.want) {
+			t.Errorf("%T decodes as\n%v\nwant\n%v", c.sent, got, c.want)
+		}
+		if proto.Size(c.sent) != proto.Size(c.want) {
+			t.Errorf("%T: %d bytes encoded, the messages %d", c.sent, proto.Size(c.sent), proto.Size(c.want))
+		}
+	}
+}
+
+// BenchmarkListContainerStatsEncode: gRPC's encoding of a node-wide
+// answer (500 containers) of messages, and of the same encoded ahead.
+func BenchmarkListContainerStatsEncode(b *testing.B) {
+	var plain, enc []*runtimeapi.ContainerStats
+	for i := range 500 {
+		s := statsSample(i)
+		e, err := encoded(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		plain, enc = append(plain, s), append(enc, e)
+	}
+	codec := encoding.GetCodecV2("proto")
+	for _, c := range []struct {
+		name  string
+		stats []*runtimeapi.ContainerStats
+	}{{"messages", plain}, {"encoded", enc}} {
+		b.Run(c.name, func(b *testing.B) {
+			resp := &runtimeapi.ListContainerStatsResponse{Stats: c.stats}
+			for b.Loop() {
+				data, err := codec.Marshal(resp)
+				if err != nil {
+					b.Fatal(err)
+				}
+				data.Free()
+			}
+		})
+	}
+}
+
+// TestListedContainerOncePerStatus: a container's list entry is encoded
+// once per status of it, shared by the lists until the view makes a new
+// status, and reaches a client as the container's message.
+func TestListedContainerOncePerStatus(t *testing.T) {
+	ctr := &sandbox.Container{ID: "c1", PodID: "p1", ImageID: "sha256:aa", RepoDigest: "busybox@sha256:bb", ImageName: "busybox",
+		CreatedAt: time.Unix(1700000000, 5), Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
+			Image:  &runtimeapi.ImageSpec{Image: "sha256:aa", UserSpecifiedImage: "busybox"},
+			Labels: map[string]string{"a": "1"}, Annotations: map[string]string{"b": "2"}}}
+	want := &runtimeapi.Container{Id: "c1", PodSandboxId: "p1", Metadata: ctr.Config.Metadata,
+		Image:    &runtimeapi.ImageSpec{Image: "busybox", UserSpecifiedImage: "busybox"},
+		ImageRef: "busybox@sha256:bb", ImageId: "sha256:aa", State: runtimeapi.ContainerState_CONTAINER_RUNNING,
+		CreatedAt: ctr.CreatedAt.UnixNano(), Labels: ctr.Config.Labels, Annotations: ctr.Config.Annotations}
+
+	running := &sandbox.ContainerStatus{Container: ctr, State: runtimeapi.ContainerState_CONTAINER_RUNNING, Memo: &sandbox.Memo{}}
+	first, err := listedContainer(running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := listedContainer(running); again != first {
+		t.Error("the same status was encoded twice")
+	}
+	if got := roundTrip(t, &runtimeapi.ListContainersResponse{Containers: []*runtimeapi.Container{first}}); !proto.Equal(got.Containers[0], want) {
+		t.Errorf("listed as\n%v\nwant\n%v", got.Containers[0], want)
+	}
+
+	exited := &sandbox.ContainerStatus{Container: ctr, State: runtimeapi.ContainerState_CONTAINER_EXITED, Memo: &sandbox.Memo{}}
+	next, err := listedContainer(exited)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := roundTrip(t, next); got.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("the next status is listed %v, want EXITED", got.State)
+	}
+}
