@@ -19,8 +19,16 @@ type Filter struct {
 	Labels map[string]string
 }
 
+// matches reports whether f selects the object with id, labels and state.
+// Lists first ask selectsAll, and read nothing of the objects when it
+// holds: a node-wide list walks hundreds, each read a likely cache miss.
 func (f Filter) matches(id string, labels map[string]string, state int32) bool {
 	return (f.ID == "" || f.ID == id) && (f.State == nil || *f.State == state) && labelsMatch(labels, f.Labels)
+}
+
+// selectsAll reports whether f selects every object.
+func (f Filter) selectsAll() bool {
+	return f.ID == "" && f.PodID == "" && f.State == nil && len(f.Labels) == 0
 }
 
 // labelsMatch: every selector key must be present with that value (a key

@@ -189,7 +189,7 @@ func (v *view) listPods(f Filter) []*Pod {
 	defer v.mu.RUnlock()
 	out := make([]*Pod, 0, len(v.pods))
 	for _, p := range v.pods {
-		if f.matches(p.ID, p.Config.Labels, int32(p.State)) {
+		if f.selectsAll() || f.matches(p.ID, p.Config.Labels, int32(p.State)) {
 			out = append(out, p)
 		}
 	}
@@ -207,7 +207,7 @@ func (v *view) listStatuses(f Filter) []*ContainerStatus {
 	}
 	out := make([]*ContainerStatus, 0, n)
 	add := func(e *ctrEntry) {
-		if s := e.status; f.matches(s.ID, s.Config.Labels, int32(s.State)) {
+		if s := e.status; f.selectsAll() || f.matches(s.ID, s.Config.Labels, int32(s.State)) {
 			out = append(out, s)
 		}
 	}
