@@ -18,8 +18,12 @@ import (
 // is listening; it is closed without that on failure.
 const ReadyFdEnv = "_BERTH_SHIM_READY_FD"
 
-// startTimeout bounds Start when ctx has no deadline.
-const startTimeout = 10 * time.Second
+// startTimeout bounds Start when ctx has no deadline. A shim is ready in
+// milliseconds; the bound is for a node so loaded that 50 pods starting at
+// once took over 10 s (seen under emulation), where failing the pod only
+// makes the kubelet start it again. The kubelet's own calls carry their
+// deadline (2 minutes by default).
+const startTimeout = 30 * time.Second
 
 // Start starts the shim for podDir, detached (its own session, so SIGKILL
 // of berthd, or of its process group, leaves it running), waits until it
