@@ -22,7 +22,9 @@ import (
 )
 
 const (
-	startTimeout = 10 * time.Second // until the socket answers Version
+	// A race-built berthd under emulation on a loaded host has taken over
+	// 10 s to answer (the VM tier).
+	startTimeout = 30 * time.Second // until the socket answers Version
 	stopTimeout  = 15 * time.Second // from SIGTERM to exit
 )
 
