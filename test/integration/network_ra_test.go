@@ -16,14 +16,17 @@ import (
 
 // ICMPv6 types the test sends from a pod.
 const (
-	icmpv6EchoRequest  = 128
-	icmpv6RouterAdvert = 134
+	icmpv6EchoRequest    = 128
+	icmpv6RouterAdvert   = 134
+	icmpv6NeighborAdvert = 136
+	icmpv6Redirect       = 137
 )
 
 // TestPodCannotAdvertiseRoutes sends, from inside one pod's network
-// namespace, IPv6 router advertisements and (as a control) echo requests to
-// all nodes on the link: a neighbour pod sees the echo requests but no
-// advertisement, and neither the pods nor the bridge accept advertisements.
+// namespace, IPv6 router and neighbour advertisements, redirects and (as a
+// control) echo requests to all nodes on the link: a neighbour pod sees the
+// echo requests but none of the others, and neither the pods nor the bridge
+// accept router advertisements.
 func TestPodCannotAdvertiseRoutes(t *testing.T) {
 	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
@@ -62,35 +65,63 @@ func TestPodCannotAdvertiseRoutes(t *testing.T) {
 	allNodes := &unix.SockaddrInet6{Addr: [16]byte(net.ParseIP("ff02::1").To16()), ZoneId: uint32(eth0)}
 	ra := []byte{icmpv6RouterAdvert, 0, 0, 0, 64, 0, 0x07, 0x08, 0, 0, 0, 0, 0, 0, 0, 0} // router lifetime 1800 s
 	echo := []byte{icmpv6EchoRequest, 0, 0, 0, 0x12, 0x34, 0, 1}
+	// Claims fe80::1 (override flag); redirects ff02::1 to it.
+	claimed := net.ParseIP("fe80::1").To16()
+	na := append([]byte{icmpv6NeighborAdvert, 0, 0, 0, 0x20, 0, 0, 0}, claimed...)
+	redirect := append(append([]byte{icmpv6Redirect, 0, 0, 0, 0, 0, 0, 0}, claimed...), allNodes.Addr[:]...)
+	forbidden := [][]byte{ra, na, redirect}
 
-	var seen []byte
-	buf := make([]byte, 1500)
-	deadline := time.Now().Add(15 * time.Second) // the link-local address may still be tentative
-	for time.Now().Before(deadline) && !slices.Contains(seen, icmpv6EchoRequest) {
-		// Errors are expected while eth0 has no usable source address yet.
-		_ = unix.Sendto(sender, ra, 0, allNodes)
-		_ = unix.Sendto(sender, echo, 0, allNodes)
-		for {
-			n, _, err := unix.Recvfrom(listener, buf, 0)
-			if err != nil {
-				break
-			}
-			if n > 0 {
-				seen = append(seen, buf[0])
+	// What the neighbour pod received: ICMPv6 types by source address (the
+	// node may send it some too).
+	type message struct {
+		typ  byte
+		from [16]byte
+	}
+	var seen []message
+	received := func(typ byte) (from [16]byte, ok bool) {
+		for _, m := range seen {
+			if m.typ == typ {
+				return m.from, true
 			}
 		}
+		return from, false
 	}
-	if !slices.Contains(seen, icmpv6EchoRequest) {
-		t.Fatalf("the neighbour pod received no echo request from the sender pod (ICMPv6 types seen: %v): the test proves nothing", seen)
+	recv := func() bool {
+		buf := make([]byte, 1500)
+		n, from, err := unix.Recvfrom(listener, buf, 0)
+		if err != nil {
+			return false
+		}
+		if a, ok := from.(*unix.SockaddrInet6); ok && n > 0 {
+			seen = append(seen, message{buf[0], a.Addr})
+		}
+		return true
+	}
+	deadline := time.Now().Add(15 * time.Second) // the link-local address may still be tentative
+	for time.Now().Before(deadline) {
+		if _, ok := received(icmpv6EchoRequest); ok {
+			break
+		}
+		// Errors are expected while eth0 has no usable source address yet.
+		for _, msg := range forbidden {
+			_ = unix.Sendto(sender, msg, 0, allNodes)
+		}
+		_ = unix.Sendto(sender, echo, 0, allNodes)
+		for recv() {
+		}
+	}
+	senderAddr, ok := received(icmpv6EchoRequest)
+	if !ok {
+		t.Fatalf("the neighbour pod received no echo request from the sender pod (messages seen: %v): the test proves nothing", seen)
 	}
 	// The advertisements went out before the echo requests: give a late one a moment.
 	for range 5 {
-		if n, _, err := unix.Recvfrom(listener, buf, 0); err == nil && n > 0 {
-			seen = append(seen, buf[0])
-		}
+		recv()
 	}
-	if slices.Contains(seen, icmpv6RouterAdvert) {
-		t.Errorf("a router advertisement from one pod reached another (ICMPv6 types seen: %v)", seen)
+	for _, msg := range forbidden {
+		if slices.Contains(seen, message{msg[0], senderAddr}) {
+			t.Errorf("ICMPv6 type %d from one pod reached another (messages seen: %v)", msg[0], seen)
+		}
 	}
 }
 
