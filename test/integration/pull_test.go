@@ -556,6 +556,10 @@ func TestPullBadBlobs(t *testing.T) {
 	cases := []badBlobCase{
 		{"corrupt-gzip-layer", harness.Gzip, baseLayer,
 			func(r *harness.Registry, d v1.Hash, _ int64) { r.Corrupt(d, -1) }},
+		// The gzip header's MTIME: the layer still decompresses to the same
+		// tar, only the compressed digest tells.
+		{"corrupt-gzip-header", harness.Gzip, baseLayer,
+			func(r *harness.Registry, d v1.Hash, _ int64) { r.Corrupt(d, 4) }},
 		// Inside busybox's bytes: the tar stays valid, only the digests tell.
 		{"corrupt-uncompressed-layer", harness.Uncompressed, baseLayer,
 			func(r *harness.Registry, d v1.Hash, _ int64) { r.Corrupt(d, -1) }},
