@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -112,47 +110,38 @@ func TestContainerStop(t *testing.T) {
 	e.assertNoLeaks(t)
 }
 
-// TestStopContainerStuck: a container that survives SIGKILL (its freezer
-// cgroup frozen, where a pending SIGKILL waits) makes StopContainer fail
-// instead of reporting it stopped; once thawed, the retry stops it.
+// TestStopContainerStuck: a container that survives SIGKILL (stuck in the
+// kernel, waiting for a FUSE answer that never comes) makes StopContainer
+// fail instead of reporting it stopped; once the FUSE connection is aborted,
+// the retry stops it and nothing is left over.
 func TestStopContainerStuck(t *testing.T) {
 	e := startPodEnv(t, v1.Config{})
+	// After the env: its cleanup (the connection's abort) then runs before
+	// the env's teardown, which could not remove a stuck container.
+	stuck := mountStuckFS(t)
 	cfg := e.podConfig("stuck")
 	pod := e.runPod(t, cfg)
-	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("c", sleeper...))
-	state := freezerStateOf(t, ctr)
-	if err := os.WriteFile(state, []byte("FROZEN"), 0o644); err != nil {
-		t.Fatal(err)
+	cc := e.ctrConfig("c", "/bin/cat", "/fuse/stuck")
+	cc.Mounts = []*runtimeapi.Mount{{HostPath: stuck.dir, ContainerPath: "/fuse"}}
+	ctr := e.runContainer(t, pod, cfg, cc)
+	select {
+	case <-stuck.waiting:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the container did not look /fuse/stuck up")
 	}
-	t.Cleanup(func() { os.WriteFile(state, []byte("THAWED"), 0o644) })
 
 	_, err := e.d.Runtime.StopContainer(t.Context(), &runtimeapi.StopContainerRequest{ContainerId: ctr, Timeout: 0})
 	assertCode(t, err, one(codes.DeadlineExceeded), ctr, "after SIGKILL")
 	if got := e.status(t, ctr).State; got != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Errorf("state after the failed stop = %v, want RUNNING", got)
 	}
-	if err := os.WriteFile(state, []byte("THAWED"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	stuck.release()
 	e.stop(t, ctr, 0)
 	e.waitState(t, ctr, runtimeapi.ContainerState_CONTAINER_EXITED)
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
-}
-
-// freezerStateOf finds the freezer.state of a container's v1 freezer cgroup,
-// or skips where there is no v1 freezer (v2 kills frozen tasks).
-func freezerStateOf(t *testing.T, ctr string) string {
-	t.Helper()
-	var found string
-	filepath.WalkDir("/sys/fs/cgroup/freezer", func(p string, d fs.DirEntry, err error) error {
-		if err == nil && found == "" && d.IsDir() && strings.Contains(d.Name(), ctr) {
-			found = filepath.Join(p, "freezer.state")
-		}
-		return nil
-	})
-	if found == "" {
-		t.Skipf("no cgroup v1 freezer for container %s: this kernel setup lets SIGKILL end frozen tasks", ctr)
+	stuck.unmount(t)
+	if pids := mountedAnywhere(stuck.source); len(pids) != 0 {
+		t.Errorf("the FUSE mount is still held by processes %v", pids)
 	}
-	return found
 }
