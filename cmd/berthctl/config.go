@@ -10,7 +10,12 @@ import (
 // errInvalidConfig makes berthctl exit 1 after the problems were printed.
 type errInvalidConfig struct{ n int }
 
-func (e errInvalidConfig) Error() string { return fmt.Sprintf("%d problems", e.n) }
+func (e errInvalidConfig) Error() string {
+	if e.n == 1 {
+		return "1 problem"
+	}
+	return fmt.Sprintf("%d problems", e.n)
+}
 
 // configCheck prints every problem of a berthd config file, as
 // FILE:LINE: message, with berthd's own decoder and checks.
