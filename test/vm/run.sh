@@ -151,7 +151,9 @@ install -m 0644 cmd/berthd/berthd.service "$root/berth/berthd.service"
 # reference CNI plugins (test/deps.sh installs them) and iptables (nft), which
 # the CNI tests and the portmap plugin call, with its extensions; and
 # apparmor_parser, with which berthd loads its default AppArmor profile and
-# the AppArmor tests theirs (the kernel boots with AppArmor as its LSM).
+# the AppArmor tests theirs (the kernel boots with AppArmor as its LSM); and
+# mkfs.ext4, with which TestDiskFull makes its small root (busybox has no
+# mkfs for ext4).
 copy_host_file() { # PATH: the file at the same path, symlinks resolved, plus its libraries
 	local f=$1 real lib
 	real=$(readlink -f "$f")
@@ -166,7 +168,7 @@ copy_host_file() { # PATH: the file at the same path, symlinks resolved, plus it
 }
 host_files=(/usr/lib/cni/* /usr/lib/x86_64-linux-gnu/xtables/*.so
 	/usr/sbin/{iptables,iptables-save,iptables-restore,ip6tables,ip6tables-save,ip6tables-restore}
-	/usr/sbin/apparmor_parser)
+	/usr/sbin/apparmor_parser /usr/sbin/mkfs.ext4)
 for f in "${host_files[@]}"; do
 	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
 done
