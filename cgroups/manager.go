@@ -79,11 +79,30 @@ func (m *Manager) Driver() Driver { return m.driver }
 
 // CreatePod creates the pod cgroup (in every v1 hierarchy, or the v2 dir with
 // controllers enabled down to it so that container children can use them) and
-// applies the pod-level resources, which may be nil. Creating an existing pod
-// cgroup only applies the resources again. On failure, directories it made are
-// removed again.
+// applies the pod-level resources, which may be nil. On failure, directories
+// it made are removed again.
+//
+// A pod cgroup that exists already keeps its limits: it is the kubelet's,
+// which sized it from every container and the RuntimeClass overhead. The
+// CRI's pod-level resources add up only the limits containers declare, so
+// in a pod where one container has none they would cap the whole pod at the
+// others' sum.
 func (m *Manager) CreatePod(podCgroup string, res *runtimeapi.LinuxContainerResources) error {
+	if m.podExists(podCgroup) {
+		res = nil
+	}
 	return m.create(podCgroup, res, 0)
+}
+
+// podExists says whether the pod cgroup's directory is there already (in
+// the first hierarchy under v1: whoever made it made it in all).
+func (m *Manager) podExists(podCgroup string) bool {
+	rel, err := m.podPath(podCgroup)
+	if err != nil {
+		return false // create reports it
+	}
+	_, err = os.Stat(m.dirs(rel)[0])
+	return err == nil
 }
 
 // create makes a cgroup with resources mapped exactly as for a container's

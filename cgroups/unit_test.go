@@ -399,7 +399,9 @@ func TestV2FakeCreate(t *testing.T) {
 	writeFiles(t, podDir, map[string]string{"cgroup.controllers": "cpuset cpu io memory hugetlb pids\n"})
 	res := fullResources()
 	res.Unified = map[string]string{"memory.high": "200M"}
-	if err := m.CreatePod(pod, res); err != nil { // again, now with resources
+	// The pod cgroup exists now, so CreatePod would keep its limits: map
+	// the resources onto it as for a new one.
+	if err := m.create(pod, res, 0); err != nil {
 		t.Fatal(err)
 	}
 	for file, want := range map[string]string{
@@ -430,6 +432,16 @@ func TestV2FakeCreate(t *testing.T) {
 	}
 	if SharesToWeight(512) != 59 {
 		t.Errorf("SharesToWeight(512) = %d", SharesToWeight(512))
+	}
+
+	// CreatePod of an existing pod cgroup (the kubelet's) keeps its limits.
+	if err := m.CreatePod(pod, &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuQuota: 10000, CpuPeriod: 100000}); err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string]string{"memory.max": "268435456", "cpu.max": "50000 100000"} {
+		if got := readFile(t, filepath.Join(podDir, file)); got != want {
+			t.Errorf("%s = %q after CreatePod of the existing pod cgroup, want it kept at %q", file, got, want)
+		}
 	}
 
 	// A container cgroup made the way runc would, with the pids limit.

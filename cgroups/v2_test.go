@@ -157,7 +157,7 @@ func TestV2PodAndContainerFiles(t *testing.T) {
 	// running container's cgroup through runc's same v2 writer).
 	res.CpuShares, res.CpuQuota, res.MemoryLimitInBytes, res.MemorySwapLimitInBytes = 512, 20000, 128<<20, 128<<20
 	res.Unified = map[string]string{"memory.high": "max"}
-	if err := m.CreatePod(pod, res); err != nil {
+	if err := m.create(pod, res, 0); err != nil { // CreatePod would keep an existing cgroup's limits
 		t.Fatal(err)
 	}
 	wantPod["cpu.weight"] = strconv.FormatUint(SharesToWeight(512), 10)

@@ -120,3 +120,52 @@ func TestUpdatePodSandboxResources(t *testing.T) {
 	check("after a berthd restart")
 	e.removePod(t, pod)
 }
+
+// TestPodCgroupOfTheKubelet: a pod cgroup that exists before RunPodSandbox
+// (the kubelet makes it, sized from every container and the overhead) keeps
+// its limits; the CRI's pod-level resources, which add up only the limits
+// containers declare, are applied only to a pod cgroup berth makes itself.
+func TestPodCgroupOfTheKubelet(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	res := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}
+
+	kubelets := e.podConfig("kubelets-cgroup")
+	kubelets.Linux.Resources = res
+	cg := kubelets.Linux.CgroupParent
+	makeCgroup(t, cg)
+	pod := e.runPod(t, kubelets)
+	if got := cgroupValue(t, cg, "memory", "memory.limit_in_bytes", "memory.max"); got == fmt.Sprint(64<<20) {
+		t.Errorf("the existing pod cgroup got the pod-level memory limit %s", got)
+	}
+	e.removePod(t, pod)
+
+	berths := e.podConfig("berths-cgroup")
+	berths.Linux.Resources = res
+	pod = e.runPod(t, berths)
+	if got := cgroupValue(t, berths.Linux.CgroupParent, "memory", "memory.limit_in_bytes", "memory.max"); got != fmt.Sprint(64<<20) {
+		t.Errorf("the pod cgroup berth made has memory limit %s, want %d", got, 64<<20)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// makeCgroup makes a cgroup in every hierarchy, as the kubelet makes a pod's.
+func makeCgroup(t *testing.T, rel string) {
+	t.Helper()
+	t.Cleanup(func() { removeCgroupDirs(rel) })
+	if cgroups.DetectMode() == cgroups.V2 {
+		if err := os.MkdirAll(filepath.Join("/sys/fs/cgroup", rel), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, m := range mounts {
+		if st, err := os.Stat(m); err != nil || !st.IsDir() {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Join(m, rel), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
