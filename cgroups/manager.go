@@ -88,6 +88,11 @@ func (m *Manager) Driver() Driver { return m.driver }
 // in a pod where one container has none they would cap the whole pod at the
 // others' sum.
 func (m *Manager) CreatePod(podCgroup string, res *runtimeapi.LinuxContainerResources) error {
+	// Checked either way: resources the host cannot honour are refused
+	// even where they are not written.
+	if _, err := specResources(res, m.mode, 0, m.caps); err != nil {
+		return fmt.Errorf("pod cgroup %s: %w", podCgroup, err)
+	}
 	if m.podExists(podCgroup) {
 		res = nil
 	}

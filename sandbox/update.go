@@ -39,9 +39,12 @@ func (m *Manager) UpdateResources(ctx context.Context, id string, res *runtimeap
 // PodSandboxStatus shows and a restarted berthd reads true. Resources the
 // host could not honour are refused as they are at RunPodSandbox.
 func (m *Manager) UpdatePodResources(id string, overhead, resources *runtimeapi.LinuxContainerResources) error {
-	for field, res := range map[string]*runtimeapi.LinuxContainerResources{"overhead": overhead, "resources": resources} {
-		if _, err := cgroups.SpecResources(res, m.opts.Cgroups.Mode(), 0); err != nil {
-			return errkind.Errorf(errkind.Invalid, "%s: %v", field, err)
+	for _, f := range []struct {
+		name string
+		res  *runtimeapi.LinuxContainerResources
+	}{{"resources", resources}, {"overhead", overhead}} {
+		if _, err := cgroups.SpecResources(f.res, m.opts.Cgroups.Mode(), 0); err != nil {
+			return errkind.Errorf(errkind.Invalid, "%s: %v", f.name, err)
 		}
 	}
 	pod, unlock, err := m.lockPod(id)

@@ -133,6 +133,15 @@ func TestPodCgroupOfTheKubelet(t *testing.T) {
 	kubelets.Linux.Resources = res
 	cg := kubelets.Linux.CgroupParent
 	makeCgroup(t, cg)
+	// Resources the host cannot honour are refused there too, though not written.
+	bad := e.podConfig("kubelets-cgroup")
+	bad.Linux.Resources = &runtimeapi.LinuxContainerResources{CpuQuota: 50000}
+	if _, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: bad}); err == nil || !strings.Contains(err.Error(), "period") {
+		t.Errorf("RunPodSandbox with a CPU quota and no period in the kubelet's pod cgroup: %v, want it refused naming the period", err)
+	}
+	if len(cgroupDirs(cg)) == 0 {
+		t.Fatal("the refused RunPodSandbox removed the kubelet's pod cgroup")
+	}
 	pod := e.runPod(t, kubelets)
 	if got := cgroupValue(t, cg, "memory", "memory.limit_in_bytes", "memory.max"); got == fmt.Sprint(64<<20) {
 		t.Errorf("the existing pod cgroup got the pod-level memory limit %s", got)
