@@ -1,46 +1,67 @@
 #!/usr/bin/env bash
-# Runs make test's tiers (arguments: make targets) in order and prints each
-# one's time at the end. The Kubernetes and etcd binaries that the kubelet
-# and cluster tiers run (make k8s-bins) are built in the background while the
-# tiers before them run, at the lowest CPU and I/O priority: on a fresh
-# 2-core machine they are about half of make test's compile work, and the
-# host and VM tiers leave part of the machine idle (tests waiting on
-# processes, the VM's idle guest). A tier that runs them waits for that
-# build first.
+# Runs make test's tiers (arguments: make targets) and prints each one's
+# time at the end. On a fresh 2-core machine make test is bound by CPU, so
+# the tiers are laid out to leave as little of it idle as they can:
+# - The Kubernetes and etcd binaries that the kubelet and cluster tiers run
+#   (make k8s-bins, about a third of a cold run's CPU) build in the
+#   background from the start, at the lowest CPU and I/O priority, in the
+#   time the host and VM tiers leave idle (tests waiting on processes, the
+#   VM's idle guest). A tier that runs them waits for that build first.
+# - The VM tier runs in the background once the tiers before it are done,
+#   beside the tiers after it: the kubelet and cluster tiers mostly wait on
+#   the kubelet's and the control plane's loops, and the VM's emulated CPUs
+#   use that time. Its output goes to a log, printed whole when it ends.
 set -uo pipefail
 
 make=${MAKE:-make}
 bin=${BIN:-bin}
 log=$bin/k8s-build.log
 k8s_tiers=" test-kubelet test-cluster "
+background_tiers=" test-vm "
 
+mkdir -p "$bin"
 build=""
 for tier in "$@"; do
 	[[ $k8s_tiers == *" $tier "* ]] && build=pending
 done
 
-# setsid: the build is a process group of its own, so that a failing tier
-# stops all of it (go and its compilers), not only its make.
+# setsid: a background job is a process group of its own, so that a failing
+# tier stops all of it (go and its compilers, qemu), not only its make.
 if [[ -n $build ]]; then
-	mkdir -p "$bin"
 	setsid nice -n 19 ionice -c 3 bash -c \
 		'start=$(date +%s); "$0" --no-print-directory k8s-bins; rc=$?; echo "k8s-bins: $(($(date +%s) - start)) s, exit $rc"; exit $rc' \
 		"$make" >"$log" 2>&1 &
 	build=$!
 fi
+bg_pid="" bg_tier="" bg_log=""
 
-stop_build() {
-	if [[ -n $build ]]; then
-		kill -TERM -- "-$build" 2>/dev/null
-		wait "$build" 2>/dev/null
-	fi
+stop_background() {
+	local pid
+	for pid in $build $bg_pid; do
+		kill -TERM -- "-$pid" 2>/dev/null
+		wait "$pid" 2>/dev/null
+	done
 }
-trap stop_build EXIT
+trap stop_background EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
 times=""
 report() { printf 'tier times:\n%b' "$times"; }
+
+# fail ends the run with status $1, printing the background tier's log so
+# far, should one be running, and the tier times.
+fail() {
+	if [[ -n $bg_pid ]]; then
+		echo "stopping the background tier $bg_tier; its output so far ($bg_log):"
+		kill -TERM -- "-$bg_pid" 2>/dev/null
+		wait "$bg_pid" 2>/dev/null
+		bg_pid=""
+		cat "$bg_log"
+	fi
+	report
+	exit "$1"
+}
 
 # wait_for_build waits for the background build, and stops the run when it
 # failed, with the end of its log.
@@ -54,20 +75,40 @@ wait_for_build() {
 	if ((rc != 0)); then
 		echo "the Kubernetes build failed; the end of $log:" >&2
 		tail -n 40 "$log" >&2
-		report
-		exit 1
+		fail 1
 	fi
 }
 
-for tier in "$@"; do
+# wait_for_background waits for the background tier, prints its output and
+# stops the run when it failed.
+wait_for_background() {
+	echo "waiting for the background tier $bg_tier (log: $bg_log)"
+	wait "$bg_pid"
+	local rc=$?
+	bg_pid=""
+	cat "$bg_log"
+	times+="  $(tail -n 1 "$bg_log") (in the background)\n"
+	((rc == 0)) || fail "$rc"
+}
+
+args=("$@")
+for i in "${!args[@]}"; do
+	tier=${args[i]}
 	[[ -n $build && $k8s_tiers == *" $tier "* ]] && wait_for_build
+	if [[ $background_tiers == *" $tier "* ]] && ((i + 1 < ${#args[@]})); then
+		bg_tier=$tier bg_log=$bin/$tier.log
+		echo "$tier runs in the background beside the tiers after it (log: $bg_log)"
+		setsid bash -c \
+			'start=$(date +%s); "$0" --no-print-directory "$1"; rc=$?; echo "$1: $(($(date +%s) - start)) s, exit $rc"; exit $rc' \
+			"$make" "$tier" >"$bg_log" 2>&1 &
+		bg_pid=$!
+		continue
+	fi
 	start=$(date +%s)
 	"$make" --no-print-directory "$tier"
 	rc=$?
 	times+="  $tier: $(($(date +%s) - start)) s\n"
-	if ((rc != 0)); then
-		report
-		exit "$rc"
-	fi
+	((rc == 0)) || fail "$rc"
 done
+[[ -n $bg_pid ]] && wait_for_background
 report

@@ -135,11 +135,14 @@ func buildBinaries(crashpoints bool) (string, error) {
 	}
 	args = append(args, "./cmd/berthd", "./cmd/berthctl")
 	// The shim is linked statically, with libseccomp, as the Makefile builds
-	// it (and without -race, which static cgo binaries do not support).
-	shimArgs := []string{"build", "-o", dir + "/", "-tags", ShimBuildTags, "-ldflags", "-extldflags -static", "./cmd/berth-shim"}
+	// it (and without -race, which static cgo binaries do not support), with
+	// the Makefile's -trimpath, so that its packages compile once per make test.
+	shimArgs := []string{"build", "-trimpath", "-o", dir + "/", "-tags", ShimBuildTags, "-ldflags", "-extldflags -static", "./cmd/berth-shim"}
 	for _, a := range [][]string{args, shimArgs} {
 		cmd := exec.Command(goTool(), a...)
 		cmd.Dir = root
+		// -race and the shim's libseccomp both need cgo.
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			os.RemoveAll(dir)
 			return "", fmt.Errorf("go %s: %v\n%s", strings.Join(a, " "), err, out)
