@@ -5,8 +5,9 @@
 # - The Kubernetes and etcd binaries that the kubelet and cluster tiers run
 #   (make k8s-bins, about a third of a cold run's CPU) build in the
 #   background from the start, at the lowest CPU and I/O priority, in the
-#   time the host and VM tiers leave idle (tests waiting on processes, the
-#   VM's idle guest). A tier that runs them waits for that build first.
+#   time the host tiers leave idle (tests waiting on processes). A tier that
+#   runs them waits for that build first, and from then on the build runs
+#   at normal priority.
 # - The VM tier runs in the background once the tiers before it are done,
 #   beside the tiers after it: the kubelet and cluster tiers mostly wait on
 #   the kubelet's and the control plane's loops, and the VM's emulated CPUs
@@ -68,6 +69,10 @@ fail() {
 wait_for_build() {
 	echo "waiting for the Kubernetes build (background, log: $log)"
 	local waited=$(date +%s)
+	# Now the build is what the run waits for: it shares the CPU with the
+	# background tier as an equal.
+	renice -n 0 -g "$build" >/dev/null
+	ionice -c 2 -n 4 -P "$build"
 	wait "$build"
 	local rc=$?
 	build=""
