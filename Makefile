@@ -17,7 +17,7 @@ PREFIX    ?= /usr/local
 BERTH_GOFLAGS := -trimpath -tags=netgo,osusergo
 BERTH_GO  := GOFLAGS='$(BERTH_GOFLAGS)' $(GO)
 
-.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet test-cluster k8s-bins lint run bench bench-compare install start clean
+.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration deps-vm test-vm test-vm-systemd test-kubelet test-cluster k8s-bins kubelet-bins cluster-bins lint run bench bench-compare install start clean
 
 # The shim is linked statically: it needs no libc on the node (nor in the
 # VM tier). The seccomp tag links libcontainer's seccomp support with Debian's static
@@ -116,8 +116,11 @@ $(CLUSTER_BINS) &: test/cluster/go.mod test/cluster/go.sum
 	cd test/cluster && $(GO) build -trimpath -ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(CLUSTER_K8S_VERSION)' \
 		-o $(CURDIR)/$(BIN)/cluster/ $(addprefix k8s.io/kubernetes/cmd/,$(CLUSTER_CMDS))
 
-# k8s-bins: every Kubernetes and etcd binary the kubelet and cluster tiers run.
-k8s-bins: $(BIN)/kubelet $(CLUSTER_BINS) $(BIN)/cluster/etcd
+# k8s-bins: every Kubernetes and etcd binary the kubelet and cluster tiers run;
+# kubelet-bins and cluster-bins: each tier's.
+k8s-bins: kubelet-bins cluster-bins
+kubelet-bins: $(BIN)/kubelet
+cluster-bins: $(CLUSTER_BINS) $(BIN)/cluster/etcd
 
 $(BIN)/cluster/etcd: test/cluster/etcd/go.mod test/cluster/etcd/go.sum
 	cd test/cluster/etcd && $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(BIN)/cluster/etcd go.etcd.io/etcd/server/v3

@@ -6,8 +6,8 @@
 #   (make k8s-bins, about a third of a cold run's CPU) build in the
 #   background from the start, at the lowest CPU and I/O priority, in the
 #   time the host tiers leave idle (tests waiting on processes). A tier that
-#   runs them waits for that build first, and from then on the build runs
-#   at normal priority.
+#   runs them waits only for its own (the kubelet tier's kubelet is built
+#   first), and from then on the build runs at normal priority.
 # - The VM tier runs in the background once the tiers before it are done,
 #   beside the tiers after it: the kubelet and cluster tiers mostly wait on
 #   the kubelet's and the control plane's loops, and the VM's emulated CPUs
@@ -17,21 +17,35 @@ set -uo pipefail
 make=${MAKE:-make}
 bin=${BIN:-bin}
 log=$bin/k8s-build.log
-k8s_tiers=" test-kubelet test-cluster "
+# The make target that builds what each Kubernetes tier runs, in the order
+# the background build makes them: the kubelet tier starts as soon as its
+# kubelet is built, beside the build of the cluster's binaries.
+declare -A k8s_target=([test-kubelet]=kubelet-bins [test-cluster]=cluster-bins)
 background_tiers=" test-vm "
 
 mkdir -p "$bin"
-build=""
+targets=()
 for tier in "$@"; do
-	[[ $k8s_tiers == *" $tier "* ]] && build=pending
+	[[ -n ${k8s_target[$tier]:-} ]] && targets+=("${k8s_target[$tier]}")
 done
 
 # setsid: a background job is a process group of its own, so that a failing
-# tier stops all of it (go and its compilers, qemu), not only its make.
-if [[ -n $build ]]; then
-	setsid nice -n 19 ionice -c 3 bash -c \
-		'start=$(date +%s); "$0" --no-print-directory k8s-bins; rc=$?; echo "k8s-bins: $(($(date +%s) - start)) s, exit $rc"; exit $rc' \
-		"$make" >"$log" 2>&1 &
+# tier stops all of it (go and its compilers, qemu), not only its make. The
+# build writes one line per target, "TARGET: N s, exit RC", to
+# $bin/k8s-build.TARGET when it is done with it.
+build=""
+if ((${#targets[@]})); then
+	rm -f "$bin"/k8s-build.*-bins
+	setsid nice -n 19 ionice -c 3 bash -c '
+		make=$1 bin=$2
+		shift 2
+		for t in "$@"; do
+			start=$(date +%s)
+			"$make" --no-print-directory "$t"
+			rc=$?
+			echo "$t: $(($(date +%s) - start)) s, exit $rc" >"$bin/k8s-build.$t"
+			((rc == 0)) || exit "$rc"
+		done' k8s-build "$make" "$bin" "${targets[@]}" >"$log" 2>&1 &
 	build=$!
 fi
 bg_pid="" bg_tier="" bg_log=""
@@ -64,20 +78,23 @@ fail() {
 	exit "$1"
 }
 
-# wait_for_build waits for the background build, and stops the run when it
-# failed, with the end of its log.
+# wait_for_build waits until the background build has made TARGET, and
+# stops the run when it failed, with the end of its log.
 wait_for_build() {
-	echo "waiting for the Kubernetes build (background, log: $log)"
+	local target=$1 done=$bin/k8s-build.$1
+	echo "waiting for the Kubernetes build of $target (background, log: $log)"
 	local waited=$(date +%s)
 	# Now the build is what the run waits for: it shares the CPU with the
 	# background tier as an equal.
-	renice -n 0 -g "$build" >/dev/null
-	ionice -c 2 -n 4 -P "$build"
-	wait "$build"
-	local rc=$?
-	build=""
-	times+="  $(tail -n 1 "$log") (in the background; waited $(($(date +%s) - waited)) s for it)\n"
-	if ((rc != 0)); then
+	renice -n 0 -g "$build" >/dev/null 2>&1
+	ionice -c 2 -n 4 -P "$build" 2>/dev/null
+	while [[ ! -s $done ]] && kill -0 "$build" 2>/dev/null; do
+		sleep 1
+	done
+	local line
+	line=$(cat "$done" 2>/dev/null)
+	times+="  ${line:-$target: not built} (in the background; waited $(($(date +%s) - waited)) s for it)\n"
+	if [[ $line != *", exit 0" ]]; then
 		echo "the Kubernetes build failed; the end of $log:" >&2
 		tail -n 40 "$log" >&2
 		fail 1
@@ -99,7 +116,7 @@ wait_for_background() {
 args=("$@")
 for i in "${!args[@]}"; do
 	tier=${args[i]}
-	[[ -n $build && $k8s_tiers == *" $tier "* ]] && wait_for_build
+	[[ -n ${k8s_target[$tier]:-} ]] && wait_for_build "${k8s_target[$tier]}"
 	if [[ $background_tiers == *" $tier "* ]] && ((i + 1 < ${#args[@]})); then
 		bg_tier=$tier bg_log=$bin/$tier.log
 		echo "$tier runs in the background beside the tiers after it (log: $bg_log)"
