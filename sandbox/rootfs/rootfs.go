@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,14 +80,25 @@ const volatile = ",volatile"
 // not outlive its container (the kubelet makes new containers after a
 // reboot), and berth never mounts it again. The price is that fsync
 // inside the container's rootfs (not its volumes) returns without
-// syncing. A kernel without the option refuses it as an unknown one.
+// syncing. A kernel without the option refuses it as an unknown one, and
+// is not asked again.
 func mountOverlay(target, opts string) error {
-	err := unix.Mount("overlay", target, "overlay", 0, opts+volatile)
-	if errors.Is(err, unix.EINVAL) {
-		err = unix.Mount("overlay", target, "overlay", 0, opts)
+	if !noVolatile.Load() {
+		err := unix.Mount("overlay", target, "overlay", 0, opts+volatile)
+		if !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+	}
+	err := unix.Mount("overlay", target, "overlay", 0, opts)
+	if err == nil {
+		noVolatile.Store(true)
 	}
 	return err
 }
+
+// noVolatile is set once the kernel has refused volatile and taken the same
+// overlay without it.
+var noVolatile atomic.Bool
 
 // Unmount detaches the overlay and removes Target, Upper and Work. A rootfs
 // that was never mounted, or is already gone, is not an error.
