@@ -1,6 +1,8 @@
 package cri
 
 import (
+	"sync/atomic"
+
 	"google.golang.org/protobuf/proto"
 )
 
@@ -20,4 +22,37 @@ func encoded[M proto.Message](msg M) (M, error) {
 	out := msg.ProtoReflect().New()
 	out.SetUnknown(b)
 	return out.Interface().(M), nil
+}
+
+// kept is a node-wide answer, encoded (see encoded), made of sandbox's
+// state at one version of it and sent until the version changes: the
+// kubelet, monitoring agents and crictl ask for every container far more
+// often than anything in the answer changes, and each call otherwise
+// makes and encodes again what the last one did (hundreds of entries,
+// garbage the collectors of berthd and of the caller then have to clear).
+type kept[M proto.Message] struct{ p atomic.Pointer[keptAnswer[M]] }
+
+type keptAnswer[M proto.Message] struct {
+	version uint64
+	msg     M
+}
+
+// get returns the answer kept at version, else makes one with make,
+// encodes it and keeps it unless make says it must not be (an entry that
+// could not be read, which the next call tries again). version is taken
+// before make reads anything, so an answer is never older than its
+// version; one made of newer state only costs the next call a new one.
+func (k *kept[M]) get(version uint64, make func() (msg M, keep bool, err error)) (M, error) {
+	if a := k.p.Load(); a != nil && a.version == version {
+		return a.msg, nil
+	}
+	msg, keep, err := make()
+	if err != nil || !keep {
+		return msg, err
+	}
+	if msg, err = encoded(msg); err != nil {
+		return msg, err
+	}
+	k.p.Store(&keptAnswer[M]{version: version, msg: msg})
+	return msg, nil
 }

@@ -146,3 +146,43 @@ func TestListedContainerOncePerStatus(t *testing.T) {
 		t.Errorf("the next status is listed %v, want EXITED", got.State)
 	}
 }
+
+// TestKeptAnswer: a node-wide answer is made once per version of the state
+// it is made of, reaches a client as the message made, and is made again
+// at the next version (a new sample, a container added or removed: see
+// sandbox's TestStatsVersion) or after an answer that must not be kept.
+func TestKeptAnswer(t *testing.T) {
+	var k kept[*runtimeapi.ListContainerStatsResponse]
+	made := 0
+	answer := func(keep bool, ids ...int) func() (*runtimeapi.ListContainerStatsResponse, bool, error) {
+		return func() (*runtimeapi.ListContainerStatsResponse, bool, error) {
+			made++
+			resp := &runtimeapi.ListContainerStatsResponse{}
+			for _, i := range ids {
+				resp.Stats = append(resp.Stats, statsSample(i))
+			}
+			return resp, keep, nil
+		}
+	}
+	get := func(version uint64, make func() (*runtimeapi.ListContainerStatsResponse, bool, error), wantMade int, wantIDs ...int) {
+		t.Helper()
+		resp, err := k.get(version, make)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := roundTrip(t, resp)
+		want := &runtimeapi.ListContainerStatsResponse{}
+		for _, i := range wantIDs {
+			want.Stats = append(want.Stats, statsSample(i))
+		}
+		if made != wantMade || !proto.Equal(got, want) {
+			t.Errorf("at version %d: made %d times, answered %d entries; want made %d times, entries %v", version, made, len(got.Stats), wantMade, wantIDs)
+		}
+	}
+	get(1, answer(true, 1, 2), 1, 1, 2)
+	get(1, answer(true, 1, 2, 3), 1, 1, 2) // kept
+	get(2, answer(true, 1, 2, 3), 2, 1, 2, 3)
+	get(3, answer(false, 1), 3, 1)
+	get(3, answer(true, 1, 4), 4, 1, 4) // the last one was not kept
+	get(3, answer(true), 4, 1, 4)
+}

@@ -45,11 +45,13 @@ func (r *RuntimeService) StreamContainers(req *runtimeapi.StreamContainersReques
 }
 
 func (r *RuntimeService) StreamContainerStats(req *runtimeapi.StreamContainerStatsRequest, stream grpc.ServerStreamingServer[runtimeapi.StreamContainerStatsResponse]) error {
-	resp, err := r.ListContainerStats(stream.Context(), &runtimeapi.ListContainerStatsRequest{Filter: req.GetFilter()})
+	// Not ListContainerStats: its node-wide answer is kept encoded, as one
+	// message, which a page cannot be cut from.
+	stats, _, err := r.listContainerStats(stream.Context(), containerStatsFilter(req.GetFilter()))
 	if err != nil {
-		return err
+		return grpcError(err)
 	}
-	return sendPages(resp.Stats, func(p []*runtimeapi.ContainerStats) *runtimeapi.StreamContainerStatsResponse {
+	return sendPages(stats, func(p []*runtimeapi.ContainerStats) *runtimeapi.StreamContainerStatsResponse {
 		return &runtimeapi.StreamContainerStatsResponse{ContainerStats: p}
 	}, stream.Send)
 }

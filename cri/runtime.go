@@ -50,6 +50,8 @@ type RuntimeService struct {
 	stream  *StreamServer // nil: Exec, Attach, PortForward are Unimplemented
 	// registries is cfg.Registries until SetRegistries replaces it.
 	registries atomic.Pointer[map[string]registry.Host]
+	// allStats is the node-wide ListContainerStats answer.
+	allStats kept[*runtimeapi.ListContainerStatsResponse]
 }
 
 // NetworkStatus reports whether the pod network can take pods, and why not.

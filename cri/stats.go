@@ -28,19 +28,43 @@ func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.Conta
 }
 
 // ListContainerStats reports the containers that have a cgroup (created or
-// running ones).
+// running ones). The node-wide list is kept, encoded, until
+// sandbox.StatsVersion changes (see kept).
 func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
-	all, err := r.pods.ListContainers(ctx, containerStatsFilter(req.GetFilter()))
+	f := containerStatsFilter(req.GetFilter())
+	list := func() (*runtimeapi.ListContainerStatsResponse, bool, error) {
+		stats, complete, err := r.listContainerStats(ctx, f)
+		return &runtimeapi.ListContainerStatsResponse{Stats: stats}, complete, err
+	}
+	var resp *runtimeapi.ListContainerStatsResponse
+	var err error
+	if f.SelectsAll() {
+		resp, err = r.allStats.get(r.pods.StatsVersion(), list)
+	} else {
+		resp, _, err = list()
+	}
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	resp := &runtimeapi.ListContainerStatsResponse{Stats: make([]*runtimeapi.ContainerStats, 0, len(all))}
-	for _, c := range all {
-		if st, ok := r.listedContainerStats(c.Container); ok {
-			resp.Stats = append(resp.Stats, st)
-		}
-	}
 	return resp, nil
+}
+
+// listContainerStats is the entries of the containers f selects that have
+// a cgroup; complete is false when one of them was unreadable.
+func (r *RuntimeService) listContainerStats(ctx context.Context, f sandbox.Filter) (stats []*runtimeapi.ContainerStats, complete bool, err error) {
+	all, err := r.pods.ListContainers(ctx, f)
+	if err != nil {
+		return nil, false, err
+	}
+	stats, complete = make([]*runtimeapi.ContainerStats, 0, len(all)), true
+	for _, c := range all {
+		st, ok, readable := r.listedContainerStats(c.Container)
+		if ok {
+			stats = append(stats, st)
+		}
+		complete = complete && readable
+	}
+	return stats, complete, nil
 }
 
 // containerStatsMsgs is a container's stats message and every message it
@@ -58,14 +82,14 @@ type containerStatsMsgs struct {
 // listedContainerStats is one container's entry in a node- or pod-wide list:
 // a container whose usage cannot be read is logged and listed without
 // usage, so that it does not cost the kubelet every other container's
-// figures.
-func (r *RuntimeService) listedContainerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool) {
+// figures (readable is false then).
+func (r *RuntimeService) listedContainerStats(c *sandbox.Container) (st *runtimeapi.ContainerStats, ok, readable bool) {
 	st, ok, err := r.containerStats(c)
 	if err != nil {
 		r.cfg.Logger.Warn("container stats unreadable; listed without usage", "container", c.ID, "err", err)
-		return &runtimeapi.ContainerStats{Attributes: containerAttributes(c, &runtimeapi.ContainerAttributes{})}, true
+		return &runtimeapi.ContainerStats{Attributes: containerAttributes(c, &runtimeapi.ContainerAttributes{})}, true, false
 	}
-	return st, ok
+	return st, ok, true
 }
 
 func containerAttributes(c *sandbox.Container, a *runtimeapi.ContainerAttributes) *runtimeapi.ContainerAttributes {
@@ -193,7 +217,7 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 		return nil, err
 	}
 	for _, c := range ctrs {
-		if cs, ok := r.listedContainerStats(c.Container); ok {
+		if cs, ok, _ := r.listedContainerStats(c.Container); ok {
 			st.Linux.Containers = append(st.Linux.Containers, cs)
 		}
 	}

@@ -20,14 +20,14 @@ type Filter struct {
 }
 
 // matches reports whether f selects the object with id, labels and state.
-// Lists first ask selectsAll, and read nothing of the objects when it
+// Lists first ask SelectsAll, and read nothing of the objects when it
 // holds: a node-wide list walks hundreds, each read a likely cache miss.
 func (f Filter) matches(id string, labels map[string]string, state int32) bool {
 	return (f.ID == "" || f.ID == id) && (f.State == nil || *f.State == state) && labelsMatch(labels, f.Labels)
 }
 
-// selectsAll reports whether f selects every object.
-func (f Filter) selectsAll() bool {
+// SelectsAll reports whether f selects every object.
+func (f Filter) SelectsAll() bool {
 	return f.ID == "" && f.PodID == "" && f.State == nil && len(f.Labels) == 0
 }
 

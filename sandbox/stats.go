@@ -63,7 +63,8 @@ const statsInterest = time.Minute
 type usageCache struct {
 	mu       sync.Mutex
 	byID     map[string]*cgroupSample
-	nextStep int // the step of the next cgroup asked for: round robin
+	nextStep int           // the step of the next cgroup asked for: round robin
+	version  atomic.Uint64 // changes with every sample stored or dropped
 }
 
 type cgroupSample struct {
@@ -102,6 +103,7 @@ func (c *usageCache) put(id, path string, st cgroups.Stats) Usage {
 		s.u.CPUNanoCores = cpuRate(s.u.Stats, st)
 	}
 	s.u.Stats, s.u.Memo = st, &Memo{}
+	c.version.Add(1)
 	return s.u
 }
 
@@ -117,6 +119,7 @@ func (c *usageCache) forget(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.byID, id)
+	c.version.Add(1)
 }
 
 // watchedCgroup is a cgroup the collector samples, and whose it is.
@@ -133,6 +136,7 @@ func (c *usageCache) watched(step int) []watchedCgroup {
 		case s.step != step:
 		case time.Since(s.askedAt) > statsInterest:
 			delete(c.byID, id)
+			c.version.Add(1)
 		default:
 			out = append(out, watchedCgroup{id, s.path})
 		}
@@ -176,6 +180,17 @@ func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
 	return u, true, nil
 }
 
+// StatsVersion changes whenever a container's stats could: with a
+// container added, removed or changed, a sample of the collector stored or
+// dropped, and new figures of a writable layer. A node-wide list made at
+// one version (cri keeps it, encoded) is the answer until it changes:
+// the collector stores a tenth of its samples every tenth of a second,
+// while the kubelet and monitoring agents may ask far more often.
+// (A sum of counters that only grow changes whenever one does.)
+func (m *Manager) StatsVersion() uint64 {
+	return m.state.version.Load() + m.usages.version.Load() + m.layers.version.Load()
+}
+
 // layerUsageMaxAge is how old a writable layer's figures may get before a
 // stats call starts walking it again.
 const layerUsageMaxAge = 10 * time.Second
@@ -188,6 +203,7 @@ type layerUsages struct {
 	mu      sync.Mutex
 	byID    map[string]*layerUsage
 	walkers chan struct{}
+	version atomic.Uint64 // changes when a layer's figures do
 }
 
 // layerWalkers is how many writable layers are walked at once.
@@ -229,9 +245,13 @@ func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	u.walking = false
-	if err == nil {
-		u.bytes, u.inodes, u.at = bytes, inodes, time.Now()
+	if err != nil {
+		return
 	}
+	if bytes != u.bytes || inodes != u.inodes {
+		l.version.Add(1)
+	}
+	u.bytes, u.inodes, u.at = bytes, inodes, time.Now()
 }
 
 // forget drops a removed container's figures.
@@ -239,6 +259,7 @@ func (l *layerUsages) forget(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.byID, id)
+	l.version.Add(1)
 }
 
 // PodUsage reads a pod's cgroup, which holds its containers'.

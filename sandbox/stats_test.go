@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/sandbox/shim"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestLayerUsagesInBackground: a stats call never walks the layer itself; it
@@ -116,5 +118,75 @@ func TestUsageMemo(t *testing.T) {
 	c.put("c1", "/p", cgroups.Stats{Timestamp: time.Now()})
 	if u, _ := c.get("c1"); u.Memo.Load() != nil {
 		t.Errorf("memo of the next sample = %v, want none", u.Memo.Load())
+	}
+}
+
+// TestStatsVersion: the version that node-wide stats answers are kept at
+// changes with each container added, changed or removed, each sample the
+// collector stores or drops and each new writable-layer figure, and with
+// nothing else: reading stats does not change it.
+func TestStatsVersion(t *testing.T) {
+	m := testManager(t)
+	m.opts.Cgroups = &fakeCgroups{live: map[string]bool{}}
+	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	v := m.StatsVersion()
+	changes := func(what string, change bool, do func()) {
+		t.Helper()
+		do()
+		if now := m.StatsVersion(); (now != v) != change {
+			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
+		}
+		v = m.StatsVersion()
+	}
+	dir := t.TempDir()
+	changes("container created", true, func() { m.addTestContainer(t, "ctr1", "pod1") })
+	changes("container started", true, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 5}) })
+	changes("a sample", true, func() { m.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
+	changes("the next sample", true, func() { m.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
+	changes("stats read", false, func() {
+		c, _, err := m.state.container("ctr1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, ok, err := m.ContainerUsage(c); !ok || err != nil {
+				t.Fatalf("ContainerUsage = %v, %v", ok, err)
+			}
+		}
+		waitWalked(t, &m.layers, "ctr1")
+	})
+	u := &layerUsage{}
+	m.layers.byID["ctr2"] = u
+	changes("a layer's first figures", true, func() {
+		os.WriteFile(filepath.Join(dir, "f"), make([]byte, 10), 0o644)
+		m.layers.walk(u, dir, slog.Default())
+	})
+	changes("the same figures again", false, func() { m.layers.walk(u, dir, slog.Default()) })
+	changes("a sample nobody asked for lately dropped", true, func() {
+		s := m.usages.byID["ctr1"]
+		s.askedAt = time.Now().Add(-statsInterest - time.Second)
+		m.usages.watched(s.step)
+	})
+	changes("container removed", true, func() {
+		if err := m.deleteContainerRecord("ctr1"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// waitWalked waits for the background walk of id's writable layer to end.
+func waitWalked(t *testing.T, l *layerUsages, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		l.mu.Lock()
+		u := l.byID[id]
+		done := u != nil && !u.walking
+		l.mu.Unlock()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the walk of %s's layer did not end", id)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -23,6 +24,9 @@ type view struct {
 	pods  map[string]*Pod
 	ctrs  map[string]*ctrEntry
 	byPod map[string]map[string]bool // pod ID → its container IDs
+	// version changes with every change of a pod or container (see
+	// Manager.StatsVersion).
+	version atomic.Uint64
 }
 
 // ctrEntry is a container's record and live state, and the status made
@@ -78,12 +82,14 @@ func (v *view) setPod(p *Pod) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.pods[p.ID] = clonePod(p)
+	v.version.Add(1)
 }
 
 func (v *view) deletePod(id string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	delete(v.pods, id)
+	v.version.Add(1)
 }
 
 // setContainer records c; a new container starts as created, the state
@@ -102,6 +108,7 @@ func (v *view) setContainer(c *Container) {
 	}
 	e.c = cloneContainer(c)
 	e.status = statusOf(e.c, e.st)
+	v.version.Add(1)
 }
 
 func (v *view) deleteContainer(id string) {
@@ -112,6 +119,7 @@ func (v *view) deleteContainer(id string) {
 		return
 	}
 	delete(v.ctrs, id)
+	v.version.Add(1)
 	if delete(v.byPod[e.c.PodID], id); len(v.byPod[e.c.PodID]) == 0 {
 		delete(v.byPod, e.c.PodID)
 	}
@@ -133,6 +141,7 @@ func (v *view) setState(st shim.State) (changed bool) {
 	changed = st.Status != e.st.Status
 	e.st = st
 	e.status = statusOf(e.c, st)
+	v.version.Add(1)
 	return changed
 }
 
@@ -189,7 +198,7 @@ func (v *view) listPods(f Filter) []*Pod {
 	defer v.mu.RUnlock()
 	out := make([]*Pod, 0, len(v.pods))
 	for _, p := range v.pods {
-		if f.selectsAll() || f.matches(p.ID, p.Config.Labels, int32(p.State)) {
+		if f.SelectsAll() || f.matches(p.ID, p.Config.Labels, int32(p.State)) {
 			out = append(out, p)
 		}
 	}
@@ -207,7 +216,7 @@ func (v *view) listStatuses(f Filter) []*ContainerStatus {
 	}
 	out := make([]*ContainerStatus, 0, n)
 	add := func(e *ctrEntry) {
-		if s := e.status; f.selectsAll() || f.matches(s.ID, s.Config.Labels, int32(s.State)) {
+		if s := e.status; f.SelectsAll() || f.matches(s.ID, s.Config.Labels, int32(s.State)) {
 			out = append(out, s)
 		}
 	}

@@ -104,7 +104,47 @@ func TestContainerAndPodStats(t *testing.T) {
 		podsStreamed[0].Linux.Containers[0].Attributes.GetId() != ctr || podsStreamed[0].Linux.Containers[0].Memory.GetWorkingSetBytes().GetValue() == 0 {
 		t.Errorf("StreamPodSandboxStats by short ID = %v, want %s with %s and its figures", podsStreamed, pod, ctr)
 	}
+	nodeWideListKept(t, e, pod, cfg, ctr)
 	e.removePod(t, pod)
+}
+
+// nodeWideListKept: the list without a filter, which berthd keeps between
+// changes, shows each new sample, a container started and one removed.
+func nodeWideListKept(t *testing.T, e *podEnv, pod string, cfg *runtimeapi.PodSandboxConfig, ctr string) {
+	all := func() map[string]*runtimeapi.ContainerStats {
+		list, err := e.d.Runtime.ListContainerStats(t.Context(), &runtimeapi.ListContainerStatsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]*runtimeapi.ContainerStats{}
+		for _, s := range list.Stats {
+			byID[s.Attributes.GetId()] = s
+		}
+		return byID
+	}
+	first := all()[ctr]
+	if first.GetCpu().GetTimestamp() == 0 {
+		t.Fatalf("node-wide list: %s has %v, want its figures", ctr, first)
+	}
+	if !eventually(5*time.Second, func() bool { return all()[ctr].GetCpu().GetTimestamp() > first.Cpu.Timestamp }) {
+		t.Errorf("node-wide list: %s's sample of %d is still answered after 5s", ctr, first.Cpu.Timestamp)
+	}
+	two := e.createContainer(t, pod, cfg, "two", "/bin/sleep", "1000")
+	if _, err := e.d.Runtime.StartContainer(t.Context(), &runtimeapi.StartContainerRequest{ContainerId: two}); err != nil {
+		t.Fatal(err)
+	}
+	if all()[two] == nil {
+		t.Errorf("node-wide list: the container started, %s, is missing", two)
+	}
+	if _, err := e.d.Runtime.StopContainer(t.Context(), &runtimeapi.StopContainerRequest{ContainerId: two}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.Runtime.RemoveContainer(t.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: two}); err != nil {
+		t.Fatal(err)
+	}
+	if all()[two] != nil {
+		t.Errorf("node-wide list: the container removed, %s, is still listed", two)
+	}
 }
 
 // TestStatsOneContainerUnreadable: a container whose cgroup cannot be read
