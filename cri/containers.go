@@ -54,18 +54,33 @@ func (r *RuntimeService) RemoveContainer(ctx context.Context, req *runtimeapi.Re
 	return &runtimeapi.RemoveContainerResponse{}, nil
 }
 
+// ListContainers: the node-wide list is kept, encoded, until
+// sandbox.Version changes (see kept).
 func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
-	all, err := r.pods.ListContainers(ctx, containerFilter(req.GetFilter()))
+	f := containerFilter(req.GetFilter())
+	resp, err := r.allCtrs.answer(f, r.pods.Version(), func() (*runtimeapi.ListContainersResponse, bool, error) {
+		ctrs, err := r.listContainers(ctx, f)
+		return &runtimeapi.ListContainersResponse{Containers: ctrs}, true, err
+	})
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	resp := &runtimeapi.ListContainersResponse{Containers: make([]*runtimeapi.Container, len(all))}
+	return resp, nil
+}
+
+// listContainers is the entries of the containers f selects.
+func (r *RuntimeService) listContainers(ctx context.Context, f sandbox.Filter) ([]*runtimeapi.Container, error) {
+	all, err := r.pods.ListContainers(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	ctrs := make([]*runtimeapi.Container, len(all))
 	for i, c := range all {
-		if resp.Containers[i], err = listedContainer(c); err != nil {
-			return nil, grpcError(err)
+		if ctrs[i], err = listedContainer(c); err != nil {
+			return nil, err
 		}
 	}
-	return resp, nil
+	return ctrs, nil
 }
 
 func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {

@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/protobuf/proto"
+
+	"github.com/berth-runtime/berth/sandbox"
 )
 
 // encoded returns a message of msg's type that holds msg's encoding as its
@@ -37,12 +39,17 @@ type keptAnswer[M proto.Message] struct {
 	msg     M
 }
 
-// get returns the answer kept at version, else makes one with make,
-// encodes it and keeps it unless make says it must not be (an entry that
-// could not be read, which the next call tries again). version is taken
-// before make reads anything, so an answer is never older than its
-// version; one made of newer state only costs the next call a new one.
-func (k *kept[M]) get(version uint64, make func() (msg M, keep bool, err error)) (M, error) {
+// answer is make's answer to a list call with filter f. The node-wide one
+// is the answer kept at version, else make's, encoded and kept unless
+// make says it must not be (an entry that could not be read, which the
+// next call tries again). version is taken before make reads anything, so
+// an answer is never older than its version; one made of newer state only
+// costs the next call a new one.
+func (k *kept[M]) answer(f sandbox.Filter, version uint64, make func() (msg M, keep bool, err error)) (M, error) {
+	if !f.SelectsAll() {
+		msg, _, err := make()
+		return msg, err
+	}
 	if a := k.p.Load(); a != nil && a.version == version {
 		return a.msg, nil
 	}

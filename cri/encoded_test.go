@@ -150,7 +150,8 @@ func TestListedContainerOncePerStatus(t *testing.T) {
 // TestKeptAnswer: a node-wide answer is made once per version of the state
 // it is made of, reaches a client as the message made, and is made again
 // at the next version (a new sample, a container added or removed: see
-// sandbox's TestStatsVersion) or after an answer that must not be kept.
+// sandbox's TestStatsVersion) or after an answer that must not be kept;
+// a filtered one is made for each call, and neither served nor kept.
 func TestKeptAnswer(t *testing.T) {
 	var k kept[*runtimeapi.ListContainerStatsResponse]
 	made := 0
@@ -164,9 +165,9 @@ func TestKeptAnswer(t *testing.T) {
 			return resp, keep, nil
 		}
 	}
-	get := func(version uint64, make func() (*runtimeapi.ListContainerStatsResponse, bool, error), wantMade int, wantIDs ...int) {
+	get := func(f sandbox.Filter, version uint64, make func() (*runtimeapi.ListContainerStatsResponse, bool, error), wantMade int, wantIDs ...int) {
 		t.Helper()
-		resp, err := k.get(version, make)
+		resp, err := k.answer(f, version, make)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,10 +180,13 @@ func TestKeptAnswer(t *testing.T) {
 			t.Errorf("at version %d: made %d times, answered %d entries; want made %d times, entries %v", version, made, len(got.Stats), wantMade, wantIDs)
 		}
 	}
-	get(1, answer(true, 1, 2), 1, 1, 2)
-	get(1, answer(true, 1, 2, 3), 1, 1, 2) // kept
-	get(2, answer(true, 1, 2, 3), 2, 1, 2, 3)
-	get(3, answer(false, 1), 3, 1)
-	get(3, answer(true, 1, 4), 4, 1, 4) // the last one was not kept
-	get(3, answer(true), 4, 1, 4)
+	all, one := sandbox.Filter{}, sandbox.Filter{ID: "c1"}
+	get(all, 1, answer(true, 1, 2), 1, 1, 2)
+	get(all, 1, answer(true, 1, 2, 3), 1, 1, 2) // kept
+	get(one, 1, answer(true, 3), 2, 3)
+	get(all, 1, answer(true, 1, 2, 3), 2, 1, 2) // the filtered one was not kept
+	get(all, 2, answer(true, 1, 2, 3), 3, 1, 2, 3)
+	get(all, 3, answer(false, 1), 4, 1)
+	get(all, 3, answer(true, 1, 4), 5, 1, 4) // the last one was not kept
+	get(all, 3, answer(true), 5, 1, 4)
 }

@@ -7,7 +7,9 @@ import (
 
 // The Stream* calls (the kubelet's CRIListStreaming) answer what the List*
 // call with the same filter answers, in pages: a node's list may exceed
-// one message's size limit.
+// one message's size limit. They call the List* calls' own list functions:
+// a List* call's node-wide answer is kept encoded, as one message, which
+// pages cannot be cut from.
 
 // streamPage is how many items one streamed message carries.
 const streamPage = 100
@@ -25,28 +27,26 @@ func sendPages[T any, R any](items []T, page func([]T) *R, send func(*R) error) 
 }
 
 func (r *RuntimeService) StreamPodSandboxes(req *runtimeapi.StreamPodSandboxesRequest, stream grpc.ServerStreamingServer[runtimeapi.StreamPodSandboxesResponse]) error {
-	resp, err := r.ListPodSandbox(stream.Context(), &runtimeapi.ListPodSandboxRequest{Filter: req.GetFilter()})
+	items, err := r.listPods(podFilter(req.GetFilter()))
 	if err != nil {
-		return err
+		return grpcError(err)
 	}
-	return sendPages(resp.Items, func(p []*runtimeapi.PodSandbox) *runtimeapi.StreamPodSandboxesResponse {
+	return sendPages(items, func(p []*runtimeapi.PodSandbox) *runtimeapi.StreamPodSandboxesResponse {
 		return &runtimeapi.StreamPodSandboxesResponse{PodSandboxes: p}
 	}, stream.Send)
 }
 
 func (r *RuntimeService) StreamContainers(req *runtimeapi.StreamContainersRequest, stream grpc.ServerStreamingServer[runtimeapi.StreamContainersResponse]) error {
-	resp, err := r.ListContainers(stream.Context(), &runtimeapi.ListContainersRequest{Filter: req.GetFilter()})
+	ctrs, err := r.listContainers(stream.Context(), containerFilter(req.GetFilter()))
 	if err != nil {
-		return err
+		return grpcError(err)
 	}
-	return sendPages(resp.Containers, func(p []*runtimeapi.Container) *runtimeapi.StreamContainersResponse {
+	return sendPages(ctrs, func(p []*runtimeapi.Container) *runtimeapi.StreamContainersResponse {
 		return &runtimeapi.StreamContainersResponse{Containers: p}
 	}, stream.Send)
 }
 
 func (r *RuntimeService) StreamContainerStats(req *runtimeapi.StreamContainerStatsRequest, stream grpc.ServerStreamingServer[runtimeapi.StreamContainerStatsResponse]) error {
-	// Not ListContainerStats: its node-wide answer is kept encoded, as one
-	// message, which a page cannot be cut from.
 	stats, _, err := r.listContainerStats(stream.Context(), containerStatsFilter(req.GetFilter()))
 	if err != nil {
 		return grpcError(err)

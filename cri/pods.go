@@ -80,21 +80,35 @@ func podSandboxStatus(pod *sandbox.Pod) *runtimeapi.PodSandboxStatus {
 	}
 }
 
+// ListPodSandbox: the node-wide list is kept, encoded, until
+// sandbox.Version changes (see kept).
 func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
-	pods, err := r.pods.ListPods(podFilter(req.GetFilter()))
+	f := podFilter(req.GetFilter())
+	resp, err := r.allPods.answer(f, r.pods.Version(), func() (*runtimeapi.ListPodSandboxResponse, bool, error) {
+		items, err := r.listPods(f)
+		return &runtimeapi.ListPodSandboxResponse{Items: items}, true, err
+	})
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	// The messages of the whole answer are one allocation: the kubelet
-	// lists every pod each second.
+	return resp, nil
+}
+
+// listPods is the entries of the pods f selects.
+func (r *RuntimeService) listPods(f sandbox.Filter) ([]*runtimeapi.PodSandbox, error) {
+	pods, err := r.pods.ListPods(f)
+	if err != nil {
+		return nil, err
+	}
+	// The messages are one allocation.
 	msgs := make([]runtimeapi.PodSandbox, len(pods))
-	resp := &runtimeapi.ListPodSandboxResponse{Items: make([]*runtimeapi.PodSandbox, len(pods))}
+	items := make([]*runtimeapi.PodSandbox, len(pods))
 	for i, p := range pods {
 		msgs[i] = runtimeapi.PodSandbox{
 			Id: p.ID, Metadata: p.Config.Metadata, State: p.State, CreatedAt: p.CreatedAt.UnixNano(),
 			Labels: p.Config.Labels, Annotations: p.Config.Annotations,
 		}
-		resp.Items[i] = &msgs[i]
+		items[i] = &msgs[i]
 	}
-	return resp, nil
+	return items, nil
 }

@@ -50,7 +50,9 @@ type RuntimeService struct {
 	stream  *StreamServer // nil: Exec, Attach, PortForward are Unimplemented
 	// registries is cfg.Registries until SetRegistries replaces it.
 	registries atomic.Pointer[map[string]registry.Host]
-	// allStats is the node-wide ListContainerStats answer.
+	// The node-wide answers of the list calls.
+	allPods  kept[*runtimeapi.ListPodSandboxResponse]
+	allCtrs  kept[*runtimeapi.ListContainersResponse]
 	allStats kept[*runtimeapi.ListContainerStatsResponse]
 }
 

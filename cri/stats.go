@@ -36,13 +36,7 @@ func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi
 		stats, complete, err := r.listContainerStats(ctx, f)
 		return &runtimeapi.ListContainerStatsResponse{Stats: stats}, complete, err
 	}
-	var resp *runtimeapi.ListContainerStatsResponse
-	var err error
-	if f.SelectsAll() {
-		resp, err = r.allStats.get(r.pods.StatsVersion(), list)
-	} else {
-		resp, _, err = list()
-	}
+	resp, err := r.allStats.answer(f, r.pods.StatsVersion(), list)
 	if err != nil {
 		return nil, grpcError(err)
 	}

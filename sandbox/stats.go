@@ -188,7 +188,7 @@ func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
 // while the kubelet and monitoring agents may ask far more often.
 // (A sum of counters that only grow changes whenever one does.)
 func (m *Manager) StatsVersion() uint64 {
-	return m.state.version.Load() + m.usages.version.Load() + m.layers.version.Load()
+	return m.Version() + m.usages.version.Load() + m.layers.version.Load()
 }
 
 // layerUsageMaxAge is how old a writable layer's figures may get before a

@@ -25,7 +25,7 @@ type view struct {
 	ctrs  map[string]*ctrEntry
 	byPod map[string]map[string]bool // pod ID → its container IDs
 	// version changes with every change of a pod or container (see
-	// Manager.StatsVersion).
+	// Manager.Version).
 	version atomic.Uint64
 }
 
@@ -36,6 +36,11 @@ type ctrEntry struct {
 	st     shim.State
 	status *ContainerStatus
 }
+
+// Version changes with every change of a pod or container: a node-wide
+// list made at one version (cri keeps it, encoded) is the answer until it
+// changes, while the kubelet lists every pod and container each second.
+func (m *Manager) Version() uint64 { return m.state.version.Load() }
 
 func newView() *view {
 	return &view{pods: map[string]*Pod{}, ctrs: map[string]*ctrEntry{}, byPod: map[string]map[string]bool{}}

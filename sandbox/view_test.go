@@ -132,3 +132,41 @@ func TestListsShareSnapshots(t *testing.T) {
 		t.Errorf("the running container's status has the memo %v of the one before", got)
 	}
 }
+
+// TestViewVersion: the version that node-wide lists are kept at changes
+// with each pod or container stored, changed or removed, and not with a
+// list.
+func TestViewVersion(t *testing.T) {
+	m := testManager(t)
+	v := m.Version()
+	changes := func(what string, change bool, do func()) {
+		t.Helper()
+		do()
+		if now := m.Version(); (now != v) != change {
+			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
+		}
+		v = m.Version()
+	}
+	changes("pod created", true, func() { m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil) })
+	changes("container created", true, func() { m.addTestContainer(t, "ctr1", "pod1") })
+	changes("lists", false, func() {
+		if _, err := m.ListPods(Filter{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.ListContainers(t.Context(), Filter{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	changes("container exited", true, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusStopped}) })
+	changes("container removed", true, func() {
+		if err := m.deleteContainerRecord("ctr1"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	changes("pod stopped", true, func() { m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_NOTREADY, nil) })
+	changes("pod removed", true, func() {
+		if err := m.deletePodRecord("pod1"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -108,9 +108,20 @@ func TestContainerAndPodStats(t *testing.T) {
 	e.removePod(t, pod)
 }
 
-// nodeWideListKept: the list without a filter, which berthd keeps between
-// changes, shows each new sample, a container started and one removed.
+// nodeWideListKept: the lists without a filter, which berthd keeps between
+// changes, show each new sample, a container created, started and removed.
 func nodeWideListKept(t *testing.T, e *podEnv, pod string, cfg *runtimeapi.PodSandboxConfig, ctr string) {
+	states := func() map[string]runtimeapi.ContainerState {
+		list, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]runtimeapi.ContainerState{}
+		for _, c := range list.Containers {
+			byID[c.Id] = c.State
+		}
+		return byID
+	}
 	all := func() map[string]*runtimeapi.ContainerStats {
 		list, err := e.d.Runtime.ListContainerStats(t.Context(), &runtimeapi.ListContainerStatsRequest{})
 		if err != nil {
@@ -130,11 +141,17 @@ func nodeWideListKept(t *testing.T, e *podEnv, pod string, cfg *runtimeapi.PodSa
 		t.Errorf("node-wide list: %s's sample of %d is still answered after 5s", ctr, first.Cpu.Timestamp)
 	}
 	two := e.createContainer(t, pod, cfg, "two", "/bin/sleep", "1000")
+	if s, ok := states()[two]; !ok || s != runtimeapi.ContainerState_CONTAINER_CREATED {
+		t.Errorf("ListContainers: the container created, %s, is %v (listed: %v)", two, s, ok)
+	}
 	if _, err := e.d.Runtime.StartContainer(t.Context(), &runtimeapi.StartContainerRequest{ContainerId: two}); err != nil {
 		t.Fatal(err)
 	}
 	if all()[two] == nil {
 		t.Errorf("node-wide list: the container started, %s, is missing", two)
+	}
+	if s := states()[two]; s != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("ListContainers: the container started, %s, is %v", two, s)
 	}
 	if _, err := e.d.Runtime.StopContainer(t.Context(), &runtimeapi.StopContainerRequest{ContainerId: two}); err != nil {
 		t.Fatal(err)
@@ -144,6 +161,9 @@ func nodeWideListKept(t *testing.T, e *podEnv, pod string, cfg *runtimeapi.PodSa
 	}
 	if all()[two] != nil {
 		t.Errorf("node-wide list: the container removed, %s, is still listed", two)
+	}
+	if _, ok := states()[two]; ok {
+		t.Errorf("ListContainers: the container removed, %s, is still listed", two)
 	}
 }
 
