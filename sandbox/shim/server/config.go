@@ -18,6 +18,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,11 +88,20 @@ func lcProcess(p *specs.Process) (*libcontainer.Process, error) {
 		Label:           p.SelinuxLabel,
 		Scheduler:       p.Scheduler,
 		IOPriority:      p.IOPriority,
+		LogLevel:        initLogLevel(),
 	}
 	for _, g := range p.User.AdditionalGids {
 		lp.AdditionalGroups = append(lp.AdditionalGroups, int(g))
 	}
 	return lp, nil
+}
+
+// initLogLevel is the log level of libcontainer's init for a process: the
+// level the shim forwards its lines at (logrus's), as runc passes its own.
+// Without it, the init's C stage (nsexec) writes every debug line, some
+// twenty per start that the shim reads, decodes and drops.
+func initLogLevel() string {
+	return strconv.Itoa(int(logrus.GetLevel()))
 }
 
 var rlimitTypes = map[string]int{

@@ -152,7 +152,7 @@ func execProcess(c *ctr, req *shim.ExecRequest) *libcontainer.Process {
 	proc := &libcontainer.Process{
 		Args: req.Args, Env: p.Env, Cwd: p.Cwd, UID: p.UID, GID: p.GID,
 		AdditionalGroups: p.AdditionalGroups, Rlimits: p.Rlimits,
-		AppArmorProfile: p.AppArmorProfile, Label: p.Label,
+		AppArmorProfile: p.AppArmorProfile, Label: p.Label, LogLevel: initLogLevel(),
 	}
 	if req.Env != nil {
 		proc.Env = req.Env

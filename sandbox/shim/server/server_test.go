@@ -1,14 +1,20 @@
 package server
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
 func TestExitCode(t *testing.T) {
@@ -34,6 +40,20 @@ func TestRlimits(t *testing.T) {
 	}
 	if _, err := rlimits([]specs.POSIXRlimit{{Type: "RLIMIT_BOGUS"}}); err == nil {
 		t.Fatal("unknown rlimit accepted")
+	}
+}
+
+// TestInitLogLevel: a container's init and an exec's are told the shim's
+// log level (info), so nsexec does not write its debug lines for the shim to drop.
+func TestInitLogLevel(t *testing.T) {
+	p, err := lcProcess(&specs.Process{Args: []string{"sh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := execProcess(&ctr{proc: p}, &shim.ExecRequest{Args: []string{"true"}})
+	want := strconv.Itoa(int(logrus.InfoLevel))
+	if p.LogLevel != want || e.LogLevel != want {
+		t.Fatalf("init log level %q, exec %q, want %q", p.LogLevel, e.LogLevel, want)
 	}
 }
 
@@ -85,4 +105,19 @@ func TestDescendants(t *testing.T) {
 		t.Fatalf("descendants: %+v (sh is %d)", kids, cmd.Process.Pid)
 	}
 	unix.Kill(kids[1].pid, unix.SIGKILL)
+}
+
+// TestSpecShape: every name in the warm-up's spec shape is a field of the
+// OCI spec (a misspelt one would be skipped and warm nothing).
+func TestSpecShape(t *testing.T) {
+	d := json.NewDecoder(strings.NewReader(specShape))
+	d.DisallowUnknownFields()
+	var s specs.Spec
+	if err := d.Decode(&s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Process == nil || s.Process.Capabilities == nil || s.Root == nil || s.Linux == nil || s.Linux.Resources == nil ||
+		s.Linux.Seccomp == nil || len(s.Linux.Seccomp.Syscalls) != 1 || len(s.Linux.Seccomp.Syscalls[0].Args) != 1 {
+		t.Fatalf("decoded %+v", s)
+	}
 }
