@@ -39,21 +39,21 @@ type keptAnswer[M proto.Message] struct {
 	msg     M
 }
 
-// answer is make's answer to a list call with filter f. The node-wide one
-// is the answer kept at version, else make's, encoded and kept unless
-// make says it must not be (an entry that could not be read, which the
-// next call tries again). version is taken before make reads anything, so
+// answer is build's answer to a list call with filter f. The node-wide one
+// is the answer kept at version, else build's, encoded and kept unless
+// build says it must not be (an entry that could not be read, which the
+// next call tries again). version is taken before build reads anything, so
 // an answer is never older than its version; one made of newer state only
 // costs the next call a new one.
-func (k *kept[M]) answer(f sandbox.Filter, version uint64, make func() (msg M, keep bool, err error)) (M, error) {
+func (k *kept[M]) answer(f sandbox.Filter, version uint64, build func() (msg M, keep bool, err error)) (M, error) {
 	if !f.SelectsAll() {
-		msg, _, err := make()
+		msg, _, err := build()
 		return msg, err
 	}
 	if a := k.p.Load(); a != nil && a.version == version {
 		return a.msg, nil
 	}
-	msg, keep, err := make()
+	msg, keep, err := build()
 	if err != nil || !keep {
 		return msg, err
 	}

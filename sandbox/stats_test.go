@@ -129,15 +129,7 @@ func TestStatsVersion(t *testing.T) {
 	m := testManager(t)
 	m.opts.Cgroups = &fakeCgroups{live: map[string]bool{}}
 	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
-	v := m.StatsVersion()
-	changes := func(what string, change bool, do func()) {
-		t.Helper()
-		do()
-		if now := m.StatsVersion(); (now != v) != change {
-			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
-		}
-		v = m.StatsVersion()
-	}
+	changes := versionCheck(t, m.StatsVersion)
 	dir := t.TempDir()
 	changes("container created", true, func() { m.addTestContainer(t, "ctr1", "pod1") })
 	changes("container started", true, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 5}) })

@@ -135,12 +135,14 @@ func (v *view) deleteContainer(id string) {
 var statusRank = map[string]int{shim.StatusCreated: 0, shim.StatusRunning: 1, shim.StatusStopped: 2}
 
 // setState records a container's live state unless it is older than the
-// one known, and reports whether its status changed.
+// one known or the same (a shim's snapshot after berthd's restart repeats
+// every state: the version, and with it the kept lists, stays), and
+// reports whether its status changed.
 func (v *view) setState(st shim.State) (changed bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	e := v.ctrs[st.ID]
-	if e == nil || statusRank[st.Status] < statusRank[e.st.Status] {
+	if e == nil || statusRank[st.Status] < statusRank[e.st.Status] || st == e.st {
 		return false
 	}
 	changed = st.Status != e.st.Status

@@ -138,15 +138,7 @@ func TestListsShareSnapshots(t *testing.T) {
 // list.
 func TestViewVersion(t *testing.T) {
 	m := testManager(t)
-	v := m.Version()
-	changes := func(what string, change bool, do func()) {
-		t.Helper()
-		do()
-		if now := m.Version(); (now != v) != change {
-			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
-		}
-		v = m.Version()
-	}
+	changes := versionCheck(t, m.Version)
 	changes("pod created", true, func() { m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil) })
 	changes("container created", true, func() { m.addTestContainer(t, "ctr1", "pod1") })
 	changes("lists", false, func() {
@@ -158,6 +150,7 @@ func TestViewVersion(t *testing.T) {
 		}
 	})
 	changes("container exited", true, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusStopped}) })
+	changes("the same state again (a shim's snapshot)", false, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusStopped}) })
 	changes("container removed", true, func() {
 		if err := m.deleteContainerRecord("ctr1"); err != nil {
 			t.Fatal(err)
@@ -169,4 +162,18 @@ func TestViewVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// versionCheck returns a check that do changes the version version returns
+// (or, with change false, leaves it as it was).
+func versionCheck(t *testing.T, version func() uint64) func(what string, change bool, do func()) {
+	v := version()
+	return func(what string, change bool, do func()) {
+		t.Helper()
+		do()
+		if now := version(); (now != v) != change {
+			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
+		}
+		v = version()
+	}
 }
