@@ -5,7 +5,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -237,10 +237,14 @@ func (l *layerUsages) usage(id string, upper func() string, log *slog.Logger) (b
 
 func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 	l.walkers <- struct{}{}
-	bytes, inodes, err := diskUsage(upper)
+	du, err := diskUsage(upper)
 	<-l.walkers
 	if err != nil {
 		log.Warn("writable layer usage", "dir", upper, "err", err)
+	} else if du.skipped > 0 {
+		// Counted without them: a container must not freeze its figures
+		// (and escape eviction) by making one entry unreadable.
+		log.Warn("writable layer usage: entries not counted", "dir", upper, "skipped", du.skipped, "err", du.firstErr)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -248,10 +252,10 @@ func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 	if err != nil {
 		return
 	}
-	if bytes != u.bytes || inodes != u.inodes {
+	if du.bytes != u.bytes || du.inodes != u.inodes {
 		l.version.Add(1)
 	}
-	u.bytes, u.inodes, u.at = bytes, inodes, time.Now()
+	u.bytes, u.inodes, u.at = du.bytes, du.inodes, time.Now()
 }
 
 // forget drops a removed container's figures.
@@ -287,27 +291,199 @@ func (m *Manager) usage(id, path string) (Usage, bool, error) {
 	return m.usages.put(id, path, s), true, nil
 }
 
-// diskUsage sums the sizes and counts the inodes under dir.
-func diskUsage(dir string) (bytes, inodes uint64, err error) {
-	err = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil // removed while we walked
-			}
-			return err
-		}
-		inodes++
-		if d.Type().IsRegular() {
-			if info, err := d.Info(); err == nil {
-				bytes += uint64(info.Size())
-			}
-		}
-		return nil
-	})
-	if errors.Is(err, os.ErrNotExist) {
-		err = nil
+// layerFigures is what one walk of a writable layer found.
+type layerFigures struct {
+	bytes, inodes uint64 // of regular files' sizes; of entries, the top folder included
+	skipped       int    // entries that could not be looked at, or folders not read
+	firstErr      error  // why the first was skipped
+}
+
+// maxWalkFDs bounds the folder descriptors one walk holds open: one per
+// level of the folder it is in, up to this many; deeper, the top ones are
+// closed and opened again through ".." on the way back up.
+const maxWalkFDs = 64
+
+// walkFrame is a folder on the walk's path from the top to where it is.
+type walkFrame struct {
+	fd       int // -1 while closed (the walk is deeper than maxWalkFDs below)
+	dev, ino uint64
+	names    []string // entries not visited yet
+}
+
+// diskUsage sums the sizes of the regular files under dir (a hard-linked
+// file once) and counts its entries. It never builds a path: each folder
+// is opened relative to its parent's descriptor (openat, fstatat), so a
+// container's chain of folders deeper than PATH_MAX is counted like any
+// other; so is everything beside an entry that cannot be looked at, which
+// is only counted in skipped. Only a top folder that cannot be opened
+// fails the walk; one that is gone is empty.
+func diskUsage(dir string) (du layerFigures, err error) {
+	top, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return du, nil
 	}
-	return bytes, inodes, err
+	if err != nil {
+		return du, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	w := layerWalk{linked: map[fileID]bool{}, buf: make([]byte, 32<<10)}
+	var st unix.Stat_t
+	if err := unix.Fstat(top, &st); err != nil {
+		unix.Close(top)
+		return du, &os.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	w.du.inodes++
+	w.push(top, &st)
+	for len(w.path) > 0 {
+		w.step()
+	}
+	return w.du, nil
+}
+
+// fileID tells a hard-linked file's other names apart from new files.
+type fileID struct{ dev, ino uint64 }
+
+type layerWalk struct {
+	du     layerFigures
+	path   []walkFrame
+	open   int // frames of path whose fd is open: the last ones
+	linked map[fileID]bool
+	buf    []byte // getdents
+}
+
+// step visits the next entry of the deepest folder, or leaves the folder
+// when it has none left.
+func (w *layerWalk) step() {
+	cur := &w.path[len(w.path)-1]
+	if len(cur.names) == 0 {
+		w.pop()
+		return
+	}
+	name := cur.names[0]
+	cur.names = cur.names[1:]
+	var st unix.Stat_t
+	if err := unix.Fstatat(cur.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		w.skip(err) // ENOENT: removed since the folder was read
+		return
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		if st.Nlink > 1 {
+			id := fileID{uint64(st.Dev), st.Ino} //nolint:unconvert // Dev's type differs between architectures
+			if w.linked[id] {
+				return
+			}
+			w.linked[id] = true
+		}
+		w.du.bytes += uint64(st.Size)
+	case unix.S_IFDIR:
+		// Not following a symlink swapped in since the stat.
+		fd, err := unix.Openat(cur.fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			w.du.inodes++
+			w.skip(err)
+			return
+		}
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			w.du.inodes++
+			w.skip(err)
+			return
+		}
+		w.push(fd, &st)
+	}
+	w.du.inodes++
+}
+
+// push reads the folder open at fd whole and makes it the deepest; past
+// maxWalkFDs open, the highest open folder is closed.
+func (w *layerWalk) push(fd int, st *unix.Stat_t) {
+	names, err := w.readNames(fd)
+	if err != nil {
+		w.skip(err) // what was read is still visited
+	}
+	w.path = append(w.path, walkFrame{fd: fd, dev: uint64(st.Dev), ino: st.Ino, names: names}) //nolint:unconvert // Dev's type differs between architectures
+	if w.open++; w.open > maxWalkFDs {
+		f := &w.path[len(w.path)-w.open]
+		unix.Close(f.fd)
+		f.fd = -1
+		w.open--
+	}
+}
+
+// pop leaves the deepest folder. A parent that was closed is opened again
+// as its ".."; if that is no longer the same folder (the container moved
+// it meanwhile), the parent's remaining entries are skipped.
+func (w *layerWalk) pop() {
+	done := w.path[len(w.path)-1]
+	w.path = w.path[:len(w.path)-1]
+	if len(w.path) > 0 {
+		if parent := &w.path[len(w.path)-1]; parent.fd < 0 {
+			w.reopen(parent, done.fd)
+		}
+	}
+	if done.fd >= 0 {
+		unix.Close(done.fd)
+		w.open--
+	}
+}
+
+func (w *layerWalk) reopen(f *walkFrame, childFD int) {
+	if childFD < 0 {
+		w.skipRest(f, unix.EBADF) // the child was not reopened either
+		return
+	}
+	fd, err := unix.Openat(childFD, "..", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		w.skipRest(f, err)
+		return
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Dev) != f.dev || st.Ino != f.ino { //nolint:unconvert // Dev's type differs between architectures
+		unix.Close(fd)
+		w.skipRest(f, errors.New("a folder was moved during the walk"))
+		return
+	}
+	f.fd = fd
+	w.open++
+}
+
+func (w *layerWalk) skipRest(f *walkFrame, err error) {
+	w.du.skipped += len(f.names)
+	if w.du.firstErr == nil {
+		w.du.firstErr = err
+	}
+	f.names = nil
+}
+
+// skip notes an entry not counted; one removed since its folder was read
+// is simply gone.
+func (w *layerWalk) skip(err error) {
+	if errors.Is(err, unix.ENOENT) {
+		return
+	}
+	w.du.skipped++
+	if w.du.firstErr == nil {
+		w.du.firstErr = err
+	}
+}
+
+// readNames reads the names in the folder open at fd; on an error, those
+// read so far.
+func (w *layerWalk) readNames(fd int) ([]string, error) {
+	var names []string
+	for {
+		n, err := unix.Getdents(fd, w.buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return names, err
+		}
+		if n <= 0 {
+			return names, nil
+		}
+		_, _, names = unix.ParseDirent(w.buf[:n], -1, names)
+	}
 }
 
 // PodNetworkUsage reads the counters of the pod's interfaces from inside its

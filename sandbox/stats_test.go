@@ -1,15 +1,18 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -181,4 +184,78 @@ func waitWalked(t *testing.T, l *layerUsages, id string) {
 			t.Fatalf("the walk of %s's layer did not end", id)
 		}
 	}
+}
+
+// TestDiskUsageDeeperThanPathMax: a container's chain of folders deeper
+// than PATH_MAX is counted whole (a path-based walk fails with
+// ENAMETOOLONG and the layer's figures would stay frozen), with the files at
+// its bottom, a hard-linked file once, and no descriptor left open.
+func TestDiskUsageDeeperThanPathMax(t *testing.T) {
+	dir := t.TempDir()
+	const levels, name = 2 * maxWalkFDs, "a-folder-name-of-fifty-characters-to-pass-PATH_MAX"
+	if levels*(len(name)+1) <= unix.PathMax {
+		t.Fatalf("the chain is only %d bytes long", levels*(len(name)+1))
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { unix.Close(fd) }()
+	write := func(fd int, file string, size int) {
+		f, err := unix.Openat(fd, file, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(f)
+		if _, err := unix.Write(f, make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range levels {
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// Beside the chain at the first levels: visited after coming back
+		// up through folders whose descriptors were closed on the way down.
+		if i < 3 {
+			write(fd, "beside", 1)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		fd = next
+	}
+	write(fd, "f1", 4096)
+	write(fd, "f2", 8192)
+	if err := unix.Linkat(fd, "f2", fd, "f2-link", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, strings.Repeat(name+"/", levels), "f1")); !errors.Is(err, unix.ENAMETOOLONG) {
+		t.Fatalf("stat by path = %v, want ENAMETOOLONG (the chain must be deeper than PATH_MAX)", err)
+	}
+
+	before := openFDs(t)
+	du, err := diskUsage(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("%d descriptors open after the walk, %d before", after, before)
+	}
+	wantInodes := uint64(1 + levels + 3 + 2) // the top, the chain, "beside" thrice, f1 and f2 once
+	if du.bytes != 3+4096+8192 || du.inodes != wantInodes || du.skipped != 0 {
+		t.Errorf("diskUsage = %d bytes, %d inodes, %d skipped (%v); want %d, %d, 0",
+			du.bytes, du.inodes, du.skipped, du.firstErr, 3+4096+8192, wantInodes)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(fds)
 }
