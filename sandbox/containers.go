@@ -153,7 +153,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shimCallTimeout)
 	defer cancel()
 	if err := client.Create(createCtx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
-		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
+		LogDir: pod.Config.GetLogDirectory(), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
 	}
 	t.step("create")

@@ -65,6 +65,9 @@ type CreateRequest struct {
 	Bundle string
 	// LogPath is the absolute CRI log file; empty discards the output.
 	LogPath string
+	// LogDir is the pod's log folder: the shim opens LogPath beneath it,
+	// refusing symlinks below it ("": beneath LogPath's own folder).
+	LogDir string
 	// Stdin keeps a pipe open on the container's stdin.
 	Stdin bool
 	// StdinOnce closes the container's stdin when the first attach with

@@ -10,11 +10,14 @@ package crilog
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // MaxRecord is the most content one record carries; longer lines are split.
@@ -34,31 +37,96 @@ const readSize = MaxRecord
 // interleave whole; a record is written with a single write(2).
 type Writer struct {
 	mu     sync.Mutex
-	path   string
+	dir    string   // the log is opened beneath it
+	rel    string   // the log's path below dir; "": discard
 	f      *os.File // nil: discard (no path, or closed)
 	closed bool
 	now    func() time.Time
 }
 
-// Open opens (appending, creating 0640) the log at path; "" discards.
-func Open(path string) (*Writer, error) {
-	w := &Writer{path: path, now: time.Now}
+// Open opens (appending, creating 0640) the log at path, which must lie
+// beneath the folder dir ("": path's own folder); path "" discards.
+// Whoever can write under dir (a log agent, a container given the folder as
+// a volume) must not make the shim, root, write elsewhere nor hang it:
+// path's components below dir may not be symlinks, and the log must be a
+// regular file (not a FIFO, which would block the open or the writes, nor a
+// device or a folder).
+func Open(path, dir string) (*Writer, error) {
+	w := &Writer{now: time.Now}
 	if path == "" {
 		return w, nil
 	}
-	f, err := openLog(path)
-	if err != nil {
+	if dir == "" {
+		dir = filepath.Dir(path)
+	}
+	rel, err := filepath.Rel(dir, path)
+	if err != nil || !filepath.IsLocal(rel) {
+		return nil, fmt.Errorf("container log %s: not beneath the log folder %s", path, dir)
+	}
+	w.dir, w.rel = dir, rel
+	if w.f, err = w.open(); err != nil {
 		return nil, err
 	}
-	w.f = f
 	return w, nil
 }
 
-func openLog(path string) (*os.File, error) {
-	// O_NOFOLLOW: whoever can write the log folder must not redirect the
-	// shim's (root's) writes to another file with a symlink.
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o640)
+// logOpenFlags: O_NONBLOCK so that opening a FIFO fails (ENXIO, no
+// reader) or returns at once, rather than waiting for a reader; cleared
+// again once the file is known to be regular.
+const logOpenFlags = unix.O_WRONLY | unix.O_CREAT | unix.O_APPEND | unix.O_NOFOLLOW |
+	unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
+
+// open opens the log with openat2 beneath dir: the kernel refuses a
+// symlink in any component (and .., magic links) in the same call that
+// opens the file, with no race against renames. A kernel without openat2
+// (before Linux 5.6) fails the open, naming what is missing, rather than
+// opening the log less safely.
+func (w *Writer) open() (*os.File, error) {
+	path := filepath.Join(w.dir, w.rel)
+	dirfd, err := unix.Open(w.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("container log %s: open its folder %s: %w", path, w.dir, err)
+	}
+	defer unix.Close(dirfd)
+	how := &unix.OpenHow{Flags: logOpenFlags, Mode: 0o640,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
+	fd, err := unix.Openat2(dirfd, w.rel, how)
+	for err == unix.EINTR || err == unix.EAGAIN {
+		fd, err = unix.Openat2(dirfd, w.rel, how)
+	}
+	switch {
+	case err == unix.ENOSYS:
+		return nil, fmt.Errorf("container log %s: the kernel has no openat2 (Linux 5.6 and later have it), which the shim needs to open logs safely", path)
+	case err == unix.ELOOP:
+		return nil, fmt.Errorf("container log %s: a symlink in its path below %s is refused", path, w.dir)
+	case err == unix.ENXIO:
+		return nil, fmt.Errorf("container log %s: not a regular file (a FIFO or socket)", path)
+	case err != nil:
+		return nil, fmt.Errorf("container log %s: %w", path, err)
+	}
+	if err := checkRegular(fd); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("container log %s: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
+
+// checkRegular refuses anything but a regular file (a FIFO that some
+// process reads, a device) and makes writes to it blocking again.
+func checkRegular(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG {
+		return fmt.Errorf("not a regular file but a %s", fileTypes[t])
+	}
+	return unix.SetNonblock(fd, false)
+}
+
+// fileTypes names what a log path may be instead of a regular file.
+var fileTypes = map[uint32]string{unix.S_IFIFO: "FIFO", unix.S_IFSOCK: "socket", unix.S_IFCHR: "character device",
+	unix.S_IFBLK: "block device", unix.S_IFDIR: "folder", unix.S_IFLNK: "symlink"}
 
 // Reopen opens the path again: after log rotation renamed the file,
 // records go to a fresh file at the original path.
@@ -68,10 +136,10 @@ func (w *Writer) Reopen() error {
 	if w.closed {
 		return errors.New("log closed")
 	}
-	if w.path == "" {
+	if w.rel == "" {
 		return nil
 	}
-	f, err := openLog(w.path)
+	f, err := w.open()
 	if err != nil {
 		return err
 	}

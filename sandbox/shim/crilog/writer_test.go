@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -48,7 +49,7 @@ func readLog(t *testing.T, path string) []record {
 
 func copyString(t *testing.T, path, stream, in string) []record {
 	t.Helper()
-	w, err := Open(path)
+	w, err := Open(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestPartialAtEOF(t *testing.T) {
 func TestChunkedReads(t *testing.T) {
 	pr, pw := io.Pipe()
 	path := filepath.Join(t.TempDir(), "log")
-	w, err := Open(path)
+	w, err := Open(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestChunkedReads(t *testing.T) {
 
 func TestConcurrentStreams(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	w, err := Open(path)
+	w, err := Open(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func TestConcurrentStreams(t *testing.T) {
 func TestReopen(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "log")
-	w, err := Open(path)
+	w, err := Open(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestReopen(t *testing.T) {
 }
 
 func TestDiscard(t *testing.T) {
-	w, err := Open("")
+	w, err := Open("", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,4 +217,111 @@ func TestDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
+}
+
+// TestOpenRefusesWhatIsNotAFileBeneath: whoever can write the log folder
+// cannot make the shim hang on a FIFO, write through a symlink (in the
+// last component or a folder above it), or write into a folder or device;
+// each refusal names the log. A rotation's Reopen is held to the same.
+func TestOpenRefusesWhatIsNotAFileBeneath(t *testing.T) {
+	dir := t.TempDir()
+	outside := t.TempDir()
+	victim := filepath.Join(outside, "victim")
+	if err := os.WriteFile(victim, []byte("untouched"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(syscall.Mkfifo(filepath.Join(dir, "fifo.log"), 0o600))
+	must(os.Symlink(victim, filepath.Join(dir, "link.log")))
+	must(os.Symlink(outside, filepath.Join(dir, "linkdir")))
+	must(os.Mkdir(filepath.Join(dir, "dir.log"), 0o755))
+	must(os.Mkdir(filepath.Join(dir, "ctr"), 0o755))
+	must(os.Symlink(victim, filepath.Join(dir, "ctr", "0.log")))
+
+	// A FIFO with a reader opens without ENXIO: the type check refuses it.
+	readerFIFO := filepath.Join(dir, "read-fifo.log")
+	must(syscall.Mkfifo(readerFIFO, 0o600))
+	reader, err := os.OpenFile(readerFIFO, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	must(err)
+	defer reader.Close()
+
+	for _, c := range []struct{ path, dir, why string }{
+		{filepath.Join(dir, "fifo.log"), dir, "FIFO"},
+		{readerFIFO, dir, "FIFO"},
+		{filepath.Join(dir, "link.log"), dir, "symlink"},
+		{filepath.Join(dir, "linkdir", "victim"), dir, "symlink"},
+		{filepath.Join(dir, "ctr", "0.log"), dir, "symlink"},
+		{filepath.Join(dir, "ctr", "0.log"), "", "symlink"},
+		{filepath.Join(dir, "dir.log"), dir, "directory"},
+		{"/dev/null", dir, "beneath"},
+		{"/dev/null", "", "character device"},
+	} {
+		done := make(chan error, 1)
+		go func() {
+			w, err := Open(c.path, c.dir)
+			if err == nil {
+				w.Close()
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), c.path) || !strings.Contains(err.Error(), c.why) {
+				t.Errorf("Open(%s, %q) = %v; want an error naming the log and %q", c.path, c.dir, err, c.why)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Open(%s, %q) hangs", c.path, c.dir)
+		}
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "untouched" {
+		t.Errorf("the symlinks' target now holds %q", b)
+	}
+
+	// Rotation: a symlink put where the renamed log was is refused too.
+	path := filepath.Join(dir, "rotated.log")
+	w, err := Open(path, dir)
+	must(err)
+	defer w.Close()
+	must(os.Rename(path, path+".1"))
+	must(os.Symlink(victim, path))
+	if err := w.Reopen(); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("Reopen onto a symlink = %v, want refused", err)
+	}
+	w.Copy(Stdout, strings.NewReader("still to the old file\n"))
+	if got := readLog(t, path+".1"); len(got) != 1 {
+		t.Errorf("after a refused Reopen the records went astray: %v", got)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "untouched" {
+		t.Errorf("the symlink's target now holds %q", b)
+	}
+}
+
+// TestOpenBeneathNested: the kubelet's NAME/RESTART.log opens below the
+// pod's folder, created 0640, and appends.
+func TestOpenBeneathNested(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "ctr"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "ctr", "0.log")
+	if got := copyString(t, path, Stdout, "one\n"); len(got) != 1 {
+		t.Fatalf("records %v", got)
+	}
+	w, err := Open(path, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Copy(Stderr, strings.NewReader("two\n"))
+	w.Close()
+	if got := readLog(t, path); len(got) != 2 || got[1].content != "two" {
+		t.Errorf("records %v, want the first kept and the second appended", got)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Errorf("log mode %v (%v), want 0640", fi.Mode(), err)
+	}
 }

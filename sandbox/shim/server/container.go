@@ -99,7 +99,7 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	os.Remove(filepath.Join(c.dir, shim.ExitFile))
 	os.Remove(filepath.Join(c.dir, shim.StartedFile))
 
-	if c.log, err = crilog.Open(req.LogPath); err != nil {
+	if c.log, err = crilog.Open(req.LogPath, req.LogDir); err != nil {
 		return err
 	}
 	defer func() {
