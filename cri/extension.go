@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
 )
 
@@ -104,7 +105,9 @@ func (e extension) Import(ctx context.Context, req *runtimeapi.ImageSpec) (*runt
 		if errors.As(err, &pe) {
 			err = pe.Err // the path is named once, below
 		}
-		return nil, status.Errorf(codes.InvalidArgument, "import %s: %v", path, err)
+		// Missing: the caller's mistake; unreadable (EACCES on a
+		// root-squashed NFS, EIO): the node's.
+		return nil, grpcError(errkind.PathErrorf(err, "import %s: %w", path, err))
 	}
 	imgs, err := e.images.Import(ctx, path)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image/reference"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -28,7 +29,9 @@ const (
 func (s *Service) Import(ctx context.Context, path string) ([]*Image, error) {
 	info, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: import: %v", ErrInvalidReference, err)
+		// A path that names nothing is the caller's fault; a filesystem
+		// that refuses root or fails is the node's.
+		return nil, errkind.PathErrorf(err, "import: %w", err)
 	}
 	var out []*Image
 	add := func(img v1.Image, n names, keep [][]byte) error {

@@ -213,7 +213,9 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 	}
 	s, err := spec.Generate(in)
 	if err != nil {
-		return nil, errkind.Errorf(errkind.Invalid, "%v", err)
+		// The request's fault, but for a host path whose filesystem fails
+		// or hangs: that error says so itself.
+		return nil, errkind.Default(errkind.Invalid, err)
 	}
 	return s, nil
 }

@@ -142,16 +142,9 @@ func criDevices(d *runtimeapi.Device) ([]specs.LinuxDevice, error) {
 		return nil, fmt.Errorf("device %q: container_path %q must be an absolute path", hostPath, ctrPath)
 	}
 	ctrPath = path.Clean(ctrPath)
-	resolved, err := filepath.EvalSymlinks(hostPath)
+	resolved, fi, err := resolveHostPath("device host_path", hostPath)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("device host_path %q does not exist", hostPath)
-		}
-		return nil, fmt.Errorf("device host_path %q: %w", hostPath, err)
-	}
-	fi, err := os.Stat(resolved)
-	if err != nil {
-		return nil, fmt.Errorf("device host_path %q: %w", hostPath, err)
+		return nil, err
 	}
 	if !fi.IsDir() {
 		dev, err := deviceFromPath(resolved, ctrPath)

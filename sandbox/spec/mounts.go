@@ -1,10 +1,8 @@
 package spec
 
 import (
-	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -97,12 +95,9 @@ func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
 	if !filepath.IsAbs(src) {
 		return specs.Mount{}, "", fmt.Errorf("mount %s: host_path %q must be an absolute path", dst, src)
 	}
-	resolved, err := filepath.EvalSymlinks(src)
+	resolved, _, err := resolveHostPath("mount "+dst+": host_path", src)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return specs.Mount{}, "", fmt.Errorf("mount %s: host_path %q does not exist", dst, src)
-		}
-		return specs.Mount{}, "", fmt.Errorf("mount %s: host_path %q: %w", dst, src, err)
+		return specs.Mount{}, "", err
 	}
 	var propagation, rootfs string
 	switch m.GetPropagation() {

@@ -1,0 +1,52 @@
+package spec
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berth-runtime/berth/cri/errkind"
+)
+
+// TestResolveHostPath: symlinks are resolved; a missing path is the
+// caller's fault; a path whose last lookup still hangs is not looked at
+// again (its goroutine would pile up beside the first), nor any path once
+// maxHungLookups hang.
+func TestResolveHostPath(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink(dir, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if got, fi, err := resolveHostPath("mount /data: host_path", filepath.Join(dir, "link")); err != nil || got != dir || !fi.IsDir() {
+		t.Errorf("resolveHostPath(link) = %q, %v, %v; want %q, a folder", got, fi, err, dir)
+	}
+	missing := filepath.Join(dir, "missing")
+	if _, _, err := resolveHostPath("mount /data: host_path", missing); !errors.Is(err, errkind.Invalid) ||
+		!strings.Contains(err.Error(), "mount /data: host_path \""+missing+"\" does not exist") {
+		t.Errorf("missing: %v, want invalid naming the mount", err)
+	}
+
+	hung := filepath.Join(dir, "hung")
+	hungLookups.Lock()
+	hungLookups.paths[hung] = true
+	hungLookups.Unlock()
+	defer func() {
+		hungLookups.Lock()
+		clear(hungLookups.paths)
+		hungLookups.Unlock()
+	}()
+	if _, _, err := resolveHostPath("mount /data: host_path", hung); !errors.Is(err, errkind.DeadlineExceeded) ||
+		!strings.Contains(err.Error(), hung) {
+		t.Errorf("a path whose lookup hangs: %v, want deadline exceeded naming it", err)
+	}
+	hungLookups.Lock()
+	for i := range maxHungLookups {
+		hungLookups.paths[filepath.Join(dir, "hung", string(rune('a'+i)))] = true
+	}
+	hungLookups.Unlock()
+	if _, _, err := resolveHostPath("mount /data: host_path", dir); !errors.Is(err, errkind.ResourceExhausted) {
+		t.Errorf("with %d lookups hanging: %v, want resource exhausted", maxHungLookups, err)
+	}
+}
