@@ -88,11 +88,23 @@ func (r *Resolver) Endpoints(domain string, creds *authn.AuthConfig) ([]Endpoint
 }
 
 func (r *Resolver) endpoint(host string, plain bool, creds *authn.AuthConfig) (Endpoint, error) {
-	t, err := r.transport(host)
+	base, err := r.transport(host)
 	if err != nil {
 		return Endpoint{}, err
 	}
-	ep := Endpoint{Host: host, PlainHTTP: plain, Transport: t, Auth: authn.Anonymous}
+	ep := Endpoint{Host: host, PlainHTTP: plain, Auth: authn.Anonymous}
+	reg, err := name.NewRegistry(host)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	scheme := "https"
+	if plain {
+		scheme = "http"
+	}
+	// RegistryStr is where go-containerregistry sends the requests:
+	// index.docker.io for "docker.io".
+	own := originOf(&url.URL{Scheme: scheme, Host: reg.RegistryStr()})
+	ep.Transport = limitRedirects(withHeaders(base, own, r.config(host).Headers))
 	cfg, ok := r.credentials(host, creds)
 	switch {
 	case !ok:
@@ -141,7 +153,8 @@ func IsLoopback(hostport string) bool {
 }
 
 // transport returns the shared transport for host, honouring its CA
-// files, skip_verify, client certificates and headers.
+// files, skip_verify and client certificates. Each endpoint wraps it with
+// the host's headers (withHeaders), so connections are reused across pulls.
 func (r *Resolver) transport(host string) (http.RoundTripper, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -182,18 +195,39 @@ func (r *Resolver) transport(host string) (http.RoundTripper, error) {
 		}
 		t.TLSClientConfig = cfg
 	}
-	var rt http.RoundTripper = t
-	if len(h.Headers) > 0 {
-		rt = withHeaders(t, h.Headers)
-	}
-	r.transports[host] = limitRedirects(rt)
-	return r.transports[host], nil
+	r.transports[host] = t
+	return t, nil
 }
 
-// withHeaders sets the configured headers on every request (on a copy:
-// a RoundTripper must not change its caller's request).
-func withHeaders(base http.RoundTripper, headers map[string][]string) http.RoundTripper {
+// origin is the scheme and host:port a request goes to, the port filled in
+// from the scheme where the URL has none and the host name in lower case.
+type origin struct{ scheme, hostport string }
+
+func originOf(u *url.URL) origin {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	return origin{scheme: u.Scheme, hostport: net.JoinHostPort(strings.ToLower(u.Hostname()), port)}
+}
+
+// withHeaders sets the configured headers on the requests to the host they
+// are configured for, own, and on no other: a redirect to another host or
+// port (a registry's blob storage) or from https to http gets none, as the
+// headers may be credentials. A loopback host is matched in either scheme:
+// go-containerregistry may speak HTTP to it whatever the configuration says,
+// and the bytes never leave the node. The headers go on a copy: a
+// RoundTripper must not change its caller's request.
+func withHeaders(base http.RoundTripper, own origin, headers map[string][]string) http.RoundTripper {
+	if len(headers) == 0 {
+		return base
+	}
+	anyScheme := IsLoopback(own.hostport)
 	return RoundTripFunc(func(req *http.Request) (*http.Response, error) {
+		to := originOf(req.URL)
+		if to.hostport != own.hostport || (to.scheme != own.scheme && !anyScheme) {
+			return base.RoundTrip(req)
+		}
 		req = req.Clone(req.Context())
 		for k, v := range headers {
 			req.Header[http.CanonicalHeaderKey(k)] = v

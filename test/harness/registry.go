@@ -61,6 +61,7 @@ type Registry struct {
 	users    []string         // user names of the basic credentials received, in order
 	inFlight int              // blob GETs being served now
 	maxIn    int              // the most blob GETs served at once since ResetFetches
+	storage  *BlobStorage     // where blob GETs are redirected, if set
 }
 
 // RegistryOption configures NewRegistry.
@@ -255,6 +256,56 @@ func (r *Registry) Fail(d v1.Hash, code int) { r.setFault(d, fault{kind: faultSt
 // RedirectLoop makes GETs of d redirect (307) to their own URL.
 func (r *Registry) RedirectLoop(d v1.Hash) { r.setFault(d, fault{kind: faultRedirectLoop}) }
 
+// BlobStorage is a second HTTP server on 127.0.0.1, on a port of its own,
+// that a registry redirects its blob GETs to, as registries send clients to
+// their storage: it serves the registry's blobs to anyone and keeps the
+// headers of every request it gets.
+type BlobStorage struct {
+	srv     *httptest.Server
+	mu      sync.Mutex
+	headers []http.Header
+}
+
+// RedirectBlobs makes the registry answer every blob GET, once authorized,
+// with a redirect (307) to the same path on a new BlobStorage, closed by
+// t.Cleanup.
+func (r *Registry) RedirectBlobs(t testing.TB) *BlobStorage {
+	t.Helper()
+	s := &BlobStorage{}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		s.mu.Lock()
+		s.headers = append(s.headers, req.Header.Clone())
+		s.mu.Unlock()
+		r.inner.ServeHTTP(w, req)
+	}))
+	t.Cleanup(s.srv.Close)
+	r.mu.Lock()
+	r.storage = s
+	r.mu.Unlock()
+	return s
+}
+
+// Host is "127.0.0.1:PORT".
+func (s *BlobStorage) Host() string { return strings.TrimPrefix(s.srv.URL, "http://") }
+
+// Requests is how many requests the storage has served.
+func (s *BlobStorage) Requests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.headers)
+}
+
+// HeaderValues lists the values of header name over the requests so far.
+func (s *BlobStorage) HeaderValues(name string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, h := range s.headers {
+		out = append(out, h.Values(name)...)
+	}
+	return out
+}
+
 // LieLength makes GETs of d declare a Content-Length delta bytes off the
 // blob's size, then send the blob as far as the declared length allows.
 func (r *Registry) LieLength(d v1.Hash, delta int64) {
@@ -298,6 +349,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.inFlight++
 		r.maxIn = max(r.maxIn, r.inFlight)
 		f, faulty := r.faults[dg]
+		storage := r.storage
 		r.mu.Unlock()
 		defer func() {
 			r.mu.Lock()
@@ -305,6 +357,9 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			r.mu.Unlock()
 		}()
 		switch {
+		case storage != nil && strings.Contains(req.URL.Path, "/blobs/"):
+			http.Redirect(w, req, storage.srv.URL+req.URL.Path, http.StatusTemporaryRedirect)
+			return
 		case faulty && f.kind == faultStatus:
 			writeRegistryError(w, f.code, "UNKNOWN", "injected failure")
 			return

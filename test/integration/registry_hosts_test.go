@@ -153,3 +153,56 @@ func TestSIGHUPReloadsRegistries(t *testing.T) {
 		t.Errorf("PullImage(%s) after a refused reload = %q, %v; want the old mirror still used", ref, id, err)
 	}
 }
+
+// TestHostsHeadersStayWithTheirHost: a registry that redirects its blob GETs
+// to storage on another port gets the headers its hosts.toml configures,
+// and the storage gets none of them, nor the CRI credentials, whether the
+// registry is open or asks for basic or bearer auth (#21); the pulls succeed.
+func TestHostsHeadersStayWithTheirHost(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	img := harness.BusyboxImage(t, harness.ImageSpec{})
+	const user, pass = "alice", "s3cret"
+	dir := t.TempDir()
+	type registry struct {
+		name    string
+		reg     *harness.Registry
+		header  string // the configured header whose value is "from-hosts-toml"
+		auth    *runtimeapi.AuthConfig
+		pushed  harness.Pushed
+		storage *harness.BlobStorage
+	}
+	regs := []*registry{
+		{name: "open", reg: harness.NewRegistry(t), header: "Authorization"}, // as seen in the audit
+		{name: "basic", reg: harness.NewRegistry(t, harness.WithBasicAuth(user, pass)), header: "X-Berth-Secret"},
+		{name: "bearer", reg: harness.NewRegistry(t, harness.WithBearerAuth(user, pass)), header: "X-Berth-Secret"},
+	}
+	for _, r := range regs {
+		r.pushed = r.reg.Push(t, "berth/busybox:"+r.name, img)
+		r.storage = r.reg.RedirectBlobs(t)
+		if r.name != "open" {
+			r.auth = &runtimeapi.AuthConfig{Username: user, Password: pass, ServerAddress: r.reg.Host()}
+		}
+		writeHostsTOML(t, dir, r.reg.Host(), "server = \""+r.reg.URL()+"\"\n[header]\n  "+
+			strings.ToLower(r.header)+" = \"from-hosts-toml\"\n")
+	}
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: "[registry]\nconfig_path = \"" + dir + "\"\n"})
+
+	for _, r := range regs {
+		if id, err := pull(t, d, r.pushed.Name, r.auth); err != nil || id != r.pushed.ID {
+			t.Fatalf("%s: PullImage(%s) with its blobs redirected = %q, %v; want %s", r.name, r.pushed.Name, id, err, r.pushed.ID)
+		}
+		if r.storage.Requests() == 0 {
+			t.Errorf("%s: the blobs were not fetched from the storage the registry redirects to", r.name)
+		}
+		if h := r.reg.HeaderValues(r.header); !slices.Contains(h, "from-hosts-toml") {
+			t.Errorf("%s: the registry saw %s %q, want the configured header", r.name, r.header, h)
+		}
+		for _, name := range slices.Compact([]string{r.header, "Authorization"}) {
+			if h := r.storage.HeaderValues(name); len(h) != 0 {
+				t.Errorf("%s: the storage on %s, another port, got %s %q", r.name, r.storage.Host(), name, h)
+			}
+		}
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+}
