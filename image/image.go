@@ -68,6 +68,11 @@ var ErrUnauthorized = errkind.New(errkind.Unauthenticated, "unauthorized")
 // than its progress timeout.
 var ErrNoProgress = errkind.New(errkind.DeadlineExceeded, "no progress")
 
+// ErrZstdWindow is returned (wrapped) when a zstd layer asks for a larger
+// decompression window, the memory its decoder must hold, than berth allows.
+// The registry's content is what is wrong, not the request nor berth.
+var ErrZstdWindow = errkind.New(errkind.FailedPrecondition, "zstd window too large")
+
 // Names returns how a container made from img should show its image to the
 // kubelet: name is the reference the user wrote (asked, or the first repo tag
 // when asked is an image ID), and repoDigest the repo digest of the same

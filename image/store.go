@@ -277,14 +277,43 @@ func decompress(br *bufio.Reader) (io.ReadCloser, error) {
 	case bytes.HasPrefix(head, gzipMagic):
 		return gzip.NewReader(br)
 	case bytes.HasPrefix(head, zstdMagic):
-		d, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1))
+		// MaxMemory bounds the window of a "single segment" frame, which is
+		// its whole content; MaxWindow that of every other frame.
+		d, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1),
+			zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderMaxMemory(maxZstdWindow))
 		if err != nil {
 			return nil, err
 		}
-		return d.IOReadCloser(), nil
+		return zstdLayer{d}, nil
 	default:
 		return io.NopCloser(br), nil
 	}
+}
+
+// maxZstdWindow bounds the window of a zstd layer's frames: the history
+// its decoder holds in memory, up to 512 MiB by the library's default, in
+// berthd (which the OOM killer spares) and for each layer pulled at once.
+// Image builders (containerd, BuildKit, buildah) encode with at most 8 MiB,
+// as the zstd tool does at levels up to 19; 32 MiB leaves room for
+// "--ultra -20" and refuses only --long and levels 21-22 (64-128 MiB).
+const maxZstdWindow = 32 << 20
+
+// zstdLayer turns the decoder's refusal of a frame's window into
+// ErrZstdWindow, naming the bound. The refusal comes from each frame's
+// header, before the window is allocated.
+type zstdLayer struct{ d *zstd.Decoder }
+
+func (z zstdLayer) Read(p []byte) (int, error) {
+	n, err := z.d.Read(p)
+	if errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		err = fmt.Errorf("%w: a frame needs more than the %d MiB berth decompresses zstd with (%v)", ErrZstdWindow, maxZstdWindow>>20, err)
+	}
+	return n, err
+}
+
+func (z zstdLayer) Close() error {
+	z.d.Close()
+	return nil
 }
 
 // closers reads from the first and closes all.
