@@ -10,7 +10,7 @@ require (
 	github.com/google/nftables v0.3.0
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674
 	github.com/klauspost/compress v1.20.3
-	github.com/moby/profiles/seccomp v0.2.4
+	github.com/moby/profiles/seccomp v0.3.0
 	github.com/moby/sys/capability v0.4.0
 	github.com/opencontainers/cgroups v0.1.0
 	github.com/opencontainers/go-digest v1.0.0

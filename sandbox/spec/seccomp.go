@@ -16,7 +16,15 @@ import (
 
 // defaultSeccompProfile is berth's RuntimeDefault seccomp profile, in the
 // Docker format (rules conditional on capabilities, architecture and kernel);
-// docs/seccomp.md says where it comes from and how to change it.
+// docs/seccomp.md says where it comes from and how to change it. It allows
+// at least what Docker's maintained default profile allows
+// (TestSeccompDefaultCoversDocker).
+//
+// A name the shim's libseccomp cannot resolve (a call newer than the
+// library) does not reach the filter: libcontainer leaves it out, and its
+// filter answers ENOSYS, not EPERM, for every call numbered past the last
+// one it names, so a program sees a kernel without that call and takes its
+// fallback (TestSeccompRuntimeDefaultRunsPrograms checks the answers).
 //
 //go:embed profiles/seccomp-default.json
 var defaultSeccompProfile string
