@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 
@@ -24,8 +25,7 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 		// lowest MAC of its ports and changes it as pods come and go,
 		// which leaves stale gateway entries in the pods' ARP caches.
 		// Derived from the gateway, it also survives a re-creation.
-		gw := n.gateway.As4()
-		attrs.HardwareAddr = net.HardwareAddr{0x02, 0x62, gw[0], gw[1], gw[2], gw[3]}
+		attrs.HardwareAddr = derivedMAC(bridgeMACKind, n.gateway)
 		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("network: create bridge %s: %w", name, err)
 		}
@@ -120,41 +120,62 @@ func listLinks() ([]netlink.Link, error) {
 	return nil, fmt.Errorf("network: list links: %w (links kept changing)", netlink.ErrDumpInterrupted)
 }
 
+// The second byte of the MACs berth derives from addresses: the bridge's
+// and the pods' are told apart, and never equal whatever the subnets were.
+const (
+	bridgeMACKind = 0x62
+	podMACKind    = 0x70
+)
+
+// derivedMAC is the MAC berth gives the link holding the IPv4 address ip: a
+// locally administered one made of it, so that an address keeps its MAC
+// (the bridge after a re-creation, a pod that gets a freed address) and
+// stale entries in neighbours' ARP caches stay right.
+func derivedMAC(kind byte, ip netip.Addr) net.HardwareAddr {
+	a := ip.As4()
+	return net.HardwareAddr{0x02, kind, a[0], a[1], a[2], a[3]}
+}
+
 // setSysctls turns on forwarding (pods reach beyond the bridge) and
 // route_localnet on the bridge (127.0.0.1:hostPort is DNATed to a pod and
 // leaves through the bridge with a loopback source before masquerade), and
 // turns off router advertisements on the bridge: a pod must not give the
 // node IPv6 routes or addresses. On a node without IPv6 the last is moot.
 func (n *Network) setSysctls() error {
-	for _, s := range []struct{ key, value string }{
-		{"net/ipv4/ip_forward", "1"},
-		{"net/ipv4/conf/" + n.cfg.Bridge + "/route_localnet", "1"},
-		{"net/ipv6/conf/" + n.cfg.Bridge + "/accept_ra", "0"},
-	} {
-		changed, err := setSysctl(s.key, s.value)
+	changed, err := applySysctls(
+		sysctl{"net/ipv4/ip_forward", "1"},
+		sysctl{"net/ipv4/conf/" + n.cfg.Bridge + "/route_localnet", "1"},
+		sysctl{"net/ipv6/conf/" + n.cfg.Bridge + "/accept_ra", "0"},
+	)
+	for _, s := range changed {
+		n.log.Info("set sysctl for the pod network", "sysctl", strings.ReplaceAll(s.key, "/", "."), "value", s.value)
+	}
+	return err
+}
+
+// sysctl is a key under /proc/sys and its value.
+type sysctl struct{ key, value string }
+
+// applySysctls writes the values that differ, in the network namespace of
+// the calling thread, and returns those it changed. A key under net/ipv6
+// on a node without IPv6 is skipped: there is nothing to set.
+func applySysctls(all ...sysctl) (changed []sysctl, err error) {
+	for _, s := range all {
+		p := "/proc/sys/" + s.key
+		cur, err := os.ReadFile(p)
 		if errors.Is(err, os.ErrNotExist) && strings.HasPrefix(s.key, "net/ipv6/") {
 			continue
 		}
+		if err == nil && strings.TrimSpace(string(cur)) == s.value {
+			continue
+		}
+		if err == nil {
+			err = os.WriteFile(p, []byte(s.value), 0o644)
+		}
 		if err != nil {
-			return fmt.Errorf("network: sysctl: %w", err)
+			return changed, fmt.Errorf("network: sysctl: %w", err)
 		}
-		if changed {
-			n.log.Info("set sysctl for the pod network", "sysctl", strings.ReplaceAll(s.key, "/", "."), "value", s.value)
-		}
+		changed = append(changed, s)
 	}
-	return nil
-}
-
-// setSysctl writes value to /proc/sys/key unless it holds it already, in
-// the network namespace of the calling thread.
-func setSysctl(key, value string) (changed bool, err error) {
-	p := "/proc/sys/" + key
-	cur, err := os.ReadFile(p)
-	if err != nil {
-		return false, err
-	}
-	if strings.TrimSpace(string(cur)) == value {
-		return false, nil
-	}
-	return true, os.WriteFile(p, []byte(value), 0o644)
+	return changed, nil
 }

@@ -1,7 +1,6 @@
 package network
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -86,7 +85,7 @@ func cleanupNet(tb testing.TB, cfg Config) {
 		}
 	}
 	if c, err := nftables.New(); err == nil {
-		for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+		for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyNetdev} {
 			t := &nftables.Table{Name: cfg.TableName, Family: f}
 			c.AddTable(t)
 			c.DelTable(t)
@@ -238,32 +237,29 @@ func (e *testEnv) assertGone(tb testing.TB, pod string) {
 	if n := e.elementsOf(tb, pod); n != 0 {
 		tb.Errorf("%d host port elements of %s left", n, pod)
 	}
-	if n := e.guardElementsOf(tb, pod); n != 0 {
-		tb.Errorf("%d veth and source elements of %s left", n, pod)
+	if e.hasGuardChain(tb, pod) {
+		tb.Errorf("guard chain of %s left", pod)
 	}
 }
 
-// guardElementsOf counts the elements of the guard's sets keyed by the pod's
+// hasGuardChain tells whether the guard table has the chain of the pod's
 // host veth.
-func (e *testEnv) guardElementsOf(tb testing.TB, pod string) int {
+func (e *testEnv) hasGuardChain(tb testing.TB, pod string) bool {
 	tb.Helper()
 	c, err := nftables.New()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	count := 0
-	for _, s := range []*nftables.Set{e.vethSet(), e.sourceSet()} {
-		els, err := c.GetSetElements(s)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		for _, el := range els {
-			if bytes.HasPrefix(el.Key, ifnameKey(vethName(pod))) {
-				count++
-			}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == e.cfg.TableName && ch.Name == vethName(pod) {
+			return true
 		}
 	}
-	return count
+	return false
 }
 
 // leaseFiles lists the files in the lease folder, temp files included.

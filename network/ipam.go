@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -19,8 +20,20 @@ import (
 type lease struct {
 	Pod   string        `json:"pod"`
 	IP    netip.Addr    `json:"ip"`
+	MAC   macAddr       `json:"mac,omitempty"` // the pod's eth0's, the only source its port lets through; none in leases of older berthds
 	Veth  string        `json:"veth"`
 	Ports []PortMapping `json:"ports,omitempty"`
+}
+
+// macAddr is a MAC address written as text ("02:70:0a:59:00:02").
+type macAddr net.HardwareAddr
+
+func (m macAddr) MarshalText() ([]byte, error) { return []byte(net.HardwareAddr(m).String()), nil }
+
+func (m *macAddr) UnmarshalText(b []byte) error {
+	mac, err := net.ParseMAC(string(b))
+	*m = macAddr(mac)
+	return err
 }
 
 var errNoLease = errors.New("no lease")
@@ -86,7 +99,7 @@ func (s *leaseStore) reserve(pod, veth string, ports []PortMapping) (*lease, err
 		if !ok {
 			return fmt.Errorf("%w in %s (%d pods hold one)", ErrNoAddress, s.subnet, len(all))
 		}
-		l = &lease{Pod: pod, IP: ip, Veth: veth, Ports: ports}
+		l = &lease{Pod: pod, IP: ip, MAC: macAddr(derivedMAC(podMACKind, ip)), Veth: veth, Ports: ports}
 		if err := s.write(l); err != nil {
 			return err
 		}

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/netip"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sync"
 	"time"
 
@@ -334,15 +332,15 @@ func (n *Network) Detach(ctx context.Context, pod PodInfo, netnsPath string) err
 	return n.teardown(l)
 }
 
-// teardown removes the pod's source, host ports and veth, then its lease,
-// so that a failure keeps the lease for a retry to find. It is slower than
-// Attach: an nftables commit and, far longer, a link's unregistering wait
-// for RCU grace periods. The elements and the veth go side by side, since
-// neither needs the other gone first.
+// teardown removes the pod's host ports, guard chain and veth, then its
+// lease, so that a failure keeps the lease for a retry to find. It is
+// slower than Attach: nftables commits and, far longer, a link's
+// unregistering wait for RCU grace periods. The rules and the veth go side
+// by side, since neither needs the other gone first.
 func (n *Network) teardown(l *lease) error {
 	veth := make(chan error, 1)
 	go func() { veth <- delVeth(l.Veth) }()
-	if err := errors.Join(n.delElements(l), <-veth); err != nil {
+	if err := errors.Join(n.delElements(l), n.delGuard(l), <-veth); err != nil {
 		return err
 	}
 	return n.leases.release(l.Pod)
@@ -375,12 +373,12 @@ func (n *Network) Reconcile(ctx context.Context, livePods map[string]bool) (err 
 			dead = append(dead, l)
 		}
 	}
-	// One transaction each replaces the maps and the sources, which also
+	// One transaction each replaces the maps and the guard, which also
 	// drops what belonged to a lease that was lost.
 	if err := n.rewritePorts(live); err != nil {
 		return err
 	}
-	if err := n.rewriteSources(slices.Collect(maps.Values(live))); err != nil {
+	if err := n.writeGuard(live); err != nil {
 		return err
 	}
 	keep := map[string]bool{}

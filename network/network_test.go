@@ -80,6 +80,95 @@ func TestPodToPodAndNode(t *testing.T) {
 	}
 }
 
+// TestPortGuard checks what Attach sets up to guard a pod's port: the pod's
+// MAC, derived from its address and recorded in its lease; the host veth's
+// sysctls; and the port's chain, hooked on the veth, which Setup rewrites
+// (with the MAC pinned only where the lease has one, and without the
+// bridge-family table of older berthds) and Reconcile removes with the pod.
+func TestPortGuard(t *testing.T) {
+	e := newEnv(t, 24)
+	id, pin, a := e.attach(t)
+	l, err := e.leases.get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := derivedMAC(podMACKind, l.IP); !slices.Equal(l.MAC, macAddr(want)) {
+		t.Errorf("lease MAC %s, want %s", net.HardwareAddr(l.MAC), want)
+	}
+	err = podns.DoInNetNS(pin, func() error {
+		eth0, err := netlink.LinkByName("eth0")
+		if err == nil && !slices.Equal(eth0.Attrs().HardwareAddr, net.HardwareAddr(l.MAC)) {
+			err = fmt.Errorf("eth0 has MAC %s, the lease %s", eth0.Attrs().HardwareAddr, net.HardwareAddr(l.MAC))
+		}
+		return err
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	for key, want := range map[string]string{
+		"net/ipv6/conf/" + a.HostVeth + "/disable_ipv6": "1",
+		"net/ipv4/conf/" + a.HostVeth + "/rp_filter":    "1",
+	} {
+		if b, err := os.ReadFile("/proc/sys/" + key); err != nil || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s = %q, %v; want %s", key, b, err, want)
+		}
+	}
+	full := len(e.guardRules(t, id))
+	if full != len(forbidden(l)) {
+		t.Errorf("the port's chain has %d rules, want %d", full, len(forbidden(l)))
+	}
+
+	// A restart after an upgrade: a lease without a MAC, and the table of
+	// the berthd before, which Setup deletes.
+	l.MAC = nil
+	if err := e.leases.write(l); err != nil {
+		t.Fatal(err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := c.AddTable(&nftables.Table{Name: e.cfg.TableName, Family: nftables.TableFamilyBridge})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	n2, err := New(e.cfg, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(e.guardRules(t, id)); got != full-2 {
+		t.Errorf("the chain of a port whose lease has no MAC has %d rules, want %d (no MAC rules)", got, full-2)
+	}
+	if _, err := c.ListTableOfFamily(old.Name, old.Family); err == nil {
+		t.Error("Setup kept the bridge-family guard table of an older berthd")
+	}
+	if err := n2.Reconcile(bg, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.assertGone(t, id)
+}
+
+// guardRules lists the rules of the chain of the pod's port; none when it
+// has no chain.
+func (e *testEnv) guardRules(t *testing.T, pod string) []*nftables.Rule {
+	t.Helper()
+	if !e.hasGuardChain(t, pod) {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := c.GetRules(e.guardTable(), &nftables.Chain{Name: vethName(pod)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rules
+}
+
 // hairpin reads the bridge port's hairpin flag.
 func hairpin(t *testing.T, link netlink.Link) bool {
 	t.Helper()
@@ -175,22 +264,34 @@ func TestLoopbackProtected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Without berth's input rule the attack works: the test is sound.
+	// Two rules stop it: the input rule of the ip table and the port's
+	// guard chain. Without both the attack works: the test is sound.
 	c, err := nftables.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.FlushChain(&nftables.Chain{Name: "input", Table: e.table()})
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
+	input := &nftables.Chain{Name: "input", Table: e.table()}
+	guard := &nftables.Chain{Name: a.HostVeth, Table: e.guardTable()}
+	flush := func(chains ...*nftables.Chain) {
+		t.Helper()
+		if err := e.Setup(); err != nil {
+			t.Fatal(err)
+		}
+		for _, ch := range chains {
+			c.FlushChain(ch)
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
+	flush(input, guard)
 	mustGet(t, pin, "tcp4", ln.Addr().String(), "node loopback")
-	// With it, the pod gets nothing.
-	if err := e.Setup(); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := get(pin, "tcp4", ln.Addr().String()); err == nil {
-		t.Errorf("a pod reached the node's loopback listener: %q", got)
+	// Either one alone gives the pod nothing.
+	for _, without := range []*nftables.Chain{input, guard} {
+		flush(without)
+		if got, err := get(pin, "tcp4", ln.Addr().String()); err == nil {
+			t.Errorf("without chain %s, a pod reached the node's loopback listener: %q", without.Name, got)
+		}
 	}
 }
 
@@ -360,18 +461,18 @@ func TestDetach(t *testing.T) {
 	// The port is free again.
 	e.attach(t, PortMapping{ContainerPort: 80, HostPort: hp})
 
-	// Detach of a pod whose veth element is gone already (a table rebuilt
-	// without it) deletes the rest.
+	// Detach of a pod whose guard chain is gone already (a kernel before
+	// 6.16 deletes it with its veth) deletes the rest.
 	id3, _, _ := e.attach(t, PortMapping{ContainerPort: 80, HostPort: hp + 2})
 	l3, err := e.leases.get(id3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := deleteElements(elementsIn{e.vethSet(), vethElements(l3)}); err != nil {
-		t.Fatal(err)
+	if !e.hasGuardChain(t, id3) {
+		t.Fatal("the attached pod has no guard chain")
 	}
-	if n := e.guardElementsOf(t, id3); n != 1 {
-		t.Fatalf("%d guard elements, want the source's 1", n)
+	if err := e.delGuard(l3); err != nil {
+		t.Fatal(err)
 	}
 	if err := e.Detach(bg, PodInfo{ID: id3}, ""); err != nil {
 		t.Fatal(err)

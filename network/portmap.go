@@ -314,8 +314,9 @@ func concat(parts ...[]expr.Any) []expr.Any {
 	return out
 }
 
-// addElements adds the lease's host ports and its source (guard.go) in
-// one transaction: one netlink round trip on the pod start path.
+// addElements adds the lease's host ports and its port's guard chain
+// (guard.go) in one transaction: one netlink round trip on the pod start
+// path.
 func (n *Network) addElements(l *lease) error {
 	c, err := nftables.New()
 	if err != nil {
@@ -326,35 +327,33 @@ func (n *Network) addElements(l *lease) error {
 	if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
 		return err
 	}
-	if err := n.queueSource(c, l); err != nil {
-		return err
-	}
+	n.queueGuard(c, l)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("network: add host ports and address of pod %s: %w", l.Pod, err)
+		return fmt.Errorf("network: add host ports and guard of pod %s: %w", l.Pod, err)
 	}
 	return nil
 }
 
-// delElements deletes what addElements added for the lease, its host ports,
-// veth and source, in one transaction. Some may be gone already (a
-// half-done Attach, a table rebuilt without them): the transaction then
-// fails whole, and each element is deleted in a transaction of its own, a
-// missing one ignored.
+// delElements deletes the lease's host ports in one transaction (delGuard
+// deletes its guard chain). Some may be gone already (a half-done Attach,
+// a table rebuilt without them): the transaction then fails whole, and
+// each element is deleted in a transaction of its own, a missing one
+// ignored.
 func (n *Network) delElements(l *lease) error {
 	anyEls, oneEls := elements(l)
 	anyIP, oneIP := n.portMaps()
-	all := []elementsIn{{anyIP, anyEls}, {oneIP, oneEls}, {n.vethSet(), vethElements(l)}, {n.sourceSet(), sourceElements(l)}}
+	all := []elementsIn{{anyIP, anyEls}, {oneIP, oneEls}}
 	err := deleteElements(all...)
 	if !errors.Is(err, unix.ENOENT) {
 		if err != nil {
-			return fmt.Errorf("network: delete host ports and address of pod %s: %w", l.Pod, err)
+			return fmt.Errorf("network: delete host ports of pod %s: %w", l.Pod, err)
 		}
 		return nil
 	}
 	for _, s := range all {
 		for _, el := range s.els {
 			if err := deleteElements(elementsIn{s.set, []nftables.SetElement{el}}); err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("network: delete host ports and address of pod %s: %w", l.Pod, err)
+				return fmt.Errorf("network: delete host ports of pod %s: %w", l.Pod, err)
 			}
 		}
 	}

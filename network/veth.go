@@ -49,8 +49,9 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	attrs.Name = l.Veth
 	attrs.MTU = n.cfg.MTU
 	attrs.MasterIndex = br.Attrs().Index
-	attrs.Flags = net.FlagUp
-	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(ns.Fd())}
+	// Down until guardHostVeth has set it up to take nothing for itself.
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(ns.Fd()),
+		PeerHardwareAddr: net.HardwareAddr(l.MAC)}
 	err = netlink.LinkAdd(veth)
 	if errors.Is(err, unix.EEXIST) {
 		// A leftover of this pod (same name) from a crash; if eth0 is
@@ -68,6 +69,12 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	if err := netlink.LinkSetHairpin(veth, true); err != nil {
 		return fmt.Errorf("network: hairpin on %s: %w", l.Veth, err)
 	}
+	if err := guardHostVeth(l.Veth); err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(veth); err != nil {
+		return fmt.Errorf("network: bring %s up: %w", l.Veth, err)
+	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(l.IP.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
 	gw := net.IP(n.gateway.AsSlice())
 	return podns.DoInNetNS(netnsPath, func() error { return configurePodEnd(addr, gw) })
@@ -81,10 +88,8 @@ func configurePodEnd(addr *netlink.Addr, gw net.IP) error {
 	if err != nil {
 		return fmt.Errorf("network: %s in pod: %w", podIfName, err)
 	}
-	for _, key := range []string{"net/ipv6/conf/default/accept_ra", "net/ipv6/conf/" + podIfName + "/accept_ra"} {
-		if _, err := setSysctl(key, "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("network: sysctl in pod: %w", err)
-		}
+	if _, err := applySysctls(sysctl{"net/ipv6/conf/default/accept_ra", "0"}, sysctl{"net/ipv6/conf/" + podIfName + "/accept_ra", "0"}); err != nil {
+		return fmt.Errorf("in pod: %w", err)
 	}
 	if err := netlink.AddrAdd(link, addr); err != nil {
 		return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, podIfName, err)
@@ -103,6 +108,18 @@ func configurePodEnd(addr *netlink.Addr, gw net.IP) error {
 		}
 	}
 	return nil
+}
+
+// guardHostVeth makes the host end of a pod's veth, a bridge port, take
+// nothing for itself. The bridge hands it the frames a pod sends to the
+// link-local groups, and the guard chain drops those; should one get past,
+// the veth has no IPv6 (no router advertisement, autoconfiguration or
+// address; the bridge still forwards the pods' IPv6) and drops IPv4 in
+// strict reverse-path filtering, since the route back to a pod is the
+// bridge's. A node-wide net.ipv4.conf.all.rp_filter=2 makes it loose.
+func guardHostVeth(name string) error {
+	_, err := applySysctls(sysctl{"net/ipv6/conf/" + name + "/disable_ipv6", "1"}, sysctl{"net/ipv4/conf/" + name + "/rp_filter", "1"})
+	return err
 }
 
 // delVeth deletes a host veth (its peer goes with it); a missing one is

@@ -32,9 +32,9 @@ func TestNetwork(t testing.TB) (bridge, subnet string) {
 			netlink.LinkDel(link)
 		}
 		// berthd keeps its tables when it stops (its pods' rules outlive
-		// it); the ip table and the bridge one (whose rules see every
-		// bridge of the node) go with the test.
-		for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+		// it); the ip table and the netdev one (the pods' guard) go with
+		// the test.
+		for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyNetdev} {
 			if c, err := nftables.New(); err == nil {
 				c.DelTable(&nftables.Table{Name: bridge, Family: family})
 				c.Flush() // fails when the daemon never made the table: nothing to remove
