@@ -7,7 +7,7 @@
 # (make bench-compare: containerd, runc).
 set -euo pipefail
 
-packages=(gcc libc6-dev pkg-config libseccomp-dev busybox-static containernetworking-plugins nftables)
+packages=(gcc libc6-dev pkg-config libseccomp-dev busybox-static containernetworking-plugins nftables nginx-light)
 if (($#)); then
 	packages=("$@")
 fi
@@ -20,6 +20,16 @@ if ((${#missing[@]})); then
 	echo "installing: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
+	# Packages with a service (nginx-light, the seccomp test's web server;
+	# containerd for bench-compare) would start it from their postinst: a
+	# policy-rc.d that denies starts, only while apt runs and only where the
+	# machine has none, keeps the tests' packages from serving on the node.
+	policy=/usr/sbin/policy-rc.d
+	if [[ ! -e $policy ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 0755 "$policy"
+		trap 'rm -f "$policy"' EXIT
+	fi
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
