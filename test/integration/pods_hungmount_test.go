@@ -61,10 +61,18 @@ func TestCreateContainerHungVolume(t *testing.T) {
 		t.Errorf("containers after the failed creates: %v, %v; want none", list.GetContainers(), err)
 	}
 	// The pod's lock was let go: the pod takes a container that needs no
-	// hung path.
-	good := e.ctrConfig("good", "/bin/echo", "fine")
-	if st, out := e.runToExit(t, pod, cfg, good); st.ExitCode != 0 || out != "fine\n" {
-		t.Errorf("a container beside the hung volume: exit %d, output %q", st.ExitCode, out)
+	// hung path (bounded: the lock of a call still hanging would hold
+	// this one for ever).
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	good, err := e.d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg,
+		Config: e.ctrConfig("good", "/bin/echo", "fine")})
+	if err != nil {
+		t.Fatalf("CreateContainer beside the hung volume: %v", err)
+	}
+	e.start(t, good.ContainerId)
+	if st := e.waitState(t, good.ContainerId, runtimeapi.ContainerState_CONTAINER_EXITED); st.ExitCode != 0 {
+		t.Errorf("a container beside the hung volume exited %d", st.ExitCode)
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
