@@ -113,6 +113,7 @@ func containerStatus(c *sandbox.ContainerStatus) *runtimeapi.ContainerStatus {
 	if c.User != nil {
 		st.User = containerUser(*c.User)
 	}
+	_, st.StopSignal = c.SignalInForce()
 	return st
 }
 

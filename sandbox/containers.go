@@ -85,6 +85,11 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if _, err := spec.StopSignal(img.Config.Config.StopSignal); err != nil {
 		return nil, errkind.Errorf(errkind.Invalid, "image %s: StopSignal: %v", img.ID, err)
 	}
+	if s := cfg.GetStopSignal(); s != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
+		if _, err := criSignal(s); err != nil {
+			return nil, errkind.Errorf(errkind.Invalid, "config.stop_signal: %v", err)
+		}
+	}
 	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
 		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now()}
 	c.ImageName, c.RepoDigest = img.Names(cmp.Or(cfg.Image.UserSpecifiedImage, cfg.Image.Image))
@@ -289,10 +294,7 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout
 		return err
 	}
 	if timeout > 0 {
-		sig, err := spec.StopSignal(c.StopSignal)
-		if err != nil {
-			sig = syscall.SIGTERM // checked at create; a record from before cannot be worse
-		}
+		sig, _ := c.SignalInForce()
 		if err := client.Kill(ctx, c.ID, sig, false); err != nil {
 			return ignoreNeverMade(err)
 		}

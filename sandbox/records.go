@@ -3,8 +3,12 @@ package sandbox
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
+	"sync"
+	"syscall"
 	"time"
 
+	"github.com/berth-runtime/berth/sandbox/spec"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -57,13 +61,62 @@ type Container struct {
 	CreatedAt  time.Time `json:"createdAt"`
 	LogPath    string    `json:"logPath"`
 	// StopSignal is the image's, kept here: the image may be removed
-	// while the container still runs.
+	// while the container still runs. Config.stop_signal, when set, wins
+	// (see SignalInForce).
 	StopSignal string `json:"stopSignal,omitempty"`
 	Timeline   []Step `json:"timeline,omitempty"`
 	// User is the identity of the container's process, from its spec;
 	// nil in records from before berth kept it.
 	User *specs.User `json:"user,omitempty"`
 }
+
+// SignalInForce is the signal StopContainer sends first, and its CRI name:
+// the container's stop_signal, else the image's STOPSIGNAL, else SIGTERM.
+// Both were checked at create; a record from before that check falls back
+// to SIGTERM.
+func (c *Container) SignalInForce() (syscall.Signal, runtimeapi.Signal) {
+	if s := c.Config.GetStopSignal(); s != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
+		if sig, err := criSignal(s); err == nil {
+			return sig, s
+		}
+	}
+	sig, err := spec.StopSignal(c.StopSignal)
+	if err != nil {
+		sig = syscall.SIGTERM
+	}
+	return sig, criSignalNames()[sig]
+}
+
+// criSignal is the signal a CRI Signal names ("SIGNAL_SIGRTMINPLUS1" is
+// RTMIN+1), parsed as an image's StopSignal is, so that both agree.
+func criSignal(s runtimeapi.Signal) (syscall.Signal, error) {
+	name, ok := runtimeapi.Signal_name[int32(s)]
+	if !ok || s == runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
+		return 0, fmt.Errorf("unknown signal %d", s)
+	}
+	name = strings.TrimPrefix(name, "SIGNAL_")
+	name = strings.Replace(name, "MINPLUS", "MIN+", 1)
+	name = strings.Replace(name, "MAXMINUS", "MAX-", 1)
+	return spec.StopSignal(name)
+}
+
+// criSignalNames maps each signal to its CRI name; where the CRI has two
+// names for one signal (SIGABRT and SIGIOT) the first in the enum wins.
+// A signal the CRI has no name for (32, 33) is RUNTIME_DEFAULT.
+var criSignalNames = sync.OnceValue(func() map[syscall.Signal]runtimeapi.Signal {
+	names := map[syscall.Signal]runtimeapi.Signal{}
+	for v := range runtimeapi.Signal_name {
+		s := runtimeapi.Signal(v)
+		sig, err := criSignal(s)
+		if err != nil {
+			continue
+		}
+		if old, ok := names[sig]; !ok || s < old {
+			names[sig] = s
+		}
+	}
+	return names
+})
 
 func marshalRecord(v any, cfg proto.Message, raw *json.RawMessage) ([]byte, error) {
 	b, err := protojson.Marshal(cfg)
