@@ -20,6 +20,9 @@ func (r *RuntimeService) CreateContainer(ctx context.Context, req *runtimeapi.Cr
 	if req.GetConfig() == nil {
 		return nil, status.Error(codes.InvalidArgument, "config is required")
 	}
+	if err := checkHandler("config.image.runtime_handler", req.Config.GetImage().GetRuntimeHandler()); err != nil {
+		return nil, err
+	}
 	c, err := r.pods.CreateContainer(ctx, req.GetPodSandboxId(), req.Config)
 	if err != nil {
 		return nil, grpcError(err)

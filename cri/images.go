@@ -22,6 +22,9 @@ func NewImageService(images *image.Service) runtimeapi.ImageServiceServer {
 }
 
 func (s *imageService) ListImages(_ context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
+	if err := checkHandler("filter.image.runtime_handler", req.GetFilter().GetImage().GetRuntimeHandler()); err != nil {
+		return nil, err
+	}
 	imgs, err := s.images.List(req.GetFilter().GetImage().GetImage())
 	if err != nil {
 		return nil, imageError("filter.image.image", err)
@@ -39,6 +42,9 @@ func (s *imageService) ImageStatus(_ context.Context, req *runtimeapi.ImageStatu
 	ref := req.GetImage().GetImage()
 	if ref == "" {
 		return nil, status.Error(codes.InvalidArgument, "image.image is required")
+	}
+	if err := checkHandler("image.runtime_handler", req.GetImage().GetRuntimeHandler()); err != nil {
+		return nil, err
 	}
 	img, err := s.images.Get(ref)
 	if errors.Is(err, image.ErrNotFound) {
@@ -69,6 +75,9 @@ func (s *imageService) PullImage(ctx context.Context, req *runtimeapi.PullImageR
 	if ref == "" {
 		return nil, status.Error(codes.InvalidArgument, "image.image is required")
 	}
+	if err := checkHandler("image.runtime_handler", req.GetImage().GetRuntimeHandler()); err != nil {
+		return nil, err
+	}
 	var auth *image.Auth
 	if a := req.GetAuth(); a != nil {
 		auth = &image.Auth{Username: a.Username, Password: a.Password, Auth: a.Auth,
@@ -86,6 +95,9 @@ func (s *imageService) RemoveImage(_ context.Context, req *runtimeapi.RemoveImag
 	ref := req.GetImage().GetImage()
 	if ref == "" {
 		return nil, status.Error(codes.InvalidArgument, "image.image is required")
+	}
+	if err := checkHandler("image.runtime_handler", req.GetImage().GetRuntimeHandler()); err != nil {
+		return nil, err
 	}
 	if err := s.images.Remove(ref); err != nil {
 		return nil, imageError("image.image", err)

@@ -12,8 +12,8 @@ import (
 
 // RunPodSandbox creates and starts a pod sandbox.
 func (r *RuntimeService) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
-	if h := req.GetRuntimeHandler(); h != "" && h != runtimeName {
-		return nil, status.Errorf(codes.InvalidArgument, "runtime_handler %q: berth has only the default handler", h)
+	if err := checkHandler("runtime_handler", req.GetRuntimeHandler()); err != nil {
+		return nil, err
 	}
 	if req.GetConfig() == nil {
 		return nil, status.Error(codes.InvalidArgument, "config is required")

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/image/registry"
@@ -138,6 +140,16 @@ func (r *RuntimeService) runtimeHandler() *runtimeapi.RuntimeHandler {
 		RecursiveReadOnlyMounts: f.RecursiveReadOnlyMounts,
 		UserNamespaces:          f.UserNamespaces,
 	}}
+}
+
+// checkHandler refuses a runtime handler berth does not have, as the CRI
+// says: berth has one, the default, named "" (and "berth", for clients
+// that name the runtime). field names where h came from.
+func checkHandler(field, h string) error {
+	if h != "" && h != runtimeName {
+		return status.Errorf(codes.InvalidArgument, "%s %q: berth has only the default handler", field, h)
+	}
+	return nil
 }
 
 // RuntimeConfig tells the kubelet which cgroup driver to use, so the two agree.
