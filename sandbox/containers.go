@@ -72,6 +72,11 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := checkContainerUserns(pod, cfg); err != nil {
 		return nil, err
 	}
+	// InvalidArgument, as for userns_options above: the container's field
+	// contradicts its pod's config, which no retry in this pod changes.
+	if err := spec.CheckPrivileged(pod.Config, cfg); err != nil {
+		return nil, errkind.Errorf(errkind.Invalid, "%v", err)
+	}
 	if err := m.checkPause(ctx, pod); err != nil {
 		return nil, err
 	}

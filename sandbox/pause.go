@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -20,18 +21,27 @@ import (
 // pauseID names the pause container inside its pod's shim.
 const pauseID = "pause"
 
-// pauseConfinement is the seccomp filter and AppArmor profile the pod's
-// security context asks for its sandbox: they apply to the pause.
+// pauseConfinement is the user, seccomp filter and AppArmor profile the
+// pod's security context asks for its sandbox: they apply to the pause.
 type pauseConfinement struct {
+	user     specs.User
 	seccomp  *specs.LinuxSeccomp
 	apparmor string
 }
 
-// pauseConfinementOf resolves the pod's seccomp and AppArmor fields (for
-// every pod, so that a bad profile is refused whether or not the pod has a
-// pause process).
+// pauseConfinementOf resolves the pod's user, seccomp and AppArmor fields
+// (for every pod, so that a bad one is refused whether or not the pod has a
+// pause process). The pod's user namespace options are checked already.
 func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig) (pauseConfinement, error) {
 	sc := cfg.GetLinux().GetSecurityContext()
+	uids, gids := uint32(math.MaxUint32), uint32(math.MaxUint32) // the host's user namespace maps them all
+	if u := namespaceOptions(cfg).GetUsernsOptions(); u != nil && u.Mode == runtimeapi.NamespaceMode_POD {
+		uids, gids = u.Uids[0].Length, u.Gids[0].Length
+	}
+	user, err := spec.PauseUser(sc, uids, gids)
+	if err != nil {
+		return pauseConfinement{}, errkind.Errorf(errkind.Invalid, "%v", err)
+	}
 	filter, err := spec.PauseSeccomp(sc)
 	if err != nil {
 		return pauseConfinement{}, errkind.Errorf(errkind.Invalid, "linux.security_context: %v", err)
@@ -40,12 +50,18 @@ func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig) (pauseCon
 	if err != nil {
 		return pauseConfinement{}, errkind.Errorf(errkind.Invalid, "linux.security_context: %v", err)
 	}
-	return pauseConfinement{seccomp: filter, apparmor: profile}, nil
+	return pauseConfinement{user: user, seccomp: filter, apparmor: profile}, nil
 }
 
 // startPause runs the built-in pause (berth-pause, a static C program) as
 // PID 1 of the pod's shared PID namespace, in an empty read-only rootfs
-// holding only that binary, and returns its host PID.
+// holding only that binary, and returns its host PID. Root in the pod's
+// containers may trace or signal its PID 1, so the pause holds nothing
+// worth taking: it runs as an unprivileged user (conf.user) with no
+// capabilities at all and no_new_privs, and berth-pause makes itself
+// non-dumpable (which the kernel resets at each exec, so only the program
+// itself can set it): a container process with the pause's uid but
+// without CAP_SYS_PTRACE can neither trace it nor read its memory.
 func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client, conf pauseConfinement) (int, error) {
 	bundle := shim.ContainerDir(m.podDir(pod.ID), pauseID)
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
@@ -86,8 +102,18 @@ func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
 		Process: &specs.Process{
 			Args: []string{"/pause"}, Cwd: "/", NoNewPrivileges: true,
 			Env: []string{"PATH=/"}, ApparmorProfile: conf.apparmor,
+			User: conf.user,
+			// Every set empty, the bounding set too (nil would keep the
+			// shim's, every capability).
+			Capabilities: &specs.LinuxCapabilities{},
 		},
-		Mounts: []specs.Mount{{Destination: "/pause", Type: "bind", Source: m.opts.PauseBinary, Options: []string{"rbind", "ro"}}},
+		Mounts: []specs.Mount{
+			{Destination: "/pause", Type: "bind", Source: m.opts.PauseBinary, Options: []string{"rbind", "ro"}},
+			// libcontainer's init reads /proc of the rootfs: to drop the
+			// capabilities (cap_last_cap) and, in a user namespace, to set
+			// up the user.
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		},
 		Linux: &specs.Linux{
 			Namespaces:  nss,
 			CgroupsPath: m.pauseCgroup(pod),
@@ -104,8 +130,6 @@ func joinUserNS(s *specs.Spec, pod *Pod) {
 	if pin := pod.Pins[string(podns.User)]; pin != "" {
 		u := namespaceOptions(pod.Config).GetUsernsOptions()
 		spec.JoinUserNS(s, pin, specIDMap(u.Uids[0]), specIDMap(u.Gids[0]))
-		// libcontainer's init in a user namespace reads /proc of its rootfs.
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}})
 	}
 }
 

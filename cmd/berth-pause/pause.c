@@ -8,11 +8,21 @@
  * stopping the pod) ends it; the kernel never delivers SIGKILL or SIGSTOP to
  * a PID 1 from inside its own namespace.
  *
+ * Root in a container of the pod may also trace its PID 1. berthd starts it
+ * as an unprivileged user with no capabilities and no_new_privs (see
+ * sandbox/pause.go), and it makes itself non-dumpable first thing: the
+ * kernel sets a process dumpable again at every exec where its uid did not
+ * change, so only the program itself can clear the flag. Non-dumpable, a
+ * process with its uid but without CAP_SYS_PTRACE cannot attach to it or
+ * read its memory or environment. (Before the prctl the pause is dumpable
+ * for a few instructions; no container of the pod exists yet then.)
+ *
  * Plain C with no Go runtime: one thread, nothing allocated. Built static
  * (make build): it runs alone in an empty rootfs.
  */
 #include <signal.h>
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -34,6 +44,11 @@ int main(int argc, char **argv)
 	int sig;
 
 	(void)argv;
+	/* Fail closed: a pause that anyone with its uid could trace is not run. */
+	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+		perror("berth-pause: prctl(PR_SET_DUMPABLE, 0)");
+		return 1;
+	}
 	if (argc != 1) {
 		fputs("usage: berth-pause (no arguments)\n", stderr);
 		return 2;

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -175,4 +176,71 @@ func readonlyPaths(sc *runtimeapi.LinuxContainerSecurityContext) []string {
 		return slices.Clone(p)
 	}
 	return slices.Clone(DefaultReadonlyPaths)
+}
+
+// PauseID is the user and group the pause runs as when the pod names none:
+// the overflow ID ("nobody") that other runtimes' pause images use too.
+const PauseID = 65535
+
+// PauseUser returns the user of a pod's pause process: the pod's
+// run_as_user and run_as_group, else PauseID. The pause has no
+// supplementary groups (supplemental_groups are the containers'), nor
+// capabilities: root in a container that shares its PID namespace may trace
+// it, and must find nothing there it does not already have.
+//
+// uids and gids are how many IDs from 0 up the pod's user namespace maps
+// (math.MaxUint32 in the host's): a given ID must be mapped, and a shorter
+// mapping than PauseID needs gets its highest ID as the default.
+//
+// run_as_group alone is honoured, not refused as the CRI asks: the kubelet
+// sends it for a pod-level runAsGroup whose runAsUser is set per container.
+func PauseUser(sc *runtimeapi.LinuxSandboxSecurityContext, uids, gids uint32) (specs.User, error) {
+	uid, err := pauseID("linux.security_context.run_as_user", sc.GetRunAsUser(), uids)
+	if err != nil {
+		return specs.User{}, err
+	}
+	gid, err := pauseID("linux.security_context.run_as_group", sc.GetRunAsGroup(), gids)
+	if err != nil {
+		return specs.User{}, err
+	}
+	return specs.User{UID: uid, GID: gid}, nil
+}
+
+// pauseID is the ID field asks for, or the default, within the mapped IDs
+// [0, mapped).
+func pauseID(field string, v *runtimeapi.Int64Value, mapped uint32) (uint32, error) {
+	if v == nil {
+		return min(PauseID, mapped-1), nil
+	}
+	switch id := v.GetValue(); {
+	case id < 0 || id >= math.MaxUint32:
+		return 0, fmt.Errorf("%s: invalid ID %d", field, id)
+	case id >= int64(mapped):
+		return 0, fmt.Errorf("%s: ID %d is not mapped in the pod's user namespace (it maps 0 to %d)", field, id, mapped-1)
+	default:
+		return uint32(id), nil
+	}
+}
+
+// CheckPrivileged refuses a privileged container in a pod that did not say
+// it would run one: the CRI makes the pod's privileged field a promise
+// ("If a privileged container is to be executed within it, this MUST be
+// true"), so a pod that did not make it gets no container with every
+// capability and device. A pod with its own user namespace gets none
+// either: privileged there means root over the host's devices and kernel
+// interfaces from an unprivileged user namespace, which the kubelet itself
+// refuses (hostUsers: false with a privileged container).
+func CheckPrivileged(pod *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) error {
+	if !cfg.GetLinux().GetSecurityContext().GetPrivileged() {
+		return nil
+	}
+	podSC := pod.GetLinux().GetSecurityContext()
+	if !podSC.GetPrivileged() {
+		return fmt.Errorf("config.linux.security_context.privileged: the pod is not privileged (its linux.security_context.privileged is false)")
+	}
+	// POD is the enum's zero value: only present options can ask for it.
+	if u := podSC.GetNamespaceOptions().GetUsernsOptions(); u != nil && u.GetMode() == runtimeapi.NamespaceMode_POD {
+		return fmt.Errorf("config.linux.security_context.privileged: the pod has its own user namespace (namespace_options.userns_options.mode POD)")
+	}
+	return nil
 }

@@ -2,9 +2,12 @@ package spec
 
 import (
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -143,5 +146,81 @@ func TestNoNewPrivsReadonlyRootfs(t *testing.T) {
 	}
 	if !s.Process.NoNewPrivileges || !s.Root.Readonly || s.Root.Path != in.RootfsPath {
 		t.Fatalf("process %+v root %+v", s.Process, s.Root)
+	}
+}
+
+func TestPauseUser(t *testing.T) {
+	id := func(v int64) *runtimeapi.Int64Value { return &runtimeapi.Int64Value{Value: v} }
+	const host = 1<<32 - 1 // the host's user namespace maps every ID
+	for _, tc := range []struct {
+		name       string
+		sc         *runtimeapi.LinuxSandboxSecurityContext
+		uids, gids uint32
+		want       specs.User
+		err        string
+	}{
+		{"default", nil, host, host, specs.User{UID: PauseID, GID: PauseID}, ""},
+		{"pod-user-and-group", &runtimeapi.LinuxSandboxSecurityContext{RunAsUser: id(1000), RunAsGroup: id(2000)}, host, host, specs.User{UID: 1000, GID: 2000}, ""},
+		{"pod-root", &runtimeapi.LinuxSandboxSecurityContext{RunAsUser: id(0)}, host, host, specs.User{UID: 0, GID: PauseID}, ""},
+		// The kubelet sends a pod-level runAsGroup without runAsUser.
+		{"group-only", &runtimeapi.LinuxSandboxSecurityContext{RunAsGroup: id(3000)}, host, host, specs.User{UID: PauseID, GID: 3000}, ""},
+		{"userns-65536", nil, 65536, 65536, specs.User{UID: PauseID, GID: PauseID}, ""},
+		{"userns-short", nil, 1000, 10, specs.User{UID: 999, GID: 9}, ""},
+		{"userns-user-mapped", &runtimeapi.LinuxSandboxSecurityContext{RunAsUser: id(999), RunAsGroup: id(0)}, 1000, 1, specs.User{UID: 999, GID: 0}, ""},
+		{"userns-user-unmapped", &runtimeapi.LinuxSandboxSecurityContext{RunAsUser: id(1000)}, 1000, 1000, specs.User{},
+			"linux.security_context.run_as_user: ID 1000 is not mapped in the pod's user namespace (it maps 0 to 999)"},
+		{"userns-group-unmapped", &runtimeapi.LinuxSandboxSecurityContext{RunAsUser: id(1), RunAsGroup: id(5)}, 1000, 5, specs.User{},
+			"linux.security_context.run_as_group: ID 5 is not mapped"},
+		{"negative-user", &runtimeapi.LinuxSandboxSecurityContext{RunAsUser: id(-1)}, host, host, specs.User{},
+			"linux.security_context.run_as_user: invalid ID -1"},
+		{"too-large-group", &runtimeapi.LinuxSandboxSecurityContext{RunAsUser: id(1), RunAsGroup: id(1 << 32)}, host, host, specs.User{},
+			"linux.security_context.run_as_group: invalid ID 4294967296"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := PauseUser(tc.sc, tc.uids, tc.gids)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("PauseUser = %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckPrivileged(t *testing.T) {
+	priv := &runtimeapi.ContainerConfig{Linux: &runtimeapi.LinuxContainerConfig{
+		SecurityContext: &runtimeapi.LinuxContainerSecurityContext{Privileged: true}}}
+	plain := &runtimeapi.ContainerConfig{}
+	pod := func(sc *runtimeapi.LinuxSandboxSecurityContext) *runtimeapi.PodSandboxConfig {
+		return &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: sc}}
+	}
+	userns := func(mode runtimeapi.NamespaceMode) *runtimeapi.NamespaceOption {
+		return &runtimeapi.NamespaceOption{UsernsOptions: &runtimeapi.UserNamespace{Mode: mode}}
+	}
+	for _, tc := range []struct {
+		name string
+		pod  *runtimeapi.PodSandboxConfig
+		ctr  *runtimeapi.ContainerConfig
+		err  string
+	}{
+		{"plain-in-plain-pod", pod(nil), plain, ""},
+		{"privileged-in-privileged-pod", pod(&runtimeapi.LinuxSandboxSecurityContext{Privileged: true}), priv, ""},
+		// No userns options at all: POD is the enum's zero value, not asked for.
+		{"privileged-pod-no-userns-options", pod(&runtimeapi.LinuxSandboxSecurityContext{Privileged: true, NamespaceOptions: &runtimeapi.NamespaceOption{}}), priv, ""},
+		{"privileged-pod-host-userns", pod(&runtimeapi.LinuxSandboxSecurityContext{Privileged: true, NamespaceOptions: userns(runtimeapi.NamespaceMode_NODE)}), priv, ""},
+		{"privileged-in-plain-pod", pod(nil), priv, "config.linux.security_context.privileged: the pod is not privileged"},
+		{"privileged-in-userns-pod", pod(&runtimeapi.LinuxSandboxSecurityContext{Privileged: true, NamespaceOptions: userns(runtimeapi.NamespaceMode_POD)}), priv,
+			"config.linux.security_context.privileged: the pod has its own user namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckPrivileged(tc.pod, tc.ctr)
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Fatalf("CheckPrivileged = %v, want %q", err, tc.err)
+			}
+		})
 	}
 }

@@ -41,6 +41,9 @@ func TestContainerBindMounts(t *testing.T) {
 	}
 
 	cfg := e.podConfig("mounts")
+	// Privileged: the propagation cases run a privileged container, which
+	// only a privileged pod may hold.
+	cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{Privileged: true}
 	pod := e.runPod(t, cfg)
 
 	t.Run("plain", func(t *testing.T) {

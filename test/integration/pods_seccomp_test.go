@@ -48,6 +48,9 @@ func TestSeccomp(t *testing.T) {
 	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	cfg := e.podConfig("seccomp")
+	// Privileged: the "privileged" case runs a privileged container, which
+	// only a privileged pod may hold.
+	cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{Privileged: true}
 	pod := e.runPod(t, cfg)
 	chmodProfile := writeProfile(t, "no-chmod.json", "chmod", "fchmod", "fchmodat", "fchmodat2")
 	hostnameProfile := writeProfile(t, "no-sethostname.json", "sethostname")
