@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -72,32 +73,66 @@ func NewServer(opts ServerOptions) *Server {
 }
 
 // Listen claims the socket: it refuses to start if a live server answers on
-// it, replaces a stale one left by a crash, and restricts it to root (0660).
+// it, replaces a stale one left by a crash, and restricts it to root (0660)
+// from the moment it has its name.
 func (s *Server) Listen() error {
 	if err := s.clearStale(); err != nil {
 		return err
 	}
-	// 0700: while the socket still has umask permissions, nobody else can
-	// reach it through a parent we created.
+	// A folder made for the socket is root's alone, as berthd's state is.
 	if err := os.MkdirAll(filepath.Dir(s.socket), 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
-	ln, err := net.Listen("unix", s.socket)
+	ln, err := listenRootOnly(s.socket)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.socket, err)
 	}
-	if err := os.Chmod(s.socket, 0o660); err != nil {
-		ln.Close()
-		return fmt.Errorf("socket %s: %w", s.socket, err)
-	}
-	// Unprivileged (unit tests) we cannot chown, and the file is ours anyway.
-	if os.Geteuid() == 0 {
-		if err := os.Chown(s.socket, 0, 0); err != nil {
-			ln.Close()
-			return fmt.Errorf("socket %s: %w", s.socket, err)
-		}
-	}
 	s.ln = ln
+	return nil
+}
+
+// listenRootOnly binds a unix socket that is root's and 0660 whenever path
+// names it. A socket is made with the mode the umask leaves, so it is bound
+// in a private (0700) folder beside path, given its mode and owner there,
+// then renamed into place: the rename keeps the bound socket, is atomic, and
+// with RENAME_NOREPLACE cannot replace a socket another berthd made since
+// clearStale. Not a umask around the bind: the umask is process-wide, and
+// by now other goroutines of berthd (shim followers, pulls, the stream
+// server) create files.
+func listenRootOnly(path string) (net.Listener, error) {
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".b") // short: a socket path has 107 bytes at most
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	private := filepath.Join(dir, "s")
+	ln, err := net.Listen("unix", private)
+	if err != nil {
+		return nil, err
+	}
+	// The listener would remove only its bind name at close; Shutdown
+	// removes the socket by its real name.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := rootOnly(private); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, private, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("move the socket into place: %w", err)
+	}
+	return ln, nil
+}
+
+// rootOnly makes the socket at path 0660 and root's. Unprivileged (unit
+// tests) it cannot chown, and the file is its own anyway.
+func rootOnly(path string) error {
+	if err := os.Chmod(path, 0o660); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		return os.Chown(path, 0, 0)
+	}
 	return nil
 }
 
