@@ -14,8 +14,8 @@ import (
 )
 
 // PortForward connects stream to TCP port on loopback inside the pod's
-// network namespace (the host's for a host-network pod) and copies both
-// ways until the pod's side is done or ctx ends.
+// network namespace (the host's only for a host-network pod) and copies
+// both ways until the pod's side is done or ctx ends.
 func (m *Manager) PortForward(ctx context.Context, podID string, port int32, stream io.ReadWriteCloser) error {
 	pod, err := m.GetPod(podID)
 	if err != nil {
@@ -33,10 +33,16 @@ func (m *Manager) PortForward(ctx context.Context, podID string, port int32, str
 		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		return err
 	}
-	if pin := pod.Pins[string(podns.Net)]; pin != "" {
-		err = podns.DoInNetNS(pin, dial)
-	} else {
+	// The pod's config, not a missing pin, says which loopback: a pod of
+	// its own network whose pin is gone must not reach the node's.
+	pin := pod.Pins[string(podns.Net)]
+	switch {
+	case namespaceOptions(pod.Config).GetNetwork() == runtimeapi.NamespaceMode_NODE:
 		err = dial()
+	case pin == "":
+		return errkind.Errorf(errkind.FailedPrecondition, "pod %s has no network namespace (not pinned): nothing to forward port %d to", pod.ID, port)
+	default:
+		err = podns.DoInNetNS(pin, dial)
 	}
 	if err != nil {
 		return fmt.Errorf("port-forward to port %d in pod %s: %w", port, pod.ID, err)

@@ -168,3 +168,54 @@ func TestPodPortForwardHostNetwork(t *testing.T) {
 		t.Errorf("through the forward: %q, %v; want the host-network pod's index.html", s, err)
 	}
 }
+
+// TestPodPortForwardStoppedPod: a pod of its own network that is stopped
+// (its network namespace no longer its own to reach) is never forwarded to
+// the node's loopback instead: a forward set up while it ran fails once it
+// is stopped, a new one is refused with FailedPrecondition naming the pod,
+// and a listener on the host's 127.0.0.1 at that port never sees a
+// connection.
+func TestPodPortForwardStoppedPod(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{Env: []string{harness.DefaultPath}})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	port := int32(l.Addr().(*net.TCPAddr).Port)
+
+	cfg := e.podConfig("forward-stopped")
+	pod := e.runPod(t, cfg)
+	local, stop := forwardPort(t, e, pod, port)
+	if _, err := e.d.Runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := getLocal(local); err == nil {
+		t.Errorf("a request through the forward to the stopped pod gave %q", s)
+	}
+	stop()
+	_, err = e.d.Runtime.PortForward(t.Context(), &runtimeapi.PortForwardRequest{PodSandboxId: pod, Port: []int32{port}})
+	assertCode(t, err, one(codes.FailedPrecondition), pod, "not ready")
+	select {
+	case <-accepted:
+		t.Error("a forward to the stopped pod reached the host's loopback")
+	case <-time.After(200 * time.Millisecond):
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
