@@ -10,7 +10,8 @@ import (
 )
 
 // ExecSync runs cmd in a running container and returns its output and exit
-// code. A timeout kills the command and what it started.
+// code. A timeout kills the command and what it started. Output beyond
+// shim.DefaultMaxOutput is discarded; the command runs to its end.
 func (m *Manager) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (shim.ExecResponse, error) {
 	c, err := m.GetContainer(id)
 	if err != nil {
@@ -24,7 +25,7 @@ func (m *Manager) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	switch {
 	case errors.Is(err, shim.ErrNotRunning), shim.IsNotFound(err):
 		return res, errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
-	case errors.Is(err, shim.ErrOutputTooLarge):
+	case errors.Is(err, shim.ErrOutputTooLarge): // a shim from before the excess was discarded
 		return res, errkind.Errorf(errkind.ResourceExhausted, "exec in container %s: %v", c.ID, err)
 	case err == nil && res.TimedOut:
 		return res, errkind.Errorf(errkind.DeadlineExceeded, "exec in container %s: command timed out after %s and was killed", c.ID, timeout)

@@ -153,8 +153,9 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	return c.call(ctx, "Delete", &IDRequest{ID: id}, &Empty{})
 }
 
-// Exec runs a command in the container and returns its output. Output
-// beyond MaxOutput gives an error that matches ErrOutputTooLarge.
+// Exec runs a command in the container and returns its output, up to
+// MaxOutput: the rest is discarded (a shim from before that gives an error
+// that matches ErrOutputTooLarge).
 //
 // When ctx ends first, the shim is told to kill the command: nobody reads
 // its output any more.

@@ -18,9 +18,11 @@ const (
 	StatusStopped = "stopped"
 )
 
-// DefaultMaxOutput caps what an Exec captures per call when the request
-// does not say (the CRI's 16 MiB).
-const DefaultMaxOutput = 16 << 20
+// DefaultMaxOutput caps what an Exec captures per call, stdout and stderr
+// together, when the request does not say: the CRI's 16 MiB less room for
+// the rest of the reply, so that the ExecSync answer fits the 16 MiB
+// message that berthd's gRPC server sends and the kubelet's client takes.
+const DefaultMaxOutput = 16<<20 - 1<<10
 
 // Errors the shim reports. They cross the wire as text; the client turns
 // them back into these values so callers can use errors.Is.
@@ -31,7 +33,9 @@ var (
 	ErrNotRunning = errors.New("container is not running")
 	ErrNotStopped = errors.New("container is not stopped")
 	ErrBusy       = errors.New("shim has live containers")
-	// ErrOutputTooLarge: the message is "output exceeds N bytes".
+	// ErrOutputTooLarge: the message is "output exceeds N bytes". Only
+	// shims started by a berth from before the excess was discarded still
+	// say it (they killed the command).
 	ErrOutputTooLarge = errors.New("output exceeds")
 	// ErrNoEvents is returned by Client.Events when the shim predates
 	// the call.
@@ -115,7 +119,8 @@ type ExecRequest struct {
 	User *User
 	// Timeout kills the command (and what it spawned) when it passes; 0: none.
 	Timeout time.Duration
-	// MaxOutput caps stdout+stderr; 0 means DefaultMaxOutput.
+	// MaxOutput caps stdout+stderr; output beyond it is discarded. 0
+	// means DefaultMaxOutput.
 	MaxOutput int
 	// Token names the exec for CancelExec; set by the client.
 	Token string

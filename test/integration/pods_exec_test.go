@@ -98,28 +98,51 @@ func TestContainerExecSync(t *testing.T) {
 	})
 
 	t.Run("output-cap", func(t *testing.T) {
+		// The kubelet's client takes messages of up to 16 MiB: so does this.
 		call := func(script string) (*runtimeapi.ExecSyncResponse, error) {
 			return e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/sh", "-c", script}, Timeout: 60},
-				grpc.MaxCallRecvMsgSize(64<<20))
+				grpc.MaxCallRecvMsgSize(16<<20))
 		}
 		// Within the cap: all of it comes back.
 		resp, err := call("/bin/busybox head -c 12582912 /dev/zero; /bin/busybox head -c 3000000 /dev/zero >&2")
 		if err != nil || len(resp.Stdout) != 12<<20 || len(resp.Stderr) != 3000000 {
 			t.Errorf("ExecSync of 12 MiB + 3 MB: %d + %d bytes, %v", len(resp.GetStdout()), len(resp.GetStderr()), err)
 		}
-		// Beyond it: a clear error, and the writer is not left running.
-		for name, script := range map[string]string{
-			"stdout":     "/bin/busybox head -c 17000000 /dev/zero; /bin/sleep 1000 %[1]s",
-			"both":       "/bin/busybox head -c 9000000 /dev/zero; /bin/busybox head -c 9000000 /dev/zero >&2; /bin/sleep 1000 %[1]s",
-			"never-ends": "/bin/busybox cat /dev/zero /never/reached/%[1]s",
+		// Beyond it (stdout and stderr together: berth's cap is 16 MiB less
+		// 1 KiB, so the answer fits a 16 MiB gRPC message): the rest is
+		// discarded, as the CRI says, and the command finishes normally with
+		// its own exit code.
+		const capped = 16<<20 - 1<<10
+		for name, c := range map[string]struct {
+			script string
+			code   int32
+			stdout int // -1: any, with stderr making up the cap
+		}{
+			"stdout-20MiB":       {"/bin/busybox head -c 20971520 /dev/zero", 0, capped},
+			"stdout-then-exit-3": {"/bin/busybox head -c 17000000 /dev/zero; exit 3", 3, capped},
+			"both":               {"/bin/busybox head -c 9000000 /dev/zero; /bin/busybox head -c 9000000 /dev/zero >&2; exit 5", 5, -1},
 		} {
-			marker := newMarker()
-			script = fmt.Sprintf(script, marker)
-			_, err := call(script)
-			assertCode(t, err, one(codes.ResourceExhausted), "exceeds", "16777216")
-			if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 0 }) {
-				t.Errorf("%s: processes of the flooding exec still alive: %v", name, harness.LiveProcessesWithArg(marker))
+			resp, err := call(c.script)
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				continue
 			}
+			got := len(resp.Stdout) + len(resp.Stderr)
+			if resp.ExitCode != c.code || got != capped || (c.stdout >= 0 && len(resp.Stdout) != c.stdout) {
+				t.Errorf("%s: exit code %d, %d + %d bytes; want %d and %d bytes in all", name, resp.ExitCode, len(resp.Stdout), len(resp.Stderr), c.code, capped)
+			}
+		}
+		// A flood that never ends runs into its timeout, and nothing of it
+		// is left running.
+		marker := newMarker()
+		resp, err = e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: ctr,
+			Cmd: []string{"/bin/busybox", "cat", "/dev/zero", "/never/reached/" + marker}, Timeout: 2})
+		assertCode(t, err, one(codes.DeadlineExceeded))
+		if resp != nil {
+			t.Errorf("a timed out flood answered %d bytes", len(resp.Stdout))
+		}
+		if !eventually(2*time.Second, func() bool { return len(harness.LiveProcessesWithArg(marker)) == 0 }) {
+			t.Errorf("processes of the flooding exec still alive: %v", harness.LiveProcessesWithArg(marker))
 		}
 		if r := e.exec(t, ctr, "/bin/echo", "still fine"); r.stdout != "still fine\n" {
 			t.Errorf("exec after the floods: %+v", r)

@@ -65,9 +65,6 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 		resp.TimedOut = true
 		killTree(proc, pid)
 		e = <-exited
-	case <-out.over:
-		killTree(proc, pid)
-		e = <-exited
 	case <-cancelled:
 		// Nobody waits for the output: stop the command rather than keep
 		// buffering it until it ends.
@@ -79,9 +76,6 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 		s.trimSoon() // a big capture: give it back once the reply is sent
 	}
 	resp.ExitCode, _ = e.code()
-	if out.exceeded {
-		return shim.ExecResponse{}, fmt.Errorf("%w %d bytes", shim.ErrOutputTooLarge, limit)
-	}
 	resp.Stdout, resp.Stderr = out.buf[0].Bytes(), out.buf[1].Bytes()
 	return resp, nil
 }
@@ -169,20 +163,21 @@ func execProcess(c *ctr, req *shim.ExecRequest) *libcontainer.Process {
 	return proc
 }
 
-// capture collects stdout and stderr up to a shared limit.
+// capture collects stdout and stderr up to a limit the two share. What
+// comes after it is read and dropped, as the CRI says (cap the output,
+// discard the rest, no error): the command is neither blocked nor killed
+// and ends with its own exit code.
 type capture struct {
-	limit    int
-	mu       sync.Mutex
-	total    int
-	exceeded bool
-	over     chan struct{} // closed when the limit is passed
-	buf      [2]bytes.Buffer
-	files    []*os.File
-	wg       sync.WaitGroup
+	limit int
+	mu    sync.Mutex
+	total int
+	buf   [2]bytes.Buffer
+	files []*os.File
+	wg    sync.WaitGroup
 }
 
 func newCapture(limit int) *capture {
-	return &capture{limit: limit, over: make(chan struct{})}
+	return &capture{limit: limit}
 }
 
 func (c *capture) read(files ...*os.File) {
@@ -204,16 +199,9 @@ func (c *capture) read(files ...*os.File) {
 func (c *capture) add(i int, b []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(b) == 0 || c.exceeded {
-		return // past the limit: keep draining so the writer is not stuck
-	}
-	c.total += len(b)
-	if c.total > c.limit {
-		c.exceeded = true
-		close(c.over)
-		return
-	}
-	c.buf[i].Write(b)
+	keep := min(len(b), c.limit-c.total)
+	c.buf[i].Write(b[:keep])
+	c.total += keep
 }
 
 // finish waits for EOF on both pipes (bounded: a background child of the
