@@ -117,7 +117,7 @@ func (r *RuntimeService) Status(_ context.Context, req *runtimeapi.StatusRequest
 			r.networkCondition(),
 		}},
 		RuntimeHandlers: []*runtimeapi.RuntimeHandler{r.runtimeHandler()},
-		Features:        &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true},
+		Features:        runtimeFeatures,
 	}
 	if req.GetVerbose() {
 		b, err := json.Marshal(r.verboseConfig())
@@ -128,6 +128,13 @@ func (r *RuntimeService) Status(_ context.Context, req *runtimeapi.StatusRequest
 	}
 	return resp, nil
 }
+
+// runtimeFeatures are the CRI features berth honours whatever the handler
+// and kernel: supplemental_groups_policy (and ContainerStatus.user) and
+// mount_options (noexec, nodev, nosuid on a bind mount: sandbox/spec).
+// user_namespaces_host_network stays false: berth has no test that a
+// user-namespaced pod on the host's network works.
+var runtimeFeatures = &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true, MountOptions: true}
 
 // runtimeHandler is the default handler with the features this kernel has
 // (none without a pod manager: unit tests).

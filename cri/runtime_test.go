@@ -58,8 +58,10 @@ func TestStatus(t *testing.T) {
 		t.Errorf("NetworkReady = %v, want false with reason NoNetwork", c)
 	}
 
-	if !resp.GetFeatures().GetSupplementalGroupsPolicy() {
-		t.Error("Status does not advertise supplemental_groups_policy")
+	// Each proved end to end: TestContainerUsers (supplemental groups),
+	// TestContainerMountOptions; user namespaces on the host network are not.
+	if f := resp.GetFeatures(); !f.GetSupplementalGroupsPolicy() || !f.GetMountOptions() || f.GetUserNamespacesHostNetwork() {
+		t.Errorf("Status features %v, want supplemental_groups_policy and mount_options", f)
 	}
 	if h := resp.GetRuntimeHandlers(); len(h) != 1 || h[0].Name != "" || h[0].GetFeatures() == nil {
 		t.Errorf("runtime handlers %v, want the default one with its features", h)
