@@ -31,8 +31,9 @@ var DefaultCapabilities = []string{
 	"CAP_AUDIT_WRITE",
 }
 
-// DefaultMaskedPaths and DefaultReadonlyPaths are containerd's defaults, used
-// unless the CRI security context gives its own lists (never when privileged).
+// DefaultMaskedPaths and DefaultReadonlyPaths are the lists the kubelet sends
+// for procMount Default (containerd's defaults too). berth does not apply them
+// itself: a client that wants /proc masked sends them (see maskedPaths).
 var (
 	DefaultMaskedPaths = []string{
 		"/proc/acpi",
@@ -164,18 +165,16 @@ func capabilities(sc *runtimeapi.LinuxContainerSecurityContext) (*specs.LinuxCap
 	}, nil
 }
 
+// maskedPaths and readonlyPaths are the lists as sent, an empty one masking
+// nothing, as in containerd and CRI-O: protobuf cannot tell an empty list
+// from an absent one, and the kubelet sends the full default list whenever
+// it wants masking, and an empty one for procMount Unmasked (KEP-4265).
 func maskedPaths(sc *runtimeapi.LinuxContainerSecurityContext) []string {
-	if p := sc.GetMaskedPaths(); len(p) > 0 {
-		return slices.Clone(p)
-	}
-	return slices.Clone(DefaultMaskedPaths)
+	return slices.Clone(sc.GetMaskedPaths())
 }
 
 func readonlyPaths(sc *runtimeapi.LinuxContainerSecurityContext) []string {
-	if p := sc.GetReadonlyPaths(); len(p) > 0 {
-		return slices.Clone(p)
-	}
-	return slices.Clone(DefaultReadonlyPaths)
+	return slices.Clone(sc.GetReadonlyPaths())
 }
 
 // PauseID is the user and group the pause runs as when the pod names none:

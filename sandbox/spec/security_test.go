@@ -93,9 +93,22 @@ func TestCapabilitiesAmbientAndErrors(t *testing.T) {
 	wantErr(t, err, "drop_capabilities", `"CAP_NOPE"`)
 }
 
+// TestMaskedReadonlyPaths checks that the lists are used as sent: none
+// (procMount Unmasked) masks nothing, the kubelet's defaults and a list of
+// its own are applied, and a privileged container has none.
 func TestMaskedReadonlyPaths(t *testing.T) {
 	in := baseInput(t)
 	s, err := Generate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Linux.MaskedPaths) != 0 || len(s.Linux.ReadonlyPaths) != 0 {
+		t.Fatalf("no lists sent: masked %q readonly %q", s.Linux.MaskedPaths, s.Linux.ReadonlyPaths)
+	}
+
+	sc := secCtx(&in)
+	sc.MaskedPaths, sc.ReadonlyPaths = DefaultMaskedPaths, DefaultReadonlyPaths
+	s, err = Generate(in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +121,6 @@ func TestMaskedReadonlyPaths(t *testing.T) {
 		}
 	}
 
-	sc := secCtx(&in)
 	sc.MaskedPaths = []string{"/proc/only"}
 	sc.ReadonlyPaths = []string{"/proc/ro"}
 	s, err = Generate(in)
