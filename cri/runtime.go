@@ -179,6 +179,7 @@ type verboseConfig struct {
 	Network      string                     `json:"network,omitempty"`
 	Metrics      string                     `json:"metrics,omitempty"`
 	Registries   map[string]verboseRegistry `json:"registries,omitempty"`
+	CDIDevices   []string                   `json:"cdiDevices,omitempty"`
 }
 
 // verboseRegistry is registry.Host minus the credentials: verbose Status is
@@ -200,6 +201,9 @@ func (r *RuntimeService) verboseConfig() verboseConfig {
 		CgroupDriver: r.cfg.CgroupDriver,
 		Network:      r.cfg.NetworkMode,
 		Metrics:      r.cfg.MetricsAddress,
+	}
+	if r.pods != nil {
+		v.CDIDevices = r.pods.CDIDevices()
 	}
 	if regs := *r.registries.Load(); len(regs) > 0 {
 		v.Registries = make(map[string]verboseRegistry, len(regs))

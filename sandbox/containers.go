@@ -212,7 +212,7 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 		HostPID:   ns.Pid == runtimeapi.NamespaceMode_NODE,
 		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
 		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
-		Resources:   res, AppArmor: m.apparmor,
+		Resources:   res, AppArmor: m.apparmor, CDI: m.opts.CDI,
 	}
 	if pin := pod.Pins[string(podns.User)]; pin != "" {
 		u := namespaceOptions(pod.Config).GetUsernsOptions()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
+	"github.com/berth-runtime/berth/sandbox/cdi"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,6 +37,8 @@ type Options struct {
 	Logger      *slog.Logger
 	// Metrics takes the start phase, recovery and state series; nil: none.
 	Metrics prometheus.Registerer
+	// CDI resolves containers' CDI devices; nil: none can be had.
+	CDI *cdi.Registry
 }
 
 // Manager runs pod sandboxes and their containers.

@@ -28,10 +28,11 @@ type daemonConfig struct {
 		SkipVerify  bool     `json:"skipVerify"`
 		Credentials bool     `json:"credentials"`
 	} `json:"registries"`
+	CDIDevices []string `json:"cdiDevices"`
 }
 
-// info prints berthd's version, folders, network mode, conditions and
-// registry setup.
+// info prints berthd's version, folders, network mode, conditions,
+// registry setup and the CDI devices containers can be given.
 func info(ctx context.Context, conn *grpc.ClientConn, w io.Writer) error {
 	rt := runtimeapi.NewRuntimeServiceClient(conn)
 	v, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
@@ -83,6 +84,12 @@ func info(ctx context.Context, conn *grpc.ClientConn, w io.Writer) error {
 			}
 		}
 		fmt.Fprintf(w, "registry:       %s: %s\n", h, strings.Join(attrs, "; "))
+	}
+	if len(c.CDIDevices) == 0 {
+		fmt.Fprintln(w, "cdi devices:    none")
+	}
+	for _, d := range c.CDIDevices {
+		fmt.Fprintf(w, "cdi device:     %s\n", d)
 	}
 	return nil
 }

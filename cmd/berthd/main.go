@@ -24,6 +24,7 @@ import (
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/network/cni"
 	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/cdi"
 )
 
 // stopTimeout bounds the graceful stop: long-lived streams never end by themselves.
@@ -127,6 +128,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	pods, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
 		ShimBinary: shimBinary, PauseBinary: pauseBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
+		CDI: cdi.New(cfg.CDI.SpecDirs),
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)

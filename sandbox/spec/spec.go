@@ -16,6 +16,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/sandbox/cdi"
 )
 
 // Annotations berth adds to every spec (the names containerd uses, so that
@@ -64,6 +66,9 @@ type Input struct {
 	// host's.
 	UserNS                   string
 	UIDMappings, GIDMappings []specs.LinuxIDMapping
+
+	// CDI resolves the CDI devices the container asks for; nil knows none.
+	CDI *cdi.Registry
 }
 
 // Generate builds the OCI runtime spec for one CRI container. Errors name the
@@ -144,6 +149,12 @@ func Generate(in Input) (*specs.Spec, error) {
 	}
 	if in.UserNS != "" {
 		JoinUserNS(s, in.UserNS, in.UIDMappings, in.GIDMappings)
+	}
+	// Last: CDI edits go on top of berth's own devices and mounts (adding
+	// their device cgroup rules after the defaults), and its mounts are
+	// idmapped when the spec has a user namespace.
+	if err := injectCDI(in, s); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

@@ -35,6 +35,7 @@ type Config struct {
 	Stream     Stream  `toml:"stream"`
 	Metrics    Metrics `toml:"metrics"`
 	Tracing    Tracing `toml:"tracing"`
+	CDI        CDI     `toml:"cdi"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000"):
 	// the [registry."HOST"] tables over the hosts of RegistryConfigPath.
 	Registries map[string]registry.Host `toml:"-"`
@@ -107,6 +108,14 @@ type Tracing struct {
 	SamplingRate float64 `toml:"sampling_rate"`
 }
 
+// CDI holds the [cdi] table.
+type CDI struct {
+	// SpecDirs are the folders of CDI specs, rescanned whenever a
+	// container asks for CDI devices; a device defined in two folders is
+	// taken from the later one. Empty: no CDI devices.
+	SpecDirs []string `toml:"spec_dirs"`
+}
+
 // Image holds the [image] table.
 type Image struct {
 	// PullProgressTimeout cancels a pull that receives no bytes for this long.
@@ -158,6 +167,7 @@ func Default() *Config {
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
 		Tracing: Tracing{SamplingRate: 1},
+		CDI:     CDI{SpecDirs: []string{"/etc/cdi", "/var/run/cdi"}},
 	}
 }
 

@@ -68,6 +68,7 @@ func TestDefaults(t *testing.T) {
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
 		Tracing: Tracing{SamplingRate: 1},
+		CDI:     CDI{SpecDirs: []string{"/etc/cdi", "/var/run/cdi"}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults = %+v, want %+v", c, want)
@@ -114,6 +115,9 @@ cni_conf_dir = "/etc/berth/cni"
 cni_bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
 cni_cache_dir = "/var/cache/berth-cni"
 
+[cdi]
+spec_dirs = ["/etc/cdi", "/run/vendor-cdi"]
+
 [registry."docker.io"]
 mirrors = ["https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"]
 username = "u"
@@ -138,6 +142,7 @@ skip_verify = false
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
 		Stream:  Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
 		Tracing: Tracing{SamplingRate: 1},
+		CDI:     CDI{SpecDirs: []string{"/etc/cdi", "/run/vendor-cdi"}},
 		Registries: map[string]registry.Host{
 			"docker.io": {
 				Mirrors:  []string{"https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"},
@@ -180,6 +185,10 @@ func TestBadFiles(t *testing.T) {
 		{"relative cni bin dir", "[network]\ncni_bin_dirs = [\"/opt/cni/bin\", \"bin\"]", []string{`network.cni_bin_dirs[1] = "bin"`, "absolute"}},
 		{"no cni bin dir", "[network]\ncni_bin_dirs = []", []string{`network.cni_bin_dirs`, "at least one"}},
 		{"cni bin dirs not a list", "[network]\ncni_bin_dirs = \"/opt/cni/bin\"", []string{"cni_bin_dirs"}},
+		{"relative cdi spec dir", "[cdi]\nspec_dirs = [\"/etc/cdi\", \"cdi\"]", []string{`cdi.spec_dirs[1] = "cdi"`, "absolute"}},
+		{"cdi spec dir twice", "[cdi]\nspec_dirs = [\"/etc/cdi\", \"/etc/cdi\"]", []string{`cdi.spec_dirs[1] = "/etc/cdi"`, "twice"}},
+		{"cdi spec dirs not a list", "[cdi]\nspec_dirs = \"/etc/cdi\"", []string{"spec_dirs"}},
+		{"unknown cdi key", "[cdi]\nspec_dir = [\"/etc/cdi\"]", []string{`unknown key "cdi.spec_dir"`}},
 		{"relative cni cache dir", "[network]\ncni_cache_dir = \"cache\"", []string{`network.cni_cache_dir = "cache"`, "absolute"}},
 		{"log level", `log_level = "verbose"`, []string{`log_level = "verbose"`, "debug, info, warn, error"}},
 		{"log format", `log_format = "xml"`, []string{`log_format = "xml"`, "text, json"}},
@@ -322,5 +331,17 @@ func TestSubnetSet(t *testing.T) {
 		if c.Network.SubnetSet != want {
 			t.Errorf("%q: SubnetSet = %v, want %v", body, c.Network.SubnetSet, want)
 		}
+	}
+}
+
+// An empty spec_dirs turns CDI off (no devices) rather than falling back
+// to the defaults.
+func TestCDINoSpecDirs(t *testing.T) {
+	c, err := Load(writeConfig(t, "[cdi]\nspec_dirs = []\n"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.CDI.SpecDirs) != 0 {
+		t.Errorf("spec_dirs = %q, want none", c.CDI.SpecDirs)
 	}
 }

@@ -82,6 +82,7 @@ func (c *Config) validate() error {
 	c.Network.validate(&p)
 	c.Stream.validate(&p)
 	c.Tracing.validate(&p)
+	c.CDI.validate(&p)
 	if a := c.Metrics.Address; a != "" {
 		if err := listenAddress(a); err != nil {
 			p.add(badValue("metrics.address", a, err))
@@ -171,6 +172,17 @@ func (t Tracing) validate(p *problems) {
 	}
 	if r := t.SamplingRate; r < 0 || r > 1 || r != r {
 		p.add(badValue("tracing.sampling_rate", strconv.FormatFloat(r, 'g', -1, 64), errors.New("must be between 0 and 1")))
+	}
+}
+
+func (c CDI) validate(p *problems) {
+	for i, d := range c.SpecDirs {
+		key := fmt.Sprintf("cdi.spec_dirs[%d]", i)
+		if err := absPath(d); err != nil {
+			p.add(badValue(key, d, err))
+		} else if slices.Contains(c.SpecDirs[:i], d) {
+			p.add(badValue(key, d, errors.New("is named twice")))
+		}
 	}
 }
 
