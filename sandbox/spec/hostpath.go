@@ -54,18 +54,17 @@ func resolveHostPath(field, p string) (string, os.FileInfo, error) {
 
 	done := make(chan result, 1)
 	go func() {
-		defer func() {
-			hungLookups.Lock()
-			delete(hungLookups.paths, p)
-			hungLookups.Unlock()
-		}()
-		resolved, err := filepath.EvalSymlinks(p)
-		if err != nil {
-			done <- result{err: err}
-			return
+		var r result
+		r.resolved, r.err = filepath.EvalSymlinks(p)
+		if r.err == nil {
+			r.fi, r.err = os.Stat(r.resolved)
 		}
-		fi, err := os.Stat(resolved)
-		done <- result{resolved, fi, err}
+		// Forgotten before the answer goes out: once the caller has it, the
+		// next look at p (a second mount of it) must not find it hanging.
+		hungLookups.Lock()
+		delete(hungLookups.paths, p)
+		hungLookups.Unlock()
+		done <- r
 	}()
 	timer := time.NewTimer(hostPathTimeout)
 	defer timer.Stop()
