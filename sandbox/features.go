@@ -27,6 +27,11 @@ type KernelFeatures struct {
 	// berth's root folder, where the image layers and pod files are, and
 	// overlayfs over idmapped layers (5.19).
 	UserNamespaces bool
+	// SELinux: the host enforces or audits SELinux labels. berth does not
+	// label containers, so where SELinux is on a request for labels is
+	// refused rather than run unlabelled; where it is off labels have no
+	// effect, as with containerd and CRI-O.
+	SELinux bool
 }
 
 // probeKernelFeatures asks the kernel. mount_setattr on a bad descriptor
@@ -34,7 +39,8 @@ type KernelFeatures struct {
 // a seccomp filter that hides it).
 func probeKernelFeatures(root string, log *slog.Logger) KernelFeatures {
 	err := unix.MountSetattr(-1, "", unix.AT_EMPTY_PATH, &unix.MountAttr{})
-	f := KernelFeatures{RecursiveReadOnlyMounts: !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EPERM)}
+	f := KernelFeatures{RecursiveReadOnlyMounts: !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EPERM),
+		SELinux: selinuxEnabled()}
 	if f.RecursiveReadOnlyMounts {
 		if err := probeIDMappedOverlay(root); err != nil {
 			log.Info("user namespaces not supported", "err", err)
@@ -69,6 +75,13 @@ func probeIDMappedOverlay(root string) error {
 	})
 }
 
+// selinuxEnabled: selinuxfs has an enforce file wherever SELinux is on,
+// enforcing or permissive.
+func selinuxEnabled() bool {
+	_, err := os.Stat("/sys/fs/selinux/enforce")
+	return err == nil
+}
+
 // Features reports what this kernel lets berth honour.
 func (m *Manager) Features() KernelFeatures { return m.features }
 
@@ -80,6 +93,26 @@ func (m *Manager) checkFeatures(cfg *runtimeapi.ContainerConfig) error {
 			return errkind.Errorf(errkind.Invalid, "mount %s: recursive_read_only needs mount_setattr (Linux 5.12 or later), which this kernel lacks",
 				mnt.GetContainerPath())
 		}
+		if mnt.GetSelinuxRelabel() && m.features.SELinux {
+			return errkind.Errorf(errkind.FailedPrecondition, "mount %s: selinux_relabel: %s", mnt.GetContainerPath(), selinuxRefusal)
+		}
 	}
-	return nil
+	return m.checkSELinuxOptions("linux.security_context.selinux_options", cfg.GetLinux().GetSecurityContext().GetSelinuxOptions())
+}
+
+// selinuxRefusal says why SELinux fields are refused on an SELinux host.
+const selinuxRefusal = "berth does not label containers, and SELinux is enabled on this host"
+
+// checkPodFeatures refuses a pod config that needs a feature this host lacks.
+func (m *Manager) checkPodFeatures(cfg *runtimeapi.PodSandboxConfig) error {
+	return m.checkSELinuxOptions("linux.security_context.selinux_options", cfg.GetLinux().GetSecurityContext().GetSelinuxOptions())
+}
+
+// checkSELinuxOptions refuses labels berth would not apply on a host whose
+// SELinux would expect them; an all-empty option asks for nothing.
+func (m *Manager) checkSELinuxOptions(field string, o *runtimeapi.SELinuxOption) error {
+	if !m.features.SELinux || o.GetUser()+o.GetRole()+o.GetType()+o.GetLevel() == "" {
+		return nil
+	}
+	return errkind.Errorf(errkind.FailedPrecondition, "%s: %s", field, selinuxRefusal)
 }

@@ -65,6 +65,9 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err := validatePodConfig(cfg); err != nil {
 		return nil, err
 	}
+	if err := m.checkPodFeatures(cfg); err != nil {
+		return nil, err
+	}
 	userNS, err := podUserNS(cfg, m.features)
 	if err != nil {
 		return nil, err
