@@ -117,6 +117,9 @@ func containerStatus(c *sandbox.ContainerStatus) *runtimeapi.ContainerStatus {
 		st.User = containerUser(*c.User)
 	}
 	_, st.StopSignal = c.SignalInForce()
+	if c.Resources != nil {
+		st.Resources = &runtimeapi.ContainerResources{Linux: c.Resources}
+	}
 	return st
 }
 

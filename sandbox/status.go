@@ -21,9 +21,12 @@ type ContainerStatus struct {
 	StartedAt  time.Time
 	FinishedAt time.Time
 	ExitCode   int32
-	Reason     string // Completed, Error, OOMKilled
-	Message    string
+	Reason     string      // Completed, Error, OOMKilled
+	Message    string      // the reason in words, where berth knows more than the exit code
 	Spec       *specs.Spec // only from ContainerStatus
+	// Resources are the limits in force, from the spec the shim rewrites
+	// at each update; only from ContainerStatus, nil when there is no spec.
+	Resources *runtimeapi.LinuxContainerResources
 	// Memo is new with each status: the view makes one each time the
 	// container's record or state changes, and lists share it until then,
 	// so what a caller makes of it and keeps there (cri: the container's
@@ -70,6 +73,7 @@ func (m *Manager) ContainerStatus(ctx context.Context, id string) (*ContainerSta
 		return nil, err
 	}
 	st.Spec = spec
+	st.Resources = appliedResources(spec)
 	if st.User == nil && spec.Process != nil { // a record from before berth kept it
 		st.User = &spec.Process.User
 	}
@@ -88,6 +92,40 @@ func (m *Manager) readSpec(c *Container) (*specs.Spec, error) {
 	return &s, json.Unmarshal(b, &s)
 }
 
+// appliedResources are the CRI resources a container's OCI spec applies:
+// the inverse of cgroups.SpecResources, so what the host could not honour
+// (swap, hugetlb without their controllers) is not shown as applied.
+func appliedResources(s *specs.Spec) *runtimeapi.LinuxContainerResources {
+	if s.Linux == nil || s.Linux.Resources == nil {
+		return nil
+	}
+	r := s.Linux.Resources
+	out := &runtimeapi.LinuxContainerResources{Unified: r.Unified}
+	if s.Process != nil && s.Process.OOMScoreAdj != nil {
+		out.OomScoreAdj = int64(*s.Process.OOMScoreAdj)
+	}
+	if c := r.CPU; c != nil {
+		out.CpuPeriod, out.CpuQuota, out.CpuShares = int64(deref(c.Period)), deref(c.Quota), int64(deref(c.Shares))
+		out.CpusetCpus, out.CpusetMems = c.Cpus, c.Mems
+	}
+	if m := r.Memory; m != nil {
+		out.MemoryLimitInBytes, out.MemorySwapLimitInBytes = deref(m.Limit), deref(m.Swap)
+	}
+	for _, h := range r.HugepageLimits {
+		out.HugepageLimits = append(out.HugepageLimits, &runtimeapi.HugepageLimit{PageSize: h.Pagesize, Limit: h.Limit})
+	}
+	return out
+}
+
+// deref is *p, or 0 for nil.
+func deref[T any](p *T) T {
+	var v T
+	if p != nil {
+		v = *p
+	}
+	return v
+}
+
 // statusOf is a container's status from its live state.
 func statusOf(c *Container, st shim.State) *ContainerStatus {
 	cs := &ContainerStatus{Container: c, Pid: st.Pid, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, ExitCode: int32(st.ExitCode),
@@ -102,6 +140,10 @@ func statusOf(c *Container, st shim.State) *ContainerStatus {
 		switch {
 		case st.OOMKilled:
 			cs.Reason = "OOMKilled"
+			cs.Message = "the kernel's out-of-memory killer killed a process of the container: its memory cgroup reached its limit"
+		case st.ExitCode == shim.UnknownExitCode && st.FinishedAt.IsZero():
+			cs.Reason = "Error"
+			cs.Message = "the container's exit was not seen (its shim went away or the host restarted), so its exit code is unknown"
 		case st.ExitCode == 0:
 			cs.Reason = "Completed"
 		default:

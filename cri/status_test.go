@@ -1,0 +1,25 @@
+package cri
+
+import (
+	"testing"
+
+	"github.com/berth-runtime/berth/sandbox"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// TestContainerStatusCarriesResourcesAndMessage: the resources in force
+// and the message reach the CRI status; a status without resources (a list's,
+// or a container whose spec was lost) has none rather than zero limits.
+func TestContainerStatusCarriesResourcesAndMessage(t *testing.T) {
+	ctr := &sandbox.Container{ID: "c1", PodID: "p1", Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"}}}
+	res := &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, MemoryLimitInBytes: 96 << 20}
+	st := containerStatus(&sandbox.ContainerStatus{Container: ctr, State: runtimeapi.ContainerState_CONTAINER_EXITED,
+		Reason: "OOMKilled", Message: "killed", Resources: res})
+	if !proto.Equal(st.GetResources().GetLinux(), res) || st.Message != "killed" {
+		t.Errorf("status resources %v, message %q; want %v and the message", st.GetResources(), st.Message, res)
+	}
+	if st := containerStatus(&sandbox.ContainerStatus{Container: ctr}); st.Resources != nil {
+		t.Errorf("status without resources: %v, want none", st.Resources)
+	}
+}

@@ -1,0 +1,56 @@
+package sandbox
+
+import (
+	"testing"
+	"time"
+
+	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/sandbox/shim"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// TestAppliedResourcesInvertSpecResources: the resources status shows are
+// those the spec was made from, with the OOM score from the process.
+func TestAppliedResourcesInvertSpecResources(t *testing.T) {
+	want := &runtimeapi.LinuxContainerResources{
+		CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 64 << 20,
+		CpusetCpus: "0", CpusetMems: "0", OomScoreAdj: 500,
+		Unified: map[string]string{"memory.high": "50000000"},
+	}
+	res, err := cgroups.SpecResources(want, cgroups.V2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adj := int(want.OomScoreAdj)
+	spec := &specs.Spec{Process: &specs.Process{OOMScoreAdj: &adj}, Linux: &specs.Linux{Resources: res}}
+	if got := appliedResources(spec); !proto.Equal(got, want) {
+		t.Errorf("applied resources:\n%v\nwant\n%v", got, want)
+	}
+	if got := appliedResources(&specs.Spec{}); got != nil {
+		t.Errorf("applied resources of a lost spec: %v, want none", got)
+	}
+}
+
+func TestStatusMessageSaysWhatBerthKnowsOfTheExit(t *testing.T) {
+	done := time.Now()
+	for _, c := range []struct {
+		name        string
+		st          shim.State
+		reason      string
+		wantMessage bool
+	}{
+		{"completed", shim.State{Status: shim.StatusStopped, FinishedAt: done}, "Completed", false},
+		{"failed", shim.State{Status: shim.StatusStopped, ExitCode: 3, FinishedAt: done}, "Error", false},
+		{"exit 255 seen", shim.State{Status: shim.StatusStopped, ExitCode: shim.UnknownExitCode, FinishedAt: done}, "Error", false},
+		{"oom", shim.State{Status: shim.StatusStopped, ExitCode: 137, OOMKilled: true, FinishedAt: done}, "OOMKilled", true},
+		{"exit unseen", shim.State{Status: shim.StatusStopped, ExitCode: shim.UnknownExitCode}, "Error", true},
+		{"running", shim.State{Status: shim.StatusRunning}, "", false},
+	} {
+		st := statusOf(&Container{ID: "c"}, c.st)
+		if st.Reason != c.reason || (st.Message != "") != c.wantMessage {
+			t.Errorf("%s: reason %q, message %q; want reason %q, a message: %v", c.name, st.Reason, st.Message, c.reason, c.wantMessage)
+		}
+	}
+}
