@@ -140,7 +140,7 @@ func statusOf(c *Container, st shim.State) *ContainerStatus {
 		switch {
 		case st.OOMKilled:
 			cs.Reason = "OOMKilled"
-			cs.Message = "the kernel's out-of-memory killer killed a process of the container: its memory cgroup reached its limit"
+			cs.Message = "the kernel's out-of-memory killer killed a process of the container: memory ran out under its limit, its pod's or the host's"
 		case st.ExitCode == shim.UnknownExitCode && st.FinishedAt.IsZero():
 			cs.Reason = "Error"
 			cs.Message = "the container's exit was not seen (its shim went away or the host restarted), so its exit code is unknown"
