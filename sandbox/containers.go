@@ -72,6 +72,10 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := checkContainerUserns(pod, cfg); err != nil {
 		return nil, err
 	}
+	pidNS, err := m.containerNamespaces(pod, cfg)
+	if err != nil {
+		return nil, err
+	}
 	// InvalidArgument, as for userns_options above: the container's field
 	// contradicts its pod's config, which no retry in this pod changes.
 	if err := spec.CheckPrivileged(pod.Config, cfg); err != nil {
@@ -132,7 +136,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	u.add("unmount rootfs", func() error { return rootfs.Unmount(l) })
 	t.step("rootfs")
 
-	s, err := m.spec(pod, c, img, l.Target)
+	s, err := m.spec(pod, c, img, l.Target, pidNS)
 	if err != nil {
 		return nil, err
 	}
@@ -198,8 +202,9 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 }
 
 // spec builds the container's OCI runtime spec from its CRI config, the
-// image config and the pod's namespaces, files and cgroup.
-func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string) (*specs.Spec, error) {
+// image config, the pod's namespaces, files and cgroup, and the PID
+// namespace containerNamespaces chose.
+func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, pid pidNS) (*specs.Spec, error) {
 	res, err := cgroups.SpecResources(c.Config.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
 	if err != nil {
 		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
@@ -209,7 +214,7 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 		ContainerID: c.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
 		NetNS: pod.Pins["net"], IPCNS: pod.Pins["ipc"], UTSNS: pod.Pins["uts"],
 		HostNet: ns.Network == runtimeapi.NamespaceMode_NODE, HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
-		HostPID:   ns.Pid == runtimeapi.NamespaceMode_NODE,
+		PIDNS: pid.path, HostPID: pid.host,
 		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
 		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
 		Resources:   res, AppArmor: m.apparmor, CDI: m.opts.CDI,
@@ -217,9 +222,6 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 	if pin := pod.Pins[string(podns.User)]; pin != "" {
 		u := namespaceOptions(pod.Config).GetUsernsOptions()
 		in.UserNS, in.UIDMappings, in.GIDMappings = pin, specIDMap(u.Uids[0]), specIDMap(u.Gids[0])
-	}
-	if pod.PausePID > 0 {
-		in.PIDNS = pidNamespace(pod)
 	}
 	s, err := spec.Generate(in)
 	if err != nil {
