@@ -1,13 +1,9 @@
 package integration
 
 import (
-	"bufio"
 	"errors"
 	"io"
-	"net/http"
 	"regexp"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
 )
 
 const metricsTOML = "[metrics]\naddress = \"127.0.0.1:0\"\n"
@@ -33,30 +31,11 @@ func metricsAddr(t *testing.T, e *podEnv) string {
 // labels as printed, sorted) → value.
 func scrape(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	m, err := harness.ScrapeMetrics(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s", resp.Status)
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("metrics line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out
+	return m
 }
 
 // TestMetricsEndpoint scrapes berthd after a pull, a pod with a running
