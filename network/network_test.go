@@ -620,6 +620,34 @@ func TestAttachFailureLeaksNothing(t *testing.T) {
 			t.Errorf("%s: bridge ports left: %v", name, ports)
 		}
 	}
+
+	// The transaction of the host ports and the guard chain fails after
+	// the veth exists (the guard's table is gone): it adds neither, and
+	// the veth and the lease go.
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelTable(e.guardTable())
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	id, pin := e.newPod(t)
+	_, err = e.Attach(bg, PodInfo{ID: id}, pin, []PortMapping{{ContainerPort: 80, HostPort: hp}})
+	if err == nil || !strings.Contains(err.Error(), "add host ports and guard") {
+		t.Fatalf("Attach without the guard's table: err = %v, want the failed transaction's", err)
+	}
+	e.assertGone(t, id)
+	if files := e.leaseFiles(t); len(files) != 0 {
+		t.Errorf("failed guard: lease files left: %v", files)
+	}
+	if ports := e.bridgePorts(t); len(ports) != 0 {
+		t.Errorf("failed guard: bridge ports left: %v", ports)
+	}
+	if err := e.Setup(); err != nil {
+		t.Fatal(err)
+	}
+
 	// The host port was released each time.
 	e.attach(t, PortMapping{ContainerPort: 80, HostPort: hp})
 }
