@@ -209,7 +209,7 @@ func (n *Network) writeTable(all map[string]*lease) error {
 
 	host := c.AddChain(&nftables.Chain{Name: chainHost, Table: t})
 	c.AddRule(&nftables.Rule{Table: t, Chain: host, Exprs: []expr.Any{
-		&expr.Payload{DestRegister: r0, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}, // ip daddr
+		netHeader(ipv4DestOffset, 4),
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r1},
 		&expr.Payload{DestRegister: r2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}, // th dport
 		&expr.Lookup{SourceRegister: r0, DestRegister: r0, IsDestRegSet: true, SetName: oneIP.Name, SetID: oneIP.ID},
@@ -241,15 +241,15 @@ func (n *Network) writeTable(all map[string]*lease) error {
 		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
 			ifname(expr.MetaKeyOIFNAME, n.cfg.Bridge),
 			ctDNAT(true),
-			addrIn(12, src, expr.CmpOpEq),
+			addrIn(ipv4SourceOffset, src, expr.CmpOpEq),
 			[]expr.Any{&expr.Masq{}},
 		)})
 	}
 	if n.cfg.Masquerade {
 		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
-			addrIn(12, n.subnet, expr.CmpOpEq),
-			addrIn(16, n.subnet, expr.CmpOpNeq),
-			addrIn(16, multicast, expr.CmpOpNeq),
+			addrIn(ipv4SourceOffset, n.subnet, expr.CmpOpEq),
+			addrIn(ipv4DestOffset, n.subnet, expr.CmpOpNeq),
+			addrIn(ipv4DestOffset, multicast, expr.CmpOpNeq),
 			[]expr.Any{&expr.Masq{}},
 		)})
 	}
@@ -258,7 +258,7 @@ func (n *Network) writeTable(all map[string]*lease) error {
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: concat(
 		ifname(expr.MetaKeyIIFNAME, n.cfg.Bridge),
-		addrIn(16, loopback, expr.CmpOpEq),
+		addrIn(ipv4DestOffset, loopback, expr.CmpOpEq),
 		ctDNAT(false),
 		[]expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}},
 	)})
@@ -288,11 +288,12 @@ func ctDNAT(want bool) []expr.Any {
 	}
 }
 
-// addrIn matches the IPv4 address at offset (12 saddr, 16 daddr) against p.
+// addrIn matches the IPv4 address at offset (ipv4SourceOffset or
+// ipv4DestOffset) against p.
 func addrIn(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 	addr := p.Addr().As4()
 	return []expr.Any{
-		&expr.Payload{DestRegister: r0, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		netHeader(offset, len(addr)),
 		&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
 		&expr.Cmp{Op: op, Register: r0, Data: addr[:]},
 	}
