@@ -68,13 +68,21 @@ func (n *Network) dropGateway() error {
 	return nil
 }
 
-// reattach puts the leases' host veths back on the bridge, for when the
-// bridge was deleted and re-created under running pods.
+// reattach repairs the leases' host veths: it puts them back on the
+// bridge, for when the bridge was deleted and re-created under running
+// pods, and sets the sysctls of guardHostVeth on those an older berthd
+// made without them.
 func reattach(br netlink.Link, leases map[string]*lease) error {
 	for _, l := range leases {
 		link, err := netlink.LinkByName(l.Veth)
-		if err != nil || link.Attrs().MasterIndex == br.Attrs().Index {
-			continue // gone with its pod, which Reconcile or Detach handles; or fine
+		if err != nil {
+			continue // gone with its pod, which Reconcile or Detach handles
+		}
+		if err := guardHostVeth(l.Veth); err != nil {
+			return err
+		}
+		if link.Attrs().MasterIndex == br.Attrs().Index {
+			continue
 		}
 		if err := netlink.LinkSetMaster(link, br); err != nil {
 			return fmt.Errorf("network: put %s back on %s: %w", l.Veth, br.Attrs().Name, err)

@@ -154,9 +154,8 @@ func ofType(t uint16) []expr.Any {
 func proto(t uint16) []byte { return []byte{byte(t >> 8), byte(t)} }
 
 // writeGuard replaces the guard table, with a chain for each lease whose
-// host veth exists, in one transaction, and (for veths made by an older
-// berthd) sets the veths' sysctls. It also deletes the bridge-family table
-// of the same name in which berth kept its guard before.
+// host veth exists, in one transaction. It also deletes the bridge-family
+// table of the same name in which berth kept its guard before.
 func (n *Network) writeGuard(leases map[string]*lease) error {
 	c, err := replaceTable(n.guardTable())
 	if err != nil {
@@ -175,9 +174,6 @@ func (n *Network) writeGuard(leases map[string]*lease) error {
 		}
 		if err != nil {
 			return fmt.Errorf("network: host veth %s: %w", l.Veth, err)
-		}
-		if err := guardHostVeth(l.Veth); err != nil {
-			return err
 		}
 		if l.MAC == nil {
 			n.log.Warn("pod attached by an older berthd: its MAC is not pinned until it is re-created", "pod", l.Pod, "veth", l.Veth)

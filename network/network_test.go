@@ -105,22 +105,33 @@ func TestPortGuard(t *testing.T) {
 	if err != nil {
 		t.Error(err)
 	}
-	for key, want := range map[string]string{
+	hostVethSysctls := map[string]string{
 		"net/ipv6/conf/" + a.HostVeth + "/disable_ipv6": "1",
 		"net/ipv4/conf/" + a.HostVeth + "/rp_filter":    "1",
-	} {
-		if b, err := os.ReadFile("/proc/sys/" + key); err != nil || strings.TrimSpace(string(b)) != want {
-			t.Errorf("%s = %q, %v; want %s", key, b, err, want)
+	}
+	checkHostVeth := func(when string) {
+		t.Helper()
+		for key, want := range hostVethSysctls {
+			if b, err := os.ReadFile("/proc/sys/" + key); err != nil || strings.TrimSpace(string(b)) != want {
+				t.Errorf("%s: %s = %q, %v; want %s", when, key, b, err, want)
+			}
 		}
 	}
+	checkHostVeth("after Attach")
 	full := len(e.guardRules(t, id))
 	if full != len(forbidden(l)) {
 		t.Errorf("the port's chain has %d rules, want %d", full, len(forbidden(l)))
 	}
 
-	// A restart after an upgrade: a lease without a MAC, and the table of
+	// A restart after an upgrade: a lease without a MAC, a host veth
+	// without the sysctls (an older berthd set none), and the table of
 	// the berthd before, which Setup deletes.
 	l.MAC = nil
+	for key := range hostVethSysctls {
+		if err := os.WriteFile("/proc/sys/"+key, []byte("0"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := e.leases.write(l); err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +150,7 @@ func TestPortGuard(t *testing.T) {
 	if err := n2.Setup(); err != nil {
 		t.Fatal(err)
 	}
+	checkHostVeth("after Setup on an older berthd's veth")
 	if got := len(e.guardRules(t, id)); got != full-2 {
 		t.Errorf("the chain of a port whose lease has no MAC has %d rules, want %d (no MAC rules)", got, full-2)
 	}
