@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -100,11 +102,12 @@ func (s *Server) Listen() error {
 // by now other goroutines of berthd (shim followers, pulls, the stream
 // server) create files.
 func listenRootOnly(path string) (net.Listener, error) {
-	dir, err := os.MkdirTemp(filepath.Dir(path), ".b") // short: a socket path has 107 bytes at most
-	if err != nil {
+	dir := bindDir(filepath.Dir(path), os.Getpid())
+	removeBindDir(dir) // left by a berthd that had this pid before and crashed here
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer removeBindDir(dir)
 	private := filepath.Join(dir, "s")
 	ln, err := net.Listen("unix", private)
 	if err != nil {
@@ -124,6 +127,37 @@ func listenRootOnly(path string) (net.Listener, error) {
 	return ln, nil
 }
 
+// bindDirPrefix names the private folders listenRootOnly binds in; the
+// pid of the berthd that made one follows it. Short: a socket path has 107
+// bytes at most.
+const bindDirPrefix = ".berth-bind."
+
+func bindDir(socketDir string, pid int) string {
+	return filepath.Join(socketDir, bindDirPrefix+strconv.Itoa(pid))
+}
+
+// removeDeadBindDirs removes the bind folders beside the socket that a
+// berthd which crashed in listenRootOnly left. A folder whose berthd still
+// runs is another berthd binding now; it is left to that one. Only the
+// bound socket and the folder go: anything else in it is not berth's.
+func removeDeadBindDirs(socketDir string) {
+	found, _ := filepath.Glob(filepath.Join(socketDir, bindDirPrefix+"*"))
+	for _, dir := range found {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), bindDirPrefix))
+		if err != nil || pid <= 0 || unix.Kill(pid, 0) != unix.ESRCH {
+			continue
+		}
+		removeBindDir(dir)
+	}
+}
+
+// removeBindDir removes a bind folder: its socket, then the folder, which
+// stays if something else is in it.
+func removeBindDir(dir string) {
+	os.Remove(filepath.Join(dir, "s"))
+	os.Remove(dir)
+}
+
 // rootOnly makes the socket at path 0660 and root's. Unprivileged (unit
 // tests) it cannot chown, and the file is its own anyway.
 func rootOnly(path string) error {
@@ -136,7 +170,10 @@ func rootOnly(path string) error {
 	return nil
 }
 
+// clearStale removes what a berthd that crashed left: its bind folders and,
+// unless a server answers on it, its socket.
 func (s *Server) clearStale() error {
+	removeDeadBindDirs(filepath.Dir(s.socket))
 	fi, err := os.Lstat(s.socket)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

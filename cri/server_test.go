@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -319,4 +320,44 @@ func TestUnimplementedWarnsOncePerWindow(t *testing.T) {
 	if len(calls.warned) != 1 {
 		t.Errorf("%d warn windows after the others passed, want web-2's alone", len(calls.warned))
 	}
+}
+
+// A berthd that crashed between binding its socket and moving it into place
+// left its bind folder beside the socket; the next start removes it, and
+// leaves alone the bind folder of a berthd that still runs (pid 1 here).
+func TestStaleBindFolderRemoved(t *testing.T) {
+	path := socketPath(t)
+	pidMax, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := bindDir(filepath.Dir(path), mustAtoi(t, strings.TrimSpace(string(pidMax)))) // no process has pid_max
+	live := bindDir(filepath.Dir(path), 1)
+	for _, dir := range []string{dead, live} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "s"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startServer(t, ServerOptions{Socket: path, Runtime: NewRuntimeService(Config{}, nil, nil)})
+	if _, err := os.Lstat(dead); !os.IsNotExist(err) {
+		t.Errorf("bind folder of a dead berthd still there after Listen: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(live, "s")); err != nil {
+		t.Errorf("bind folder of a running berthd touched: %v", err)
+	}
+	if _, err := os.Lstat(bindDir(filepath.Dir(path), os.Getpid())); !os.IsNotExist(err) {
+		t.Errorf("Listen left its own bind folder: %v", err)
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
