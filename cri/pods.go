@@ -3,10 +3,8 @@ package cri
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"time"
 
-	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -78,23 +76,17 @@ func (r *RuntimeService) PodSandboxStatus(ctx context.Context, req *runtimeapi.P
 	return resp, nil
 }
 
-// podContainerStatuses are the full statuses (as ContainerStatus gives them)
-// of the pod's containers; one removed meanwhile is left out.
+// podContainerStatuses are the statuses of the pod's containers, as
+// ContainerStatus gives them, from the view: the kubelet asks for them
+// constantly, so nothing here reads a container's files.
 func (r *RuntimeService) podContainerStatuses(ctx context.Context, podID string) ([]*runtimeapi.ContainerStatus, error) {
 	listed, err := r.pods.ListContainers(ctx, sandbox.Filter{PodID: podID})
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*runtimeapi.ContainerStatus, 0, len(listed))
-	for _, l := range listed {
-		c, err := r.pods.ContainerStatus(ctx, l.ID)
-		if errors.Is(err, errkind.NotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, containerStatus(c))
+	out := make([]*runtimeapi.ContainerStatus, len(listed))
+	for i, c := range listed {
+		out[i] = containerStatus(c)
 	}
 	return out, nil
 }

@@ -9,8 +9,8 @@ import (
 )
 
 // TestContainerStatusCarriesResourcesAndMessage: the resources in force
-// and the message reach the CRI status; a status without resources (a list's,
-// or a container whose spec was lost) has none rather than zero limits.
+// and the message reach the CRI status; a status without resources (a
+// record from before berth kept them) has none rather than zero limits.
 func TestContainerStatusCarriesResourcesAndMessage(t *testing.T) {
 	ctr := &sandbox.Container{ID: "c1", PodID: "p1", Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"}}}
 	res := &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, MemoryLimitInBytes: 96 << 20}

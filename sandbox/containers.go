@@ -136,7 +136,11 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	u.add("unmount rootfs", func() error { return rootfs.Unmount(l) })
 	t.step("rootfs")
 
-	s, err := m.spec(pod, c, img, l.Target, pidNS)
+	specResources, err := cgroups.SpecResources(cfg.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
+	if err != nil {
+		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
+	}
+	s, err := m.spec(pod, c, img, l.Target, pidNS, specResources)
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +148,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	c.User = &s.Process.User
+	c.Resources = specResources
 	if err := writeJSON(filepath.Join(m.bundleDir(pod.ID, c.ID), "config.json"), s); err != nil {
 		return nil, err
 	}
@@ -202,13 +207,9 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 }
 
 // spec builds the container's OCI runtime spec from its CRI config, the
-// image config, the pod's namespaces, files and cgroup, and the PID
-// namespace containerNamespaces chose.
-func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, pid pidNS) (*specs.Spec, error) {
-	res, err := cgroups.SpecResources(c.Config.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
-	if err != nil {
-		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
-	}
+// image config, the pod's namespaces, files and cgroup, the PID
+// namespace containerNamespaces chose and the cgroup limits res.
+func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
 	ns := namespaceOptions(pod.Config)
 	in := spec.Input{
 		ContainerID: c.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,

@@ -68,6 +68,11 @@ type Container struct {
 	// User is the identity of the container's process, from its spec;
 	// nil in records from before berth kept it.
 	User *specs.User `json:"user,omitempty"`
+	// Resources are the cgroup limits in force, as cgroups.SpecResources
+	// made them: at create, then from each UpdateContainerResources. Kept
+	// here so that status is served from the view, not from the spec on
+	// disk; nil in records from before berth kept them.
+	Resources *specs.LinuxResources `json:"resources,omitempty"`
 }
 
 // SignalInForce is the signal StopContainer sends first, and its CRI name:

@@ -1,9 +1,12 @@
 package sandbox
 
 import (
+	"reflect"
 	"syscall"
 	"testing"
 
+	"github.com/berth-runtime/berth/cgroups"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -48,5 +51,27 @@ func TestSignalInForce(t *testing.T) {
 		if _, err := criSignal(runtimeapi.Signal(v)); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestContainerRecordKeepsResources: the limits in force survive the
+// record's round trip, so status after a restart shows them from the view.
+func TestContainerRecordKeepsResources(t *testing.T) {
+	want := &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, MemoryLimitInBytes: 96 << 20}
+	res, err := cgroups.SpecResources(want, cgroups.V2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Container{ID: "c", Config: &runtimeapi.ContainerConfig{}, Resources: res}
+	b, err := marshalRecord(c, c.Config, &c.RawConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeContainer(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Resources, res) || !proto.Equal(appliedResources(got), want) {
+		t.Errorf("resources after the round trip: %+v (%v), want %+v (%v)", got.Resources, appliedResources(got), res, want)
 	}
 }

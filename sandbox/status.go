@@ -24,8 +24,8 @@ type ContainerStatus struct {
 	Reason     string      // Completed, Error, OOMKilled
 	Message    string      // the reason in words, where berth knows more than the exit code
 	Spec       *specs.Spec // only from ContainerStatus
-	// Resources are the limits in force, from the spec the shim rewrites
-	// at each update; only from ContainerStatus, nil when there is no spec.
+	// Resources are the limits in force in CRI form, made with the status
+	// from the record's; nil when the record has none.
 	Resources *runtimeapi.LinuxContainerResources
 	// Memo is new with each status: the view makes one each time the
 	// container's record or state changes, and lists share it until then,
@@ -73,7 +73,6 @@ func (m *Manager) ContainerStatus(ctx context.Context, id string) (*ContainerSta
 		return nil, err
 	}
 	st.Spec = spec
-	st.Resources = appliedResources(spec)
 	if st.User == nil && spec.Process != nil { // a record from before berth kept it
 		st.User = &spec.Process.User
 	}
@@ -92,18 +91,16 @@ func (m *Manager) readSpec(c *Container) (*specs.Spec, error) {
 	return &s, json.Unmarshal(b, &s)
 }
 
-// appliedResources are the CRI resources a container's OCI spec applies:
+// appliedResources are the CRI resources c's record says are in force:
 // the inverse of cgroups.SpecResources, so what the host could not honour
-// (swap, hugetlb without their controllers) is not shown as applied.
-func appliedResources(s *specs.Spec) *runtimeapi.LinuxContainerResources {
-	if s.Linux == nil || s.Linux.Resources == nil {
+// (swap, hugetlb without their controllers) is not shown as applied. The
+// OOM score is the config's, as the spec's process has it.
+func appliedResources(c *Container) *runtimeapi.LinuxContainerResources {
+	r := c.Resources
+	if r == nil {
 		return nil
 	}
-	r := s.Linux.Resources
-	out := &runtimeapi.LinuxContainerResources{Unified: r.Unified}
-	if s.Process != nil && s.Process.OOMScoreAdj != nil {
-		out.OomScoreAdj = int64(*s.Process.OOMScoreAdj)
-	}
+	out := &runtimeapi.LinuxContainerResources{Unified: r.Unified, OomScoreAdj: c.Config.GetLinux().GetResources().GetOomScoreAdj()}
 	if c := r.CPU; c != nil {
 		out.CpuPeriod, out.CpuQuota, out.CpuShares = int64(deref(c.Period)), deref(c.Quota), int64(deref(c.Shares))
 		out.CpusetCpus, out.CpusetMems = c.Cpus, c.Mems
@@ -129,7 +126,7 @@ func deref[T any](p *T) T {
 // statusOf is a container's status from its live state.
 func statusOf(c *Container, st shim.State) *ContainerStatus {
 	cs := &ContainerStatus{Container: c, Pid: st.Pid, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, ExitCode: int32(st.ExitCode),
-		Memo: &Memo{}}
+		Resources: appliedResources(c), Memo: &Memo{}}
 	switch st.Status {
 	case shim.StatusCreated:
 		cs.State = runtimeapi.ContainerState_CONTAINER_CREATED

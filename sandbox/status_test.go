@@ -6,13 +6,13 @@ import (
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/sandbox/shim"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestAppliedResourcesInvertSpecResources: the resources status shows are
-// those the spec was made from, with the OOM score from the process.
+// those the record's limits were made from, with the config's OOM score,
+// and every status the view makes (lists, PodSandboxStatus) carries them.
 func TestAppliedResourcesInvertSpecResources(t *testing.T) {
 	want := &runtimeapi.LinuxContainerResources{
 		CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 64 << 20,
@@ -23,13 +23,15 @@ func TestAppliedResourcesInvertSpecResources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adj := int(want.OomScoreAdj)
-	spec := &specs.Spec{Process: &specs.Process{OOMScoreAdj: &adj}, Linux: &specs.Linux{Resources: res}}
-	if got := appliedResources(spec); !proto.Equal(got, want) {
+	c := &Container{ID: "c", Config: &runtimeapi.ContainerConfig{Linux: &runtimeapi.LinuxContainerConfig{Resources: want}}, Resources: res}
+	if got := appliedResources(c); !proto.Equal(got, want) {
 		t.Errorf("applied resources:\n%v\nwant\n%v", got, want)
 	}
-	if got := appliedResources(&specs.Spec{}); got != nil {
-		t.Errorf("applied resources of a lost spec: %v, want none", got)
+	if got := statusOf(c, shim.State{Status: shim.StatusRunning}).Resources; !proto.Equal(got, want) {
+		t.Errorf("status resources:\n%v\nwant\n%v", got, want)
+	}
+	if got := appliedResources(&Container{ID: "c"}); got != nil {
+		t.Errorf("applied resources of a record without them: %v, want none", got)
 	}
 }
 

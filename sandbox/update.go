@@ -30,7 +30,11 @@ func (m *Manager) UpdateResources(ctx context.Context, id string, res *runtimeap
 	if errors.Is(err, shim.ErrNotRunning) || shim.IsNotFound(err) || errors.Is(err, shim.ErrUnavailable) {
 		return errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	c.Resources = specRes // status shows them from the record
+	return m.saveContainer(c)
 }
 
 // UpdatePodResources records the pod-level resources of an in-place resize
