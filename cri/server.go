@@ -108,7 +108,15 @@ func listenRootOnly(path string) (net.Listener, error) {
 		return nil, err
 	}
 	defer removeBindDir(dir)
-	private := filepath.Join(dir, "s")
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	// Named through the folder's descriptor: short whatever the folder's
+	// path, so a socket path that fits sun_path (107 bytes) binds even
+	// though the bind folder lengthens it.
+	private := fmt.Sprintf("/proc/self/fd/%d/s", d.Fd())
 	ln, err := net.Listen("unix", private)
 	if err != nil {
 		return nil, err
@@ -128,8 +136,7 @@ func listenRootOnly(path string) (net.Listener, error) {
 }
 
 // bindDirPrefix names the private folders listenRootOnly binds in; the
-// pid of the berthd that made one follows it. Short: a socket path has 107
-// bytes at most.
+// pid of the berthd that made one follows it.
 const bindDirPrefix = ".berth-bind."
 
 func bindDir(socketDir string, pid int) string {

@@ -361,3 +361,19 @@ func mustAtoi(t *testing.T, s string) int {
 	}
 	return n
 }
+
+// A socket path of the most bytes sun_path holds binds: the folder it is
+// bound in first must not lengthen the name bound.
+func TestLongestSocketPathListens(t *testing.T) {
+	dir := filepath.Dir(socketPath(t))
+	const longest = 107
+	pad := longest - len(dir) - len("//b.sock")
+	if pad < 1 {
+		t.Skipf("temp folder %s too long to build a %d-byte socket path", dir, longest)
+	}
+	path := filepath.Join(dir, strings.Repeat("x", pad), "b.sock")
+	if len(path) != longest {
+		t.Fatalf("built a %d-byte path, want %d", len(path), longest)
+	}
+	startServer(t, ServerOptions{Socket: path, Runtime: NewRuntimeService(Config{}, nil, nil)})
+}
