@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-runtime/berth/cri/errkind"
 )
@@ -29,23 +30,25 @@ func TestResolveHostPath(t *testing.T) {
 	}
 
 	hung := filepath.Join(dir, "hung")
-	hungLookups.Lock()
-	hungLookups.paths[hung] = true
-	hungLookups.Unlock()
+	// A lookup begun longer ago than the timeout that has not answered.
+	hanging := &hostLookup{started: time.Now().Add(-2 * hostPathTimeout), done: make(chan struct{})}
+	hostLookups.Lock()
+	hostLookups.paths[hung] = hanging
+	hostLookups.Unlock()
 	defer func() {
-		hungLookups.Lock()
-		clear(hungLookups.paths)
-		hungLookups.Unlock()
+		hostLookups.Lock()
+		clear(hostLookups.paths)
+		hostLookups.Unlock()
 	}()
 	if _, _, err := resolveHostPath("mount /data: host_path", hung); !errors.Is(err, errkind.DeadlineExceeded) ||
 		!strings.Contains(err.Error(), hung) {
 		t.Errorf("a path whose lookup hangs: %v, want deadline exceeded naming it", err)
 	}
-	hungLookups.Lock()
+	hostLookups.Lock()
 	for i := range maxHungLookups {
-		hungLookups.paths[filepath.Join(dir, "hung", string(rune('a'+i)))] = true
+		hostLookups.paths[filepath.Join(dir, "hung", string(rune('a'+i)))] = hanging
 	}
-	hungLookups.Unlock()
+	hostLookups.Unlock()
 	if _, _, err := resolveHostPath("mount /data: host_path", dir); !errors.Is(err, errkind.ResourceExhausted) {
 		t.Errorf("with %d lookups hanging: %v, want resource exhausted", maxHungLookups, err)
 	}
@@ -60,5 +63,37 @@ func TestResolveHostPathAgain(t *testing.T) {
 		if _, _, err := resolveHostPath("mount /data: host_path", dir); err != nil {
 			t.Fatalf("lookup %d: %v", i, err)
 		}
+	}
+}
+
+// TestResolveHostPathShared: a lookup of a path whose lookup another pod
+// began a moment ago waits for that lookup's answer and gets it, rather
+// than being refused as hanging.
+func TestResolveHostPathShared(t *testing.T) {
+	dir := t.TempDir()
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	under := &hostLookup{started: time.Now(), done: make(chan struct{})}
+	hostLookups.Lock()
+	hostLookups.paths[dir] = under
+	hostLookups.Unlock()
+	defer func() {
+		hostLookups.Lock()
+		clear(hostLookups.paths)
+		hostLookups.Unlock()
+	}()
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		under.resolved, under.fi = dir, fi
+		hostLookups.Lock()
+		delete(hostLookups.paths, dir)
+		hostLookups.Unlock()
+		close(under.done)
+	}()
+	got, gotFI, err := resolveHostPath("mount /data: host_path", dir)
+	if err != nil || got != dir || gotFI != fi {
+		t.Errorf("resolveHostPath during another's lookup = %q, %v, %v; want %q and that lookup's answer", got, gotFI, err, dir)
 	}
 }
