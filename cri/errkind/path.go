@@ -6,17 +6,13 @@ import (
 	"syscall"
 )
 
-// all are the kinds, for Default.
-var all = []*Kind{Invalid, NotFound, AlreadyExists, FailedPrecondition, ResourceExhausted, DeadlineExceeded, Unauthenticated}
-
 // Default returns err as it is when it has a kind already, else marked
 // with k: for a step whose failures are the caller's (k) unless the code
 // that knew better said otherwise.
 func Default(k *Kind, err error) error {
-	for _, known := range all {
-		if errors.Is(err, known) {
-			return err
-		}
+	var known *Kind
+	if errors.As(err, &known) {
+		return err
 	}
 	return Errorf(k, "%w", err)
 }

@@ -2,6 +2,7 @@ package errkind
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"syscall"
 	"testing"
@@ -26,7 +27,7 @@ func TestPathErrorf(t *testing.T) {
 		if !errors.Is(err, c.cause) {
 			t.Errorf("%v does not wrap its cause", err)
 		}
-		for _, k := range all {
+		for _, k := range []*Kind{Invalid, NotFound, AlreadyExists, FailedPrecondition, ResourceExhausted, DeadlineExceeded, Unauthenticated} {
 			if got := errors.Is(err, k); got != (k == c.want) {
 				t.Errorf("PathErrorf(%v) is %v: %v, want the kind %v", c.cause, k, got, c.want)
 			}
@@ -39,6 +40,9 @@ func TestDefault(t *testing.T) {
 	timeout := Errorf(DeadlineExceeded, "mount /data: hung")
 	if err := Default(Invalid, timeout); err != timeout {
 		t.Errorf("Default(Invalid, %v) = %v, want it unchanged", timeout, err)
+	}
+	if err := Default(Invalid, fmt.Errorf("spec: %w", New(NotFound, "no such device"))); !errors.Is(err, NotFound) || errors.Is(err, Invalid) {
+		t.Errorf("Default(Invalid, a wrapped not-found) = %v, want it not found still", err)
 	}
 	plain := errors.New("mount /data: container_path must be absolute")
 	if err := Default(Invalid, plain); !errors.Is(err, Invalid) || !errors.Is(err, plain) || err.Error() != "invalid argument: "+plain.Error() {
