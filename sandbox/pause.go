@@ -31,12 +31,13 @@ type pauseConfinement struct {
 
 // pauseConfinementOf resolves the pod's user, seccomp and AppArmor fields
 // (for every pod, so that a bad one is refused whether or not the pod has a
-// pause process). The pod's user namespace options are checked already.
-func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig) (pauseConfinement, error) {
+// pause process). userNS is the pod's own user namespace as podUserNS
+// checked it, nil for the host's.
+func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig, userNS *runtimeapi.UserNamespace) (pauseConfinement, error) {
 	sc := cfg.GetLinux().GetSecurityContext()
 	uids, gids := uint32(math.MaxUint32), uint32(math.MaxUint32) // the host's user namespace maps them all
-	if u := namespaceOptions(cfg).GetUsernsOptions(); u != nil && u.Mode == runtimeapi.NamespaceMode_POD {
-		uids, gids = u.Uids[0].Length, u.Gids[0].Length
+	if userNS != nil {
+		uids, gids = userNS.Uids[0].Length, userNS.Gids[0].Length
 	}
 	user, err := spec.PauseUser(sc, uids, gids)
 	if err != nil {

@@ -72,7 +72,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err != nil {
 		return nil, err
 	}
-	pauseConf, err := m.pauseConfinementOf(cfg)
+	pauseConf, err := m.pauseConfinementOf(cfg, userNS)
 	if err != nil {
 		return nil, err
 	}
