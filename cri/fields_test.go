@@ -89,8 +89,8 @@ var criFields = map[protoreflect.FullName]verdict{
 
 	"runtime.v1.LinuxSandboxSecurityContext.namespace_options":          honoured("TestPodNamespaces"),
 	"runtime.v1.LinuxSandboxSecurityContext.selinux_options":            selinuxOff,
-	"runtime.v1.LinuxSandboxSecurityContext.run_as_user":                honoured("TestPauseUser"),
-	"runtime.v1.LinuxSandboxSecurityContext.run_as_group":               honoured("TestPauseUser"),
+	"runtime.v1.LinuxSandboxSecurityContext.run_as_user":                honoured("TestPauseHoldsNoPrivilege"),
+	"runtime.v1.LinuxSandboxSecurityContext.run_as_group":               honoured("TestPauseHoldsNoPrivilege"),
 	"runtime.v1.LinuxSandboxSecurityContext.readonly_rootfs":            notApplicable("the pause's root is read-only whatever is asked; the pause writes nothing"),
 	"runtime.v1.LinuxSandboxSecurityContext.supplemental_groups":        notApplicable("the pause runs without supplementary groups; each container's config carries the pod's groups"),
 	"runtime.v1.LinuxSandboxSecurityContext.supplemental_groups_policy": notApplicable("as supplemental_groups: the containers' own field is honoured"),
@@ -251,7 +251,7 @@ var criFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.ContainerFilter.pod_sandbox_id":      honoured("TestPodAttributesAndFilters"),
 	"runtime.v1.ContainerFilter.label_selector":      honoured("TestPodAttributesAndFilters"),
 	"runtime.v1.ContainerStatusRequest.container_id": honoured("TestStatusFields"),
-	"runtime.v1.ContainerStatusRequest.verbose":      honoured("TestPodCannotSpoofItsAddress"),
+	"runtime.v1.ContainerStatusRequest.verbose":      honoured("TestUpdateContainerResources"),
 
 	"runtime.v1.UpdateContainerResourcesRequest.container_id": honoured("TestUpdateContainerResources"),
 	"runtime.v1.UpdateContainerResourcesRequest.linux":        honoured("TestUpdateContainerResources"),
