@@ -18,11 +18,6 @@ import (
 	"github.com/berth-runtime/berth/cri/errkind"
 )
 
-// DefaultSpecDirs are the folders CDI specs are looked for in when the
-// configuration names none: the static one, then the one drivers write at
-// run time (the CDI specification's defaults).
-var DefaultSpecDirs = []string{cdiapi.DefaultStaticDir, cdiapi.DefaultDynamicDir}
-
 // Registry is the CDI devices of a set of spec folders.
 type Registry struct {
 	dirs  []string

@@ -167,7 +167,9 @@ func Default() *Config {
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
 		Tracing: Tracing{SamplingRate: 1},
-		CDI:     CDI{SpecDirs: []string{"/etc/cdi", "/var/run/cdi"}},
+		// The CDI specification's folders: static specs, then those
+		// drivers write at run time.
+		CDI: CDI{SpecDirs: []string{"/etc/cdi", "/var/run/cdi"}},
 	}
 }
 
