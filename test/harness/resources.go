@@ -20,22 +20,33 @@ import (
 // of these take a testing.TB: the soak test samples them from its own loop
 // and reports a failed read as a figure it could not take.
 
-// MountPointsUnder lists the mount points of this mount namespace that lie
-// below one of dirs (the daemon's root and state folders).
-func MountPointsUnder(dirs ...string) ([]string, error) {
+// MountPoints lists the mount points of this mount namespace.
+func MountPoints() ([]string, error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for line := range strings.SplitSeq(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
+		if f := strings.Fields(line); len(f) > 4 {
+			out = append(out, f[4])
 		}
+	}
+	return out, nil
+}
+
+// MountPointsUnder lists the mount points of this mount namespace that lie
+// below one of dirs (the daemon's root and state folders).
+func MountPointsUnder(dirs ...string) ([]string, error) {
+	all, err := MountPoints()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range all {
 		for _, d := range dirs {
-			if strings.HasPrefix(f[4], d+"/") {
-				out = append(out, f[4])
+			if strings.HasPrefix(m, d+"/") {
+				out = append(out, m)
 				break
 			}
 		}
@@ -43,15 +54,22 @@ func MountPointsUnder(dirs ...string) ([]string, error) {
 	return out, nil
 }
 
+// CgroupDirs lists the folders of cgroup rel (a glob pattern, relative to
+// the hierarchies' roots) that exist: one per cgroup v1 hierarchy, or the
+// one of the v2 tree.
+func CgroupDirs(rel string) []string {
+	rel = strings.Trim(rel, "/")
+	v1, _ := filepath.Glob("/sys/fs/cgroup/*/" + rel) // fails only on a bad pattern
+	v2, _ := filepath.Glob("/sys/fs/cgroup/" + rel)
+	return append(v1, v2...)
+}
+
 // CgroupDirsUnder lists the cgroup folders below parent ("berth-soak/x"),
 // parent excluded, in every hierarchy: one set on cgroup v2, one per
 // controller on v1.
 func CgroupDirsUnder(parent string) []string {
-	parent = strings.Trim(parent, "/")
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent) // fails only on a bad pattern
-	roots = append(roots, filepath.Join("/sys/fs/cgroup", parent))
 	var out []string
-	for _, root := range roots {
+	for _, root := range CgroupDirs(parent) {
 		// A cgroup removed during the walk is not an error: it is gone.
 		filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err == nil && d.IsDir() && p != root {
@@ -246,8 +264,7 @@ func RemoveCgroupTree(parent string) {
 	for i := len(dirs) - 1; i >= 0; i-- {
 		os.Remove(dirs[i])
 	}
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + strings.Trim(parent, "/"))
-	for _, r := range append(roots, filepath.Join("/sys/fs/cgroup", strings.Trim(parent, "/"))) {
+	for _, r := range CgroupDirs(parent) {
 		os.Remove(r)
 	}
 }

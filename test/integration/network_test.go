@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -145,26 +144,11 @@ func (e *podEnv) bridgePorts(t *testing.T) int {
 }
 
 // linksOn counts the links attached to bridge (0 when it does not exist).
-// Other tests add and remove links meanwhile: a dump they interrupted is
-// repeated.
 func linksOn(t *testing.T, bridge string) int {
 	t.Helper()
-	br, err := netlink.LinkByName(bridge)
-	if err != nil {
-		return 0
-	}
-	links, err := netlink.LinkList()
-	for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 10; i++ {
-		links, err = netlink.LinkList()
-	}
+	n, err := harness.BridgePorts(bridge)
 	if err != nil {
 		t.Fatal(err)
-	}
-	n := 0
-	for _, l := range links {
-		if l.Attrs().MasterIndex == br.Attrs().Index {
-			n++
-		}
 	}
 	return n
 }

@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -233,9 +231,9 @@ func wsExec(t *testing.T, u string, hangUp func()) (stdout, status string) {
 // openFDs counts the open files of pid.
 func openFDs(t *testing.T, pid int) int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	n, err := harness.OpenFDs(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(ents)
+	return n
 }

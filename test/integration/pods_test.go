@@ -196,7 +196,7 @@ func (e *podEnv) removePodCgroup(t *testing.T, pod string, ownCgroup bool) {
 		}
 	}
 	assertPodGone(t, e.d, pod)
-	switch dirs := cgroupDirs(cgroup); {
+	switch dirs := harness.CgroupDirs(cgroup); {
 	case ownCgroup && len(dirs) != 0:
 		t.Errorf("cgroup of the removed pod left behind: %v", dirs)
 	case !ownCgroup && len(dirs) == 0:
@@ -260,8 +260,12 @@ func (e *podEnv) assertNoLeaks(t *testing.T) {
 		t.Errorf("containers left: %v, %v", ctrs.GetContainers(), err)
 	}
 	podsRoot := filepath.Join(e.d.State, "pods")
-	for _, m := range mountPoints() {
-		if m != podsRoot && (strings.HasPrefix(m, e.d.Root+"/") || strings.HasPrefix(m, e.d.State+"/")) {
+	mounts, err := harness.MountPointsUnder(e.d.Root, e.d.State)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mounts {
+		if m != podsRoot {
 			t.Errorf("mount left: %s", m)
 		}
 	}
@@ -270,7 +274,7 @@ func (e *podEnv) assertNoLeaks(t *testing.T) {
 			t.Errorf("%s is not empty: %v", dir, entries)
 		}
 	}
-	if cgs := cgroupDirs(e.parent + "/*/"); len(cgs) != 0 {
+	if cgs := harness.CgroupDirsUnder(e.parent); len(cgs) != 0 {
 		t.Errorf("cgroups left behind: %v", cgs)
 	}
 	if pids := harness.LiveProcessesWithArg(podsRoot); len(pids) != 0 {
@@ -319,16 +323,11 @@ func (e *podEnv) storedLayers(t *testing.T) int {
 	return len(layers)
 }
 
-// mountPoints lists the mount points of this mount namespace.
+// mountPoints lists the mount points of this mount namespace (none when
+// mountinfo cannot be read).
 func mountPoints() []string {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	var out []string
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 {
-			out = append(out, f[4])
-		}
-	}
-	return out
+	m, _ := harness.MountPoints()
+	return m
 }
 
 // mountsMentioning lists the mount points whose path contains s.
@@ -429,19 +428,10 @@ func TestPodLifecycle(t *testing.T) {
 	e.assertNoLeaks(t)
 }
 
-// cgroupDirs lists the folders of cgroup rel (a glob pattern) that exist:
-// one per cgroup v1 hierarchy, or the one of the v2 tree.
-func cgroupDirs(rel string) []string {
-	rel = strings.TrimPrefix(rel, "/")
-	v1, _ := filepath.Glob("/sys/fs/cgroup/*/" + rel)
-	v2, _ := filepath.Glob("/sys/fs/cgroup/" + rel)
-	return append(v1, v2...)
-}
-
 // removeCgroupDirs removes the cgroup the tests name as (part of) the
 // kubelet's cgroup_parent, in every hierarchy, once it is empty.
 func removeCgroupDirs(name string) {
-	for _, d := range cgroupDirs(name) {
+	for _, d := range harness.CgroupDirs(name) {
 		os.Remove(d)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/test/harness"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -139,7 +140,7 @@ func TestPodCgroupOfTheKubelet(t *testing.T) {
 	if _, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: bad}); err == nil || !strings.Contains(err.Error(), "period") {
 		t.Errorf("RunPodSandbox with a CPU quota and no period in the kubelet's pod cgroup: %v, want it refused naming the period", err)
 	}
-	if len(cgroupDirs(cg)) == 0 {
+	if len(harness.CgroupDirs(cg)) == 0 {
 		t.Fatal("the refused RunPodSandbox removed the kubelet's pod cgroup")
 	}
 	pod := e.runPod(t, kubelets)
