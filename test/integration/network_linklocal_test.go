@@ -37,10 +37,7 @@ func TestPodLinkLocalFramesGuarded(t *testing.T) {
 	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
 		t.Fatalf("this kernel has no IPv6, which the test needs (the VM tier has it): %v", err)
 	}
-	cfg := e.podConfig("linklocal")
-	pod := e.runPod(t, cfg)
-	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("c", sleeper...))
-	netns := fmt.Sprintf("/proc/%d/ns/net", e.ctrPID(t, ctr))
+	pod, netns := e.runSleeperPod(t, "linklocal")
 	bridgeName, subnet := e.network(t)
 	bridge, err := netlink.LinkByName(bridgeName)
 	if err != nil {
@@ -153,6 +150,17 @@ func ipPrefix(n *net.IPNet) netip.Prefix {
 	ip, _ := netip.AddrFromSlice(n.IP)
 	bits, _ := n.Mask.Size()
 	return netip.PrefixFrom(ip.Unmap(), bits)
+}
+
+// runSleeperPod runs a pod named name with a container that sleeps, and
+// returns the pod's ID and its network namespace as the container's /proc
+// entry shows it.
+func (e *podEnv) runSleeperPod(t *testing.T, name string) (pod, netns string) {
+	t.Helper()
+	cfg := e.podConfig(name)
+	pod = e.runPod(t, cfg)
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("c", sleeper...))
+	return pod, fmt.Sprintf("/proc/%d/ns/net", e.ctrPID(t, ctr))
 }
 
 // hostVethOf is the node's end of eth0 in the network namespace at netns.

@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -33,11 +32,8 @@ func TestPodCannotSpoofItsMAC(t *testing.T) {
 	var pods, nets []string
 	var veths []netlink.Link
 	for _, name := range []string{"mac-spoofer", "mac-victim", "mac-peer"} {
-		cfg := e.podConfig(name)
-		pod := e.runPod(t, cfg)
+		pod, netns := e.runSleeperPod(t, name)
 		pods = append(pods, pod)
-		ctr := e.runContainer(t, pod, cfg, e.ctrConfig("c", sleeper...))
-		netns := fmt.Sprintf("/proc/%d/ns/net", e.ctrPID(t, ctr))
 		nets = append(nets, netns)
 		veths = append(veths, hostVethOf(t, netns))
 	}
