@@ -23,6 +23,9 @@ type Berthd struct {
 	State  string
 	Socket string
 	Bridge string
+	// CDIDir is berthd's only CDI spec folder: the run's own, where the
+	// tiers' device plugin and DRA driver write the specs of their devices.
+	CDIDir string
 	args   []string
 	work   string
 }
@@ -32,13 +35,16 @@ type Berthd struct {
 // HTTP registry. binDir holds berthd, berth-shim and berth-pause.
 func NewBerthd(t *testing.T, w *Work, binDir, bridge, subnet, registryHost string) *Berthd {
 	t.Helper()
-	b := &Berthd{Root: w.Path("berth-root"), State: w.Path("berth-state"), Bridge: bridge, work: w.Dir}
+	b := &Berthd{Root: w.Path("berth-root"), State: w.Path("berth-state"), Bridge: bridge, CDIDir: w.Path("cdi"), work: w.Dir}
 	b.Socket = filepath.Join(b.State, "berth.sock")
 	network := fmt.Sprintf("bridge = %q\nmasquerade = false\n", bridge)
 	if subnet != "" {
 		network += fmt.Sprintf("subnet = %q\n", subnet)
 	}
-	cfg := fmt.Sprintf("[network]\n%s\n[registry.%q]\nplain_http = true\n", network, registryHost)
+	if err := os.MkdirAll(b.CDIDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("[network]\n%s\n[registry.%q]\nplain_http = true\n\n[cdi]\nspec_dirs = [%q]\n", network, registryHost, b.CDIDir)
 	cfgPath := w.Path("berthd.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -91,7 +97,7 @@ func (b *Berthd) Teardown(t *testing.T) {
 	if out, err := exec.Command("ip", "link", "del", b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("Cannot find device")) {
 		t.Errorf("teardown: ip link del %s: %v %s", b.Bridge, err, out)
 	}
-	for _, family := range []string{"ip", "bridge"} {
+	for _, family := range []string{"ip", "netdev"} {
 		if out, err := exec.Command("nft", "delete", "table", family, b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("No such file")) {
 			t.Errorf("teardown: nft delete table %s %s: %v %s", family, b.Bridge, err, out)
 		}
