@@ -17,7 +17,7 @@ import (
 // a record "<RFC3339Nano> <stream> <P|F> <text>", stdout and stderr kept
 // apart, lines longer than 16 KiB split into P records ended by an F one, a
 // line of exactly 16 KiB and an empty line one F record each, and an
-// unterminated last line written as F.
+// unterminated last line written as P (as containerd and CRI-O do).
 func TestContainerLogFormat(t *testing.T) {
 	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
@@ -51,7 +51,7 @@ func TestContainerLogFormat(t *testing.T) {
 			a("P", maxRecord), a("P", maxRecord), a("F", 40000-2*maxRecord),
 			{"F", 0, ""},
 			a("F", maxRecord),
-			{"F", 21, "no newline at the end"},
+			{"P", 21, "no newline at the end"},
 		},
 		"stderr": {{"F", 4, "err1"}, {"F", 4, "err2"}},
 	}

@@ -187,7 +187,9 @@ func (w *Writer) record(buf []byte, stream string, partial bool, content []byte)
 
 // Copy reads r until EOF (or any error, such as EIO from a pty whose
 // other side closed) and writes its lines as records of stream. An
-// unterminated last line is written as F.
+// unterminated last line is written as P records, as containerd and CRI-O
+// write it: no newline was written, so none is added; the kubelet reads a
+// termination message from the log (FallbackToLogsOnError) byte for byte.
 func (w *Writer) Copy(stream string, r io.Reader) {
 	var (
 		rd      = make([]byte, readSize)
@@ -216,7 +218,7 @@ func (w *Writer) Copy(stream string, r io.Reader) {
 		}
 		if err != nil {
 			if len(pending) > 0 {
-				w.emit(rec, stream, pending)
+				w.record(rec, stream, true, pending)
 			}
 			return
 		}

@@ -62,7 +62,7 @@ func copyString(t *testing.T, path, stream, in string) []record {
 
 func TestLines(t *testing.T) {
 	got := copyString(t, filepath.Join(t.TempDir(), "log"), Stdout, "a\n\nb c\nlast")
-	want := []record{{"stdout", "F", "a"}, {"stdout", "F", ""}, {"stdout", "F", "b c"}, {"stdout", "F", "last"}}
+	want := []record{{"stdout", "F", "a"}, {"stdout", "F", ""}, {"stdout", "F", "b c"}, {"stdout", "P", "last"}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
@@ -99,12 +99,13 @@ func TestExactRecord(t *testing.T) {
 	}
 }
 
-// A long unterminated line at EOF: P records, then F for the rest.
+// A long unterminated line at EOF: P records only, the last one the rest
+// (no newline was written, so no record says the line ended).
 func TestPartialAtEOF(t *testing.T) {
 	line := strings.Repeat("z", MaxRecord+10)
 	got := copyString(t, filepath.Join(t.TempDir(), "log"), Stdout, line)
-	if len(got) != 2 || got[0].tag != "P" || got[1].tag != "F" || got[1].content != "zzzzzzzzzz" {
-		t.Fatalf("got %v", len(got))
+	if len(got) != 2 || got[0].tag != "P" || got[1].tag != "P" || got[1].content != "zzzzzzzzzz" {
+		t.Fatalf("got %v", got)
 	}
 }
 
