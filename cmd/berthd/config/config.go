@@ -125,6 +125,18 @@ type Image struct {
 	MaxLayerBytes int64 `toml:"max_layer_bytes"`
 	// MaxLayerEntries bounds the tar entries (files, dirs, links) of a layer.
 	MaxLayerEntries int64 `toml:"max_layer_entries"`
+	// MaxConcurrentDownloads bounds the layer downloads (connections, the
+	// parts of a ranged one included) of all pulls of the node together.
+	// Unset: no node-wide bound, each pull fetching up to 4 layers at once.
+	MaxConcurrentDownloads *int `toml:"max_concurrent_downloads"`
+}
+
+// DownloadBound is max_concurrent_downloads, 0 when unset (no bound).
+func (i Image) DownloadBound() int {
+	if i.MaxConcurrentDownloads == nil {
+		return 0
+	}
+	return *i.MaxConcurrentDownloads
 }
 
 // Default layer bounds: above any real image's layer, far below what would

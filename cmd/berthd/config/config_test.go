@@ -103,6 +103,7 @@ cgroup_driver = "systemd"
 pull_progress_timeout = "90s"
 max_layer_bytes = 1073741824
 max_layer_entries = 1000
+max_concurrent_downloads = 3
 
 [stream]
 address = "0.0.0.0"
@@ -134,10 +135,12 @@ skip_verify = false
 	if err != nil {
 		t.Fatal(err)
 	}
+	three := 3
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
-		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000},
+		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000,
+			MaxConcurrentDownloads: &three},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
 		Stream:  Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
@@ -206,6 +209,8 @@ func TestBadFiles(t *testing.T) {
 		{"ca file is a device", "[registry.\"r.example\"]\nca_file = \"/dev/zero\"", []string{`ca_file = "/dev/zero"`, "not a regular file"}},
 		{"zero layer bytes", "[image]\nmax_layer_bytes = 0", []string{`image.max_layer_bytes = "0"`, "greater than 0"}},
 		{"negative layer entries", "[image]\nmax_layer_entries = -5", []string{`image.max_layer_entries = "-5"`, "greater than 0"}},
+		{"zero concurrent downloads", "[image]\nmax_concurrent_downloads = 0", []string{`image.max_concurrent_downloads = "0"`, "greater than 0"}},
+		{"negative concurrent downloads", "[image]\nmax_concurrent_downloads = -1", []string{`image.max_concurrent_downloads = "-1"`, "greater than 0"}},
 		{"layer bytes as a string", "[image]\nmax_layer_bytes = \"1GiB\"", []string{"max_layer_bytes"}},
 		{"mirror scheme", "[registry.\"docker.io\"]\nmirrors = [\"ftp://m.example\"]",
 			[]string{`registry."docker.io".mirrors[0] = "ftp://m.example"`, "http or https"}},

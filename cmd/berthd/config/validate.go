@@ -97,6 +97,9 @@ func (c *Config) validate() error {
 	if n := c.Image.MaxLayerEntries; n <= 0 {
 		p.add(badValue("image.max_layer_entries", strconv.FormatInt(n, 10), errors.New("must be greater than 0")))
 	}
+	if n := c.Image.MaxConcurrentDownloads; n != nil && *n <= 0 {
+		p.add(badValue("image.max_concurrent_downloads", strconv.Itoa(*n), errors.New("must be greater than 0 (leave it out for no bound)")))
+	}
 	// Sorted so that the same bad file always reports the same key first.
 	hosts := make([]string, 0, len(c.Registries))
 	for h := range c.Registries {
