@@ -7,10 +7,12 @@ tool k8s.io/kubernetes/cmd/kubelet
 
 require (
 	github.com/berth-runtime/berth/test/kubeenv v0.0.0
+	golang.org/x/sys v0.46.0
 	google.golang.org/grpc v1.79.3
 	k8s.io/api v0.36.4
 	k8s.io/client-go v0.36.4
 	k8s.io/cri-api v0.36.4
+	k8s.io/kubelet v0.36.4
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2
 )
 
@@ -114,7 +116,6 @@ require (
 	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/oauth2 v0.34.0 // indirect
 	golang.org/x/sync v0.21.0 // indirect
-	golang.org/x/sys v0.46.0 // indirect
 	golang.org/x/term v0.44.0 // indirect
 	golang.org/x/text v0.39.0 // indirect
 	golang.org/x/time v0.14.0 // indirect
@@ -141,7 +142,6 @@ require (
 	k8s.io/kube-openapi v0.0.0-20260317180543-43fb72c5454a // indirect
 	k8s.io/kube-scheduler v0.0.0 // indirect
 	k8s.io/kubectl v0.0.0 // indirect
-	k8s.io/kubelet v0.36.4 // indirect
 	k8s.io/kubernetes v1.36.4 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/streaming v0.36.4 // indirect
