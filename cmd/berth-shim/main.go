@@ -18,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
 	// Without it the cgroup manager cannot apply device rules.
 	_ "github.com/opencontainers/cgroups/devices"
 	// nsexec: the C constructor that joins namespaces before the Go runtime
@@ -31,8 +32,17 @@ import (
 func init() {
 	// As runc's own "init" command: before main, after nsexec.
 	if len(os.Args) > 1 && os.Args[1] == "init" {
+		// The container's processes get the node's huge page policy, not
+		// the shim's, which every process it starts inherits.
+		_ = unix.Prctl(unix.PR_SET_THP_DISABLE, 0, 0, 0, 0)
 		libcontainer.Init()
 	}
+	// No transparent huge pages in the shim, as early as Go code runs: on
+	// kernels that default to them (Debian's), khugepaged folds the idle
+	// shim's thread stacks and runtime metadata into 2 MiB pages, up to a
+	// few MiB more per pod (GODEBUG's disablethp, set by shim.Start, covers
+	// the heap only).
+	_ = unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0)
 }
 
 func main() {
