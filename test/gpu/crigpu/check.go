@@ -9,7 +9,6 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -296,7 +295,7 @@ func (c *checker) leftovers() []string {
 		}
 	}
 	left = append(left, harness.CgroupDirsUnder(c.o.cgroupParent)...)
-	return slices.Clip(left)
+	return left
 }
 
 func dial(socket string) (*grpc.ClientConn, error) {
