@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/cri/errkind"
 )
 
 // Options tune what a layer may contain.
@@ -29,8 +31,9 @@ type Options struct {
 }
 
 // ErrTooLarge is returned (wrapped) when a layer exceeds Options.MaxBytes,
-// Options.MaxEntries or the bound of a Bound reader.
-var ErrTooLarge = errors.New("layer too large")
+// Options.MaxEntries or the bound of a Bound reader: FailedPrecondition,
+// as the bounds are the node's configuration, not a fault of the request.
+var ErrTooLarge = errkind.New(errkind.FailedPrecondition, "layer too large")
 
 // Stats describes what was written.
 type Stats struct {

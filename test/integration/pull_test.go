@@ -17,6 +17,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/test/harness"
@@ -933,8 +934,8 @@ func TestPullRefusesLayerBombs(t *testing.T) {
 			}
 			_, err := pull(t, d, p.Name, nil)
 			if err == nil || !strings.Contains(err.Error(), "layer too large") || !strings.Contains(err.Error(), c.want) ||
-				!strings.Contains(err.Error(), "max_layer_bytes") {
-				t.Fatalf("pull = %v; want a layer too large error with %q, naming the config keys", err, c.want)
+				!strings.Contains(err.Error(), "max_layer_bytes") || status.Code(err) != codes.FailedPrecondition {
+				t.Fatalf("pull = %v; want FailedPrecondition, a layer too large error with %q, naming the config keys", err, c.want)
 			}
 			assertAbsent(t, d, p.Name, p.ID)
 			harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
