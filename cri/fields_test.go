@@ -25,7 +25,7 @@ import (
 // Rows are per field of a message type, not per path: LinuxContainerResources
 // is decided once, whether it arrives in CreateContainer or in
 // UpdateContainerResources. A message-typed field is a row of its own (Mount.image
-// is refused although ImageSpec's fields are honoured elsewhere), and so are
+// has its own proof although ImageSpec's fields are honoured elsewhere), and so are
 // the fields of its message. A map field is one row: its entry's key and value
 // have no meaning apart from it.
 
@@ -180,7 +180,7 @@ var criFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.ImageSpec.annotations":                 notApplicable("free-form metadata with no keys berth acts on; kept and shown back in ContainerStatus.image"),
 	"runtime.v1.ImageSpec.user_specified_image":        honoured("TestKubeletViews"),
 	"runtime.v1.ImageSpec.runtime_handler":             honoured("TestUnknownRuntimeHandlerRefused"),
-	"runtime.v1.ImageSpec.image_ref":                   notApplicable("the digest of an image volume's image; image volumes (Mount.image) are refused"),
+	"runtime.v1.ImageSpec.image_ref":                   notApplicable("the digest of an image volume's image, for the runtime to report; the kubelet sends Mount.image.image as PullImage answered it, which berth looks up"),
 	"runtime.v1.ContainerConfig.command":               honoured("TestProcessArgs"),
 	"runtime.v1.ContainerConfig.args":                  honoured("TestProcessArgs"),
 	"runtime.v1.ContainerConfig.working_dir":           honoured("TestCwdTerminal"),
@@ -196,8 +196,8 @@ var criFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.Mount.uidMappings":                     honoured("TestUserNSMounts"),
 	"runtime.v1.Mount.gidMappings":                     honoured("TestUserNSMounts"),
 	"runtime.v1.Mount.recursive_read_only":             honoured("TestRecursiveReadOnlyMount"),
-	"runtime.v1.Mount.image":                           refused(codes.InvalidArgument, "mount <path>: image volumes are not supported"),
-	"runtime.v1.Mount.image_sub_path":                  notApplicable("a path inside an image volume; image volumes (Mount.image) are refused"),
+	"runtime.v1.Mount.image":                           honoured("TestImageVolumes"),
+	"runtime.v1.Mount.image_sub_path":                  honoured("TestImageVolumes"),
 	"runtime.v1.Mount.mount_options":                   honoured("TestContainerMountOptions"),
 	"runtime.v1.ContainerConfig.devices":               honoured("TestCRIDevices"),
 	"runtime.v1.Device.container_path":                 honoured("TestCRIDevices"),

@@ -44,7 +44,8 @@ func (m *Manager) podLayout(pod *Pod, c *Container, lowers []string) rootfs.Layo
 }
 
 // CreateContainer prepares a container in a ready pod: leases its image's
-// layers, mounts its rootfs, writes its OCI spec and has the shim create it.
+// layers, mounts its rootfs and image volumes, writes its OCI spec and has
+// the shim create it.
 func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*Container, error) {
 	switch {
 	case cfg.GetMetadata().GetName() == "":
@@ -135,12 +136,19 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}
 	u.add("unmount rootfs", func() error { return rootfs.Unmount(l) })
 	t.step("rootfs")
+	imageVolumes, err := m.mountImageVolumes(u, pod, c)
+	if err != nil {
+		return nil, err
+	}
+	if len(imageVolumes) > 0 {
+		t.step("image volumes")
+	}
 
 	specResources, err := cgroups.SpecResources(cfg.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
 	if err != nil {
 		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
 	}
-	s, err := m.spec(pod, c, img, l.Target, pidNS, specResources)
+	s, err := m.spec(pod, c, img, l.Target, imageVolumes, pidNS, specResources)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +217,7 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 // spec builds the container's OCI runtime spec from its CRI config, the
 // image config, the pod's namespaces, files and cgroup, the PID
 // namespace containerNamespaces chose and the cgroup limits res.
-func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
+func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, imageVolumes map[int]string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
 	ns := namespaceOptions(pod.Config)
 	in := spec.Input{
 		ContainerID: c.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
@@ -218,7 +226,7 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 		PIDNS: pid.path, HostPID: pid.host,
 		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
 		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
-		Resources:   res, AppArmor: m.apparmor, CDI: m.opts.CDI,
+		Resources:   res, AppArmor: m.apparmor, CDI: m.opts.CDI, ImageVolumes: imageVolumes,
 	}
 	if pin := pod.Pins[string(podns.User)]; pin != "" {
 		u := namespaceOptions(pod.Config).GetUsernsOptions()
@@ -386,6 +394,9 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 	if err := rootfs.Unmount(m.layout(c, nil)); err != nil {
 		return err
 	}
+	if err := m.unmountImageVolumes(c.PodID, c.ID); err != nil {
+		return err
+	}
 	crashpoint.Hit("remove container", "rootfs unmounted")
 	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(c.PodID, c.ID)} {
 		if err := os.RemoveAll(d); err != nil {
@@ -398,7 +409,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 	m.metrics.forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
 	// removes, never a lease nobody would release.
-	if err := m.opts.Images.Release(c.ID); err != nil {
+	if err := errors.Join(m.releaseImageVolumes(c), m.opts.Images.Release(c.ID)); err != nil {
 		return err
 	}
 	crashpoint.Hit("remove container", "image released")

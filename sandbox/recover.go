@@ -167,7 +167,7 @@ func (m *Manager) reclaimUnknown(pods []*Pod) error {
 	owners, err := m.opts.Images.LeaseOwners()
 	errs = append(errs, err)
 	for _, o := range owners {
-		if !knownCtrs[o] {
+		if !knownCtrs[leaseContainer(o)] {
 			m.log.Warn("releasing the image lease of an unknown container", "container", o)
 			errs = append(errs, m.opts.Images.Release(o))
 		}
@@ -212,6 +212,9 @@ func (m *Manager) reclaimPodFolder(id string) error {
 func (m *Manager) reclaimBundle(podID, id string) error {
 	m.log.Warn("removing the bundle of an unknown container", "pod", podID, "container", id)
 	if err := rootfs.Unmount(rootfs.Layout{Target: filepath.Join(m.bundleDir(podID, id), "rootfs")}); err != nil {
+		return err
+	}
+	if err := m.unmountImageVolumes(podID, id); err != nil {
 		return err
 	}
 	return os.RemoveAll(m.bundleDir(podID, id))

@@ -1,5 +1,6 @@
 // Package rootfs mounts a container's root filesystem: an overlay of the
-// image's read-only snapshots with a writable layer of the container's own.
+// image's read-only snapshots with a writable layer of the container's own;
+// and its image volumes: the snapshots of another image, read-only.
 package rootfs
 
 import (
@@ -51,12 +52,16 @@ func Mount(l Layout) (err error) {
 	}
 	lowers := slices.Clone(l.Lowers)
 	if l.UserNS != "" {
-		attached, err := idmapLowers(l)
+		attached, err := idmapLowers(l.Lowers, l.UserNS, l.Target+".idmap")
 		if err != nil {
 			return err
 		}
 		defer attached.release()
 		lowers = attached.paths
+		// The container's root owns its writable layer's root.
+		if err := os.Lchown(l.Upper, l.RootUID, l.RootGID); err != nil {
+			return fmt.Errorf("rootfs: %w", err)
+		}
 	}
 	// overlayfs lists lower dirs top first.
 	slices.Reverse(lowers)
@@ -126,8 +131,8 @@ type idmappedLowers struct {
 	paths []string // lowerdir paths through dir's descriptor, bottom first
 }
 
-// idmapLowers makes an idmapped mount of each lower layer, attached under
-// Target+".idmap", and chowns Upper's root to the container's root.
+// idmapLowers makes an idmapped mount (through the user namespace pinned at
+// userNS) of each of lowers, attached under dir, which it creates.
 //
 // Only the lower layers are idmapped: a root-owned image file then shows as
 // the container's root inside, and copy-up and new files land in Upper with
@@ -135,13 +140,12 @@ type idmappedLowers struct {
 // IDs are host IDs). Idmapping Upper too would store files as host root,
 // so that a file the container made would be root's, or setuid root, on
 // the host.
-func idmapLowers(l Layout) (_ *idmappedLowers, err error) {
-	ns, err := os.Open(l.UserNS)
+func idmapLowers(lowers []string, userNS, dir string) (_ *idmappedLowers, err error) {
+	ns, err := os.Open(userNS)
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: user namespace: %w", err)
 	}
 	defer ns.Close()
-	dir := l.Target + ".idmap"
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("rootfs: %w", err)
 	}
@@ -157,13 +161,10 @@ func idmapLowers(l Layout) (_ *idmappedLowers, err error) {
 			made.release()
 		}
 	}()
-	for i, d := range l.Lowers {
+	for i, d := range lowers {
 		if err := made.attach(d, int(ns.Fd()), strconv.Itoa(i)); err != nil {
 			return nil, err
 		}
-	}
-	if err := os.Lchown(l.Upper, l.RootUID, l.RootGID); err != nil {
-		return nil, fmt.Errorf("rootfs: %w", err)
 	}
 	return made, nil
 }

@@ -1,14 +1,17 @@
 package spec
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -81,21 +84,15 @@ var restrictingMountOptions = map[string]bool{
 }
 
 // criMount turns one CRI mount into a bind mount of its (symlink-resolved)
-// host path, and returns the rootfs propagation it needs ("" for none).
-func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
+// host path, or of the image volume the sandbox mounted for it at
+// imageRoot, and returns the rootfs propagation it needs ("" for none).
+func criMount(m *runtimeapi.Mount, imageRoot string) (specs.Mount, string, error) {
 	dst := m.GetContainerPath()
 	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
 		return specs.Mount{}, "", fmt.Errorf("mount container_path %q: must be an absolute path other than /", dst)
 	}
 	dst = path.Clean(dst)
-	if m.GetImage() != nil && m.GetImage().GetImage() != "" {
-		return specs.Mount{}, "", fmt.Errorf("mount %s: image volumes are not supported", dst)
-	}
-	src := m.GetHostPath()
-	if !filepath.IsAbs(src) {
-		return specs.Mount{}, "", fmt.Errorf("mount %s: host_path %q must be an absolute path", dst, src)
-	}
-	resolved, _, err := resolveHostPath("mount "+dst+": host_path", src)
+	resolved, readonly, err := mountSource(dst, m, imageRoot)
 	if err != nil {
 		return specs.Mount{}, "", err
 	}
@@ -113,7 +110,7 @@ func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
 		return specs.Mount{}, "", fmt.Errorf("mount %s: unknown propagation %v", dst, m.GetPropagation())
 	}
 	if m.GetRecursiveReadOnly() {
-		if !m.GetReadonly() {
+		if !readonly {
 			return specs.Mount{}, "", fmt.Errorf("mount %s: recursive_read_only needs readonly", dst)
 		}
 		if propagation != "rprivate" {
@@ -126,12 +123,79 @@ func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
 				dst, o, strings.Join(slices.Sorted(maps.Keys(restrictingMountOptions)), ", "))
 		}
 	}
-	bm := bindMount(resolved, dst, propagation, m.GetReadonly())
+	bm := bindMount(resolved, dst, propagation, readonly)
 	if m.GetRecursiveReadOnly() {
 		bm.Options = append(bm.Options, "rro")
 	}
 	bm.Options = append(bm.Options, m.GetMountOptions()...)
 	return bm, rootfs, nil
+}
+
+// mountSource is the host path a CRI mount binds, and whether the mount is
+// read-only: an image volume always is, whatever readonly says (the CRI
+// defines image mounts as read-only).
+func mountSource(dst string, m *runtimeapi.Mount, imageRoot string) (string, bool, error) {
+	if m.GetImage().GetImage() == "" {
+		if m.GetImageSubPath() != "" {
+			return "", false, fmt.Errorf("mount %s: image_sub_path %q needs an image", dst, m.GetImageSubPath())
+		}
+		src := m.GetHostPath()
+		if !filepath.IsAbs(src) {
+			return "", false, fmt.Errorf("mount %s: host_path %q must be an absolute path", dst, src)
+		}
+		resolved, _, err := resolveHostPath("mount "+dst+": host_path", src)
+		return resolved, m.GetReadonly(), err
+	}
+	if m.GetHostPath() != "" {
+		return "", false, fmt.Errorf("mount %s: host_path %q and image %q: a mount has one or the other", dst, m.GetHostPath(), m.GetImage().GetImage())
+	}
+	if imageRoot == "" {
+		return "", false, fmt.Errorf("mount %s: image %q is not mounted", dst, m.GetImage().GetImage())
+	}
+	src, err := imageSubPath(imageRoot, m.GetImageSubPath())
+	if err != nil {
+		return "", false, fmt.Errorf("mount %s: image %q: image_sub_path %q: %w", dst, m.GetImage().GetImage(), m.GetImageSubPath(), err)
+	}
+	return src, true, nil
+}
+
+// imageSubPath is the host path of sub inside the image volume mounted at
+// root ("" for root itself). sub is resolved as the container would see it
+// were the image its root, as the image's /etc/passwd is (RESOLVE_IN_ROOT):
+// an absolute symlink starts at the image's root and ".." stops there, so no
+// symlink in the image leads out of it. A sub-path that climbs with ".."
+// itself or is absolute is refused rather than clamped: it would mount
+// another folder than the one asked for (the Kubernetes API refuses both).
+func imageSubPath(root, sub string) (string, error) {
+	if sub == "" {
+		return root, nil
+	}
+	if path.IsAbs(sub) || slices.Contains(strings.Split(sub, "/"), "..") {
+		return "", errors.New(`must be a relative path without ".." that stays inside the image`)
+	}
+	f, err := openInRoot(root, sub, unix.O_PATH|unix.O_CLOEXEC)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+		return "", errors.New("not found in the image")
+	}
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	// The path the kernel resolved, not a second lexical walk. The image
+	// volume is read-only, so it names the same file when the container
+	// is made.
+	resolved, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return "", err
+	}
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return "", err
+	}
+	if resolved != realRoot && !strings.HasPrefix(resolved, realRoot+"/") {
+		return "", fmt.Errorf("resolved to %s, outside the image", resolved)
+	}
+	return resolved, nil
 }
 
 // buildMounts returns the defaults, the pod files and the CRI mounts, a CRI
@@ -142,15 +206,18 @@ func criMount(m *runtimeapi.Mount) (specs.Mount, string, error) {
 func buildMounts(in Input, sc *runtimeapi.LinuxContainerSecurityContext) ([]specs.Mount, string, error) {
 	var cri []specs.Mount
 	rootfsPropagation := ""
-	for _, m := range in.Config.GetMounts() {
+	for i, m := range in.Config.GetMounts() {
 		if err := checkMountIDMaps(in, m); err != nil {
 			return nil, "", err
 		}
-		cm, prop, err := criMount(m)
+		cm, prop, err := criMount(m, in.ImageVolumes[i])
 		if err != nil {
 			return nil, "", err
 		}
-		if in.UserNS != "" {
+		// An image volume's layers are idmapped where the sandbox mounted
+		// them (rootfs.MountImage), as the rootfs's are: overlayfs cannot
+		// be idmapped a second time.
+		if in.UserNS != "" && m.GetImage().GetImage() == "" {
 			// Idmapped: host root's files are the container root's, and what
 			// it writes is stored as host root's, as the kubelet expects of
 			// its volumes. The pod files are not (podMounts): berth owns

@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -220,12 +221,83 @@ func TestCRIMountErrors(t *testing.T) {
 		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, Readonly: true, RecursiveReadOnly: true,
 			Propagation: runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER}, []string{"recursive_read_only"}},
 		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, Propagation: 9}, []string{"propagation"}},
-		{&runtimeapi.Mount{ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: "busybox"}}, []string{"image volumes"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: "busybox"}}, []string{"mount /x", `image "busybox" is not mounted`}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, Image: &runtimeapi.ImageSpec{Image: "busybox"}}, []string{"mount /x", "host_path", "image"}},
+		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, ImageSubPath: "a"}, []string{"mount /x", `image_sub_path "a" needs an image`}},
 		{&runtimeapi.Mount{ContainerPath: "/x", HostPath: host, UidMappings: []*runtimeapi.IDMapping{{HostId: 1, Length: 1}}}, []string{"uid_mappings and gid_mappings must be those of the pod"}},
 	} {
 		in := baseInput(t)
 		in.Config.Mounts = []*runtimeapi.Mount{tc.m}
 		_, err := Generate(in)
 		wantErr(t, err, tc.err...)
+	}
+}
+
+// TestImageMounts: an image mount binds the image's mounted root, or a
+// sub-path resolved inside it, always read-only and never idmapped again;
+// a sub-path that is missing or climbs out is refused naming it, and a
+// symlink in the image cannot lead out of it.
+func TestImageMounts(t *testing.T) {
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "secret"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir() // stands in for the image the sandbox mounted
+	for _, d := range []string{"models/v1", "data"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{
+		"current": "/models/v1",                            // absolute: the image's /models/v1
+		"up":      "../../../../../../../../../../../data", // ".." stops at the image's root
+		"out":     outside,                                 // absolute: looked up in the image, where it is not
+	} {
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		sub, want string
+		err       []string
+	}{
+		{sub: "", want: root},
+		{sub: "models/v1", want: filepath.Join(root, "models/v1")},
+		{sub: "current", want: filepath.Join(root, "models/v1")},
+		{sub: "up", want: filepath.Join(root, "data")},
+		{sub: "models/../data", err: []string{`image_sub_path "models/../data"`, `without ".."`}},
+		{sub: "../" + filepath.Base(outside), err: []string{`without ".."`}},
+		{sub: "/models", err: []string{`image_sub_path "/models"`, "relative"}},
+		{sub: "out/secret", err: []string{`image_sub_path "out/secret"`, "not found in the image"}},
+		{sub: "missing", err: []string{`image_sub_path "missing"`, "not found in the image"}},
+	} {
+		t.Run(tc.sub, func(t *testing.T) {
+			bothResolvers(t, func(t *testing.T) {
+				in := baseInput(t)
+				m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 100000, Size: 65536}}
+				in.UserNS, in.UIDMappings, in.GIDMappings = "/proc/self/ns/user", m, m
+				in.Config.Mounts = []*runtimeapi.Mount{{ContainerPath: "/m", Image: &runtimeapi.ImageSpec{Image: "sha256:abc"}, ImageSubPath: tc.sub}}
+				in.ImageVolumes = map[int]string{0: root}
+				s, err := Generate(in)
+				if tc.err != nil {
+					wantErr(t, err, append(tc.err, "mount /m", `image "sha256:abc"`)...)
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				bm := findMount(s.Mounts, "/m")
+				if bm == nil {
+					t.Fatalf("no mount at /m: %+v", s.Mounts)
+				}
+				want, _ := filepath.EvalSymlinks(tc.want)
+				if bm.Source != want || !slices.Contains(bm.Options, "ro") || slices.Contains(bm.Options, "rw") {
+					t.Errorf("mount %+v, want a read-only bind of %s", bm, want)
+				}
+				if bm.UIDMappings != nil || bm.GIDMappings != nil {
+					t.Errorf("image volume idmapped again by the runtime: %+v", bm)
+				}
+			})
+		})
 	}
 }

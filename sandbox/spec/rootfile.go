@@ -27,7 +27,7 @@ var useOpenat2 = true
 // absolute targets start at rootfs and ".." stops at it, so nothing outside
 // rootfs is ever opened. A missing file gives an error wrapping errNotFound.
 func readRootFile(rootfs, name string) ([]byte, error) {
-	f, err := openInRoot(rootfs, name)
+	f, err := openInRoot(rootfs, name, openFlags)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
 			return nil, fmt.Errorf("%s: %w", name, errNotFound)
@@ -59,10 +59,12 @@ func readRootFile(rootfs, name string) ([]byte, error) {
 // controlling terminal.
 const openFlags = unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOCTTY | unix.O_NONBLOCK
 
-func openInRoot(rootfs, name string) (*os.File, error) {
+// openInRoot opens name (an absolute path as seen inside rootfs) with flags,
+// resolving it as if rootfs were "/".
+func openInRoot(rootfs, name string, flags int) (*os.File, error) {
 	rel := strings.TrimLeft(path.Clean("/"+name), "/")
 	if useOpenat2 {
-		f, err := openat2InRoot(rootfs, rel)
+		f, err := openat2InRoot(rootfs, rel, flags)
 		if !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EPERM) {
 			return f, err
 		}
@@ -72,7 +74,7 @@ func openInRoot(rootfs, name string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Open(resolved, openFlags|unix.O_NOFOLLOW, 0)
+	fd, err := unix.Open(resolved, flags|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: resolved, Err: err}
 	}
@@ -81,14 +83,14 @@ func openInRoot(rootfs, name string) (*os.File, error) {
 
 // openat2InRoot lets the kernel do the scoped resolution (RESOLVE_IN_ROOT),
 // which is also free of races with a rootfs that changes meanwhile.
-func openat2InRoot(rootfs, rel string) (*os.File, error) {
+func openat2InRoot(rootfs, rel string, flags int) (*os.File, error) {
 	dirfd, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: rootfs, Err: err}
 	}
 	defer unix.Close(dirfd)
 	how := &unix.OpenHow{
-		Flags:   openFlags,
+		Flags:   uint64(flags),
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	}
 	for {

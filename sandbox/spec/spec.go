@@ -67,6 +67,11 @@ type Input struct {
 	UserNS                   string
 	UIDMappings, GIDMappings []specs.LinuxIDMapping
 
+	// ImageVolumes maps the index in Config.Mounts of each image mount to
+	// where the sandbox mounted its image, read-only (idmapped in a user
+	// namespace).
+	ImageVolumes map[int]string
+
 	// CDI resolves the CDI devices the container asks for; nil knows none.
 	CDI *cdi.Registry
 }
