@@ -47,6 +47,7 @@ func TestCluster(t *testing.T) {
 	step("Logs", e.logs)
 	step("ExecCpAttachPortForward", e.streams)
 	step("Volumes", e.volumes)
+	step("ImageVolume", e.imageVolume)
 	step("Probes", e.probes)
 	step("OOMKilled", e.oom)
 	step("HostPortHostNetwork", e.hostAccess)
