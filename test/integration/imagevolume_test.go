@@ -199,10 +199,16 @@ func TestImageVolumes(t *testing.T) {
 		cc := e.ctrConfig("imagevol", sleeper...)
 		cc.Mounts = []*runtimeapi.Mount{imageMount("/data", data.ID, "")}
 		ctr := e.runContainer(t, pod, cfg, cc)
+		config := filepath.Join(e.d.Root, harness.BlobsDir, strings.TrimPrefix(data.ID, "sha256:"))
+		if _, err := os.Stat(config); err != nil {
+			t.Fatalf("the data image's config blob: %v", err)
+		}
 		removeImage(t, e.d, data.ID)
 		assertAbsent(t, e.d, data.ID, data.Name)
-		// Past the collector's debounce: a collection has run.
-		time.Sleep(time.Second)
+		// A collection has run once the image's config blob is gone.
+		if !eventually(10*time.Second, func() bool { _, err := os.Stat(config); return os.IsNotExist(err) }) {
+			t.Fatalf("the removed image's config blob %s is still there", config)
+		}
 		if got := e.sh(t, ctr, "cat /data/models/v1/weights /data/readme"); got != "top\ndata image" {
 			t.Errorf("image volume after RemoveImage of its image: %q", got)
 		}
