@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/berth-runtime/berth/image/content"
 	"github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
 )
@@ -90,7 +91,7 @@ func (s *Service) Close() {
 }
 
 // collectGarbage removes snapshots and blobs that no image, lease or hold
-// references.
+// references, and partial downloads older than content.PartialMaxAge.
 func (s *Service) collectGarbage() error {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
@@ -129,6 +130,7 @@ func (s *Service) collectGarbage() error {
 	}
 	s.holdCond.Broadcast()
 	s.holdMu.Unlock()
+	errs = append(errs, s.content.RemoveStalePartials(content.PartialMaxAge))
 	return errors.Join(errs...)
 }
 

@@ -134,7 +134,7 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 		if ep.PullOnly && r.Digest == "" {
 			continue // may not resolve tags (hosts.toml capabilities)
 		}
-		desc, img, err := s.fetchManifest(ctx, ep, r, watch)
+		repo, desc, img, err := s.fetchManifest(ctx, ep, r, watch)
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil {
 				return nil, cause
@@ -155,7 +155,7 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 		if err != nil {
 			return nil, err
 		}
-		stored, err := s.store(ctx, img, n, [][]byte{desc.Manifest, manifest}, openRemoteLayer, watch)
+		stored, err := s.store(ctx, img, n, [][]byte{desc.Manifest, manifest}, s.remoteLayers(ctx, ep, repo, watch), watch)
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil {
 				return nil, cause
@@ -170,10 +170,10 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 
 // fetchManifest resolves r at one endpoint to the image for this node's
 // platform, and the descriptor of what the reference names (maybe an index).
-func (s *Service) fetchManifest(ctx context.Context, ep registry.Endpoint, r reference.Ref, watch *progressWatch) (*remote.Descriptor, v1.Image, error) {
+func (s *Service) fetchManifest(ctx context.Context, ep registry.Endpoint, r reference.Ref, watch *progressWatch) (name.Repository, *remote.Descriptor, v1.Image, error) {
 	repo, err := ep.Repository(r.Path)
 	if err != nil {
-		return nil, nil, err
+		return repo, nil, nil, err
 	}
 	var ref name.Reference = repo.Tag(r.Tag)
 	if r.Digest != "" {
@@ -185,13 +185,13 @@ func (s *Service) fetchManifest(ctx context.Context, ep registry.Endpoint, r ref
 		remote.WithAuth(ep.Auth),
 		remote.WithPlatform(s.platform))
 	if err != nil {
-		return nil, nil, err
+		return repo, nil, nil, err
 	}
 	img, err := desc.Image()
 	if err != nil {
-		return nil, nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+		return repo, nil, nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
-	return desc, img, nil
+	return repo, desc, img, nil
 }
 
 // pullError sums up why no endpoint served the image: unauthorized wins over

@@ -30,20 +30,24 @@ type Options struct {
 	ProgressTimeout time.Duration            // cancel a pull that moves no byte for this long
 	MaxLayerBytes   int64                    // bound of a layer's uncompressed size (0: unbounded)
 	MaxLayerEntries int64                    // bound of a layer's tar entries (0: unbounded)
-	Logger          *slog.Logger
-	Metrics         prometheus.Registerer // takes the pull and image series; nil: none
+	// MaxConcurrentDownloads bounds the layer downloads (connections) of
+	// all pulls together; 0: no bound but each pull's parallelLayers.
+	MaxConcurrentDownloads int
+	Logger                 *slog.Logger
+	Metrics                prometheus.Registerer // takes the pull and image series; nil: none
 }
 
 // Service stores images and answers for them.
 type Service struct {
-	opts     Options
-	log      *slog.Logger
-	content  *content.Store
-	snaps    *snapshot.Store
-	resolver atomic.Pointer[registry.Resolver] // replaced by SetRegistries
-	images   *images                           // the records, in memory
-	platform v1.Platform
-	metrics  *metrics // nil: no metrics
+	opts      Options
+	log       *slog.Logger
+	content   *content.Store
+	snaps     *snapshot.Store
+	resolver  atomic.Pointer[registry.Resolver] // replaced by SetRegistries
+	images    *images                           // the records, in memory
+	platform  v1.Platform
+	metrics   *metrics // nil: no metrics
+	downloads downloadSlots
 
 	pullsMu sync.Mutex
 	pulls   map[string]*pullFlight // one transfer per reference and credentials at a time
@@ -110,8 +114,9 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{
 		opts: opts, log: opts.Logger, content: cs, snaps: snaps,
-		platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
-		inflight: map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
+		platform:  v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
+		downloads: newDownloadSlots(opts.MaxConcurrentDownloads),
+		inflight:  map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
 		held: map[string]int{}, removing: map[string]bool{},
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}

@@ -9,10 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
+	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/unpack"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -31,7 +34,7 @@ const maxConfigSize = 4 << 20
 
 // layerOpener returns a layer's uncompressed tar stream and a check to run
 // once the stream has been read to its end.
-type layerOpener func(v1.Layer) (io.ReadCloser, func() error, error)
+type layerOpener func(context.Context, v1.Layer) (io.ReadCloser, func() error, error)
 
 // store unpacks img's layers into snapshots and records the image under n.
 // The config is kept in the content store, and so are the manifests and
@@ -188,7 +191,7 @@ type layerFlight struct {
 
 func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener) (err error) {
 	start := time.Now()
-	rc, check, err := open(l)
+	rc, check, err := open(ctx, l)
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", diffID, err)
 	}
@@ -232,17 +235,40 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	return nil
 }
 
-// openRemoteLayer streams a registry layer through the decompressor its
-// first bytes call for (gzip, zstd or none). go-containerregistry's remote
-// layers check the compressed digest and size themselves as they are read
-// (verify.ReadCloser): a mismatch is the error of the read that reaches the
-// end, which the check makes happen. Hashing them again here cost a third
-// of berthd's CPU in a pull.
-func openRemoteLayer(l v1.Layer) (io.ReadCloser, func() error, error) {
-	rc, err := l.Compressed()
-	if err != nil {
-		return nil, nil, err
+// remoteLayers opens the layers of a pull from the endpoint ep's repo:
+// each downloads into its partial file, resuming where an earlier attempt
+// stopped (download.go), and streams through the decompressor its first
+// bytes call for (gzip, zstd or none). The blob client (and the token
+// request it may make) is set up for the first layer that needs fetching.
+func (s *Service) remoteLayers(pullCtx context.Context, ep registry.Endpoint, repo name.Repository, watch *progressWatch) layerOpener {
+	blobs := sync.OnceValues(func() (*registry.Blobs, error) {
+		return ep.Blobs(pullCtx, repo, watch.transport)
+	})
+	return func(ctx context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
+		d, err := l.Digest()
+		if err != nil {
+			return nil, nil, err
+		}
+		size, err := l.Size()
+		if err != nil {
+			return nil, nil, err
+		}
+		b, err := blobs()
+		if err != nil {
+			return nil, nil, err
+		}
+		rc, err := s.fetchBlob(ctx, b, digest.Digest(d.String()), size, watch)
+		if err != nil {
+			return nil, nil, err
+		}
+		return decompressed(rc)
 	}
+}
+
+// decompressed reads a compressed layer blob whose stream ends with its
+// digest check: a mismatch is the error of the read that reaches the end,
+// which the check makes happen.
+func decompressed(rc io.ReadCloser) (io.ReadCloser, func() error, error) {
 	br := bufio.NewReaderSize(rc, 1<<20)
 	un, err := decompress(br)
 	if err != nil {
@@ -258,7 +284,7 @@ func openRemoteLayer(l v1.Layer) (io.ReadCloser, func() error, error) {
 
 // openLocalLayer reads layers of an imported image, whose files the caller
 // named: the diff ID check is what verifies them.
-func openLocalLayer(l v1.Layer) (io.ReadCloser, func() error, error) {
+func openLocalLayer(_ context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
 	rc, err := l.Uncompressed()
 	return rc, func() error { return nil }, err
 }

@@ -95,14 +95,15 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	defer stopTracing()
 
 	images, err := image.New(image.Options{
-		Root:            cfg.Root,
-		DB:              db,
-		Registries:      cfg.Registries,
-		ProgressTimeout: cfg.Image.PullProgressTimeout.Duration,
-		MaxLayerBytes:   cfg.Image.MaxLayerBytes,
-		MaxLayerEntries: cfg.Image.MaxLayerEntries,
-		Logger:          log.With("component", "image"),
-		Metrics:         metrics.Registerer(),
+		Root:                   cfg.Root,
+		DB:                     db,
+		Registries:             cfg.Registries,
+		ProgressTimeout:        cfg.Image.PullProgressTimeout.Duration,
+		MaxLayerBytes:          cfg.Image.MaxLayerBytes,
+		MaxLayerEntries:        cfg.Image.MaxLayerEntries,
+		MaxConcurrentDownloads: cfg.Image.DownloadBound(),
+		Logger:                 log.With("component", "image"),
+		Metrics:                metrics.Registerer(),
 	})
 	if err != nil {
 		return fmt.Errorf("image service: %w", err)

@@ -9,26 +9,42 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/opencontainers/go-digest"
 )
 
 // Store is a folder of blobs: blobs/<alg>/<hex>, with ingest/ for writes in
-// progress.
+// progress and ingest/resumable/ for the downloads to resume (partial.go).
 type Store struct {
 	root string
+
+	partialMu   sync.Mutex
+	partialBusy map[digest.Digest]chan struct{} // closed when the download of a partial ends
 }
 
-// Open creates the folders and discards writes a crash left in ingest/.
+// Open creates the folders and discards writes a crash left in ingest/,
+// but for the partial downloads younger than PartialMaxAge.
 func Open(root string) (*Store, error) {
-	s := &Store{root: root}
-	if err := os.RemoveAll(s.ingest()); err != nil {
-		return nil, err
-	}
+	s := &Store{root: root, partialBusy: map[digest.Digest]chan struct{}{}}
 	for _, d := range []string{filepath.Join(root, "blobs", string(digest.SHA256)), s.ingest()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
+	}
+	left, err := os.ReadDir(s.ingest())
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range left {
+		if p := filepath.Join(s.ingest(), e.Name()); p != s.partialDir() || !e.IsDir() {
+			if err := os.RemoveAll(p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := s.RemoveStalePartials(PartialMaxAge); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

@@ -1,0 +1,395 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/berth-runtime/berth/image/content"
+	"github.com/berth-runtime/berth/image/registry"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
+)
+
+const (
+	// rangedLayerMin is the size from which a layer downloads as parallel
+	// byte ranges, where the registry serves ranges: below it one
+	// connection is about as fast, and a connection costs a request.
+	rangedLayerMin = 64 << 20
+	// rangeConnections is how many connections one layer may use at most.
+	rangeConnections = 4
+	// minRangePart is the smallest part a layer is split into.
+	minRangePart = 16 << 20
+	// checkpointEvery is how far the complete prefix of a download moves
+	// between records of its offset: what a killed berthd fetches again.
+	checkpointEvery = 4 << 20
+	// maxStalledRetries is how many times in a row a download is retried
+	// after its connection broke without a byte coming in between.
+	maxStalledRetries = 3
+)
+
+// downloadSlots bounds the layer downloads (connections) of the node:
+// [image] max_concurrent_downloads. A nil sem is no bound.
+type downloadSlots struct{ sem *semaphore.Weighted }
+
+func newDownloadSlots(n int) downloadSlots {
+	if n <= 0 {
+		return downloadSlots{}
+	}
+	return downloadSlots{semaphore.NewWeighted(int64(n))}
+}
+
+func (s downloadSlots) acquire(ctx context.Context) error {
+	if s.sem == nil {
+		return nil
+	}
+	return s.sem.Acquire(ctx, 1)
+}
+
+// tryAcquire takes up to n slots without waiting and says how many.
+func (s downloadSlots) tryAcquire(n int) int {
+	if s.sem == nil {
+		return n
+	}
+	got := 0
+	for got < n && s.sem.TryAcquire(1) {
+		got++
+	}
+	return got
+}
+
+func (s downloadSlots) release(n int) {
+	if s.sem != nil && n > 0 {
+		s.sem.Release(int64(n))
+	}
+}
+
+// download fetches one blob into its partial file (content.Partial), from
+// where an earlier attempt stopped, with one connection or, for a big
+// layer at a registry that serves ranges, several, each writing its part
+// at its offset. Its reader hands out the complete prefix in order.
+type download struct {
+	pullCtx context.Context // the pull's (or layer group's): cancelled, the pull gave up
+	blobs   *registry.Blobs
+	digest  digest.Digest
+	size    int64
+	file    *content.Partial
+	slots   downloadSlots
+	cancel  context.CancelCauseFunc
+	ended   chan struct{} // closed when run returns
+
+	mu       sync.Mutex
+	cond     *sync.Cond    // signalled when complete or err change
+	complete int64         // the prefix written
+	saved    int64         // the prefix last checkpointed
+	parts    []partWritten // of the round under way
+	done     bool          // run has finished
+	err      error         // why run stopped short
+}
+
+// partWritten is the progress of one connection of a round.
+type partWritten struct {
+	registry.Span
+	written int64
+}
+
+// fetchBlob starts the download of blob d (size bytes) and returns its
+// content as a stream that ends with the digest check of the whole blob.
+// Waiting for the blob's partial file (another download of it) and for a
+// download slot is not a stall of the pull.
+func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest.Digest, size int64, watch *progressWatch) (io.ReadCloser, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("blob %s: its descriptor says %d bytes", d, size)
+	}
+	watch.waiting.Add(1)
+	file, err := s.content.OpenPartial(ctx, d, size)
+	if err == nil {
+		if err = s.downloads.acquire(ctx); err != nil {
+			file.Close()
+		}
+	}
+	watch.waiting.Add(-1)
+	if err != nil {
+		return nil, err
+	}
+	watch.touch() // the wait was not the pull's stall
+	dctx, cancel := context.WithCancelCause(ctx)
+	dl := &download{pullCtx: ctx, blobs: blobs, digest: d, size: size, file: file, slots: s.downloads,
+		cancel: cancel, ended: make(chan struct{}), complete: file.Offset(), saved: file.Offset()}
+	dl.cond = sync.NewCond(&dl.mu)
+	if dl.complete > 0 {
+		s.log.Info("resuming download", "blob", d, "from", dl.complete, "size", size)
+	}
+	go dl.run(dctx)
+	return &blobReader{dl: dl, hash: d.Algorithm().Hash()}, nil
+}
+
+// run downloads until the blob is complete or a round fails in a way a
+// retry would not mend.
+func (dl *download) run(ctx context.Context) {
+	defer close(dl.ended)
+	defer dl.slots.release(1)
+	rangesRefused := false
+	stalls := 0
+	var err error
+	for dl.completed() < dl.size {
+		before := dl.completed()
+		// A range asks for the rest, or finds out whether a big layer
+		// can be split; a registry that refused one gets none again.
+		ranged := !rangesRefused && (before > 0 || dl.size >= rangedLayerMin)
+		if err = dl.round(ctx, ranged); err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+			break
+		}
+		if errors.Is(err, registry.ErrRangeRefused) {
+			// What was downloaded may be of another blob: start over.
+			dl.restart()
+			rangesRefused = true
+			continue
+		}
+		if !isTransferCut(err) {
+			break
+		}
+		if dl.completed() > before {
+			stalls = 0
+		} else if stalls++; stalls >= maxStalledRetries {
+			break
+		}
+	}
+	if dl.completed() == dl.size {
+		err = nil
+	}
+	dl.mu.Lock()
+	dl.err, dl.done = err, true
+	dl.cond.Broadcast()
+	dl.mu.Unlock()
+}
+
+func (dl *download) completed() int64 {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	return dl.complete
+}
+
+// restart forgets what was downloaded: the next bytes written start at 0.
+func (dl *download) restart() {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	dl.complete, dl.parts = 0, nil
+	dl.checkpoint()
+}
+
+// round asks for the rest of the blob; when the registry answers with a
+// range and the layer is big, it splits the rest between that connection
+// and as many more as there are free download slots.
+func (dl *download) round(ctx context.Context, ranged bool) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	left := registry.Span{Start: dl.completed(), End: dl.size}
+	body, err := dl.blobs.Get(ctx, dl.digest.String(), dl.size, left, ranged)
+	if err != nil {
+		return cutIfNetwork(err)
+	}
+	if body.Span != left { // the whole blob, for a range: start over
+		dl.restart()
+		left = body.Span
+	}
+	parts := []registry.Span{left}
+	if body.Ranged && dl.size >= rangedLayerMin {
+		extra := dl.slots.tryAcquire(rangeConnections - 1)
+		parts = registry.PlanParts(left, 1+extra, minRangePart)
+		dl.slots.release(extra - (len(parts) - 1))
+		defer dl.slots.release(len(parts) - 1)
+	}
+	dl.mu.Lock()
+	dl.parts = make([]partWritten, len(parts))
+	for i, p := range parts {
+		dl.parts[i].Span = p
+	}
+	dl.mu.Unlock()
+
+	var g errgroup.Group
+	run := func(f func() error) {
+		g.Go(func() error {
+			err := f()
+			if err != nil {
+				cancel(err) // the other connections stop too
+			}
+			return err
+		})
+	}
+	run(func() error { return dl.copyPart(0, body) })
+	for i := 1; i < len(parts); i++ {
+		run(func() error {
+			b, err := dl.blobs.Get(ctx, dl.digest.String(), dl.size, parts[i], true)
+			if err != nil {
+				return cutIfNetwork(err)
+			}
+			if b.Span != parts[i] {
+				b.Close()
+				return fmt.Errorf("%w: the registry answered one range and not the next", registry.ErrRangeRefused)
+			}
+			return dl.copyPart(i, b)
+		})
+	}
+	return g.Wait()
+}
+
+// copyPart writes part i's bytes from body into the file at their offsets.
+// The body may carry more than the part (the first connection of a split
+// round asked for all the rest): the part ends where the next begins.
+func (dl *download) copyPart(i int, body *registry.BlobBody) error {
+	defer body.Close()
+	buf := make([]byte, 256<<10)
+	dl.mu.Lock()
+	span := dl.parts[i].Span
+	dl.mu.Unlock()
+	for at := span.Start; at < span.End; {
+		n, err := body.Read(buf[:min(int64(len(buf)), span.End-at)])
+		if n > 0 {
+			if _, werr := dl.file.WriteAt(buf[:n], at); werr != nil {
+				return werr
+			}
+			at += int64(n)
+			dl.wrote(i, int64(n))
+		}
+		if err == io.EOF && at < span.End {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			return transferCut{err}
+		}
+	}
+	return nil
+}
+
+// wrote records n more bytes of part i and moves the complete prefix.
+func (dl *download) wrote(i int, n int64) {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	dl.parts[i].written += n
+	c := dl.parts[0].Start
+	for _, p := range dl.parts {
+		c += p.written
+		if p.written < p.Len() {
+			break
+		}
+	}
+	if c != dl.complete {
+		dl.complete = c
+		dl.cond.Broadcast()
+	}
+	if dl.complete-dl.saved >= checkpointEvery || dl.complete == dl.size {
+		dl.checkpoint()
+	}
+}
+
+// checkpoint records the complete prefix for the next attempt; mu is held.
+// A record that fails costs only a longer download next time.
+func (dl *download) checkpoint() {
+	if dl.file.Checkpoint(dl.complete) == nil {
+		dl.saved = dl.complete
+	}
+}
+
+// transferCut is a connection that broke in the middle of a body, or did
+// not connect: a retry asks for the rest.
+type transferCut struct{ err error }
+
+func (e transferCut) Error() string { return "transfer cut: " + e.err.Error() }
+func (e transferCut) Unwrap() error { return e.err }
+
+func isTransferCut(err error) bool {
+	var c transferCut
+	return errors.As(err, &c)
+}
+
+// cutIfNetwork marks a request that failed in the network as cut; the
+// registry's answers (statuses, bad headers) and the redirect bound are not
+// something a retry mends.
+func cutIfNetwork(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return transferCut{err}
+	}
+	return err
+}
+
+// blobReader hands out the download's complete prefix in order, and checks
+// the digest of the whole blob at its end.
+type blobReader struct {
+	dl       *download
+	hash     hash.Hash
+	off      int64
+	verified bool  // the whole blob was read and matched its digest
+	bad      bool  // the whole blob was read and did not
+	readErr  error // the error a read returned, but io.EOF
+}
+
+func (r *blobReader) Read(p []byte) (int, error) {
+	n, err := r.read(p)
+	if err != nil && err != io.EOF {
+		r.readErr = err
+	}
+	return n, err
+}
+
+func (r *blobReader) read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	dl := r.dl
+	dl.mu.Lock()
+	for dl.complete <= r.off && r.off < dl.size && !dl.done {
+		dl.cond.Wait()
+	}
+	avail, err := dl.complete-r.off, dl.err
+	dl.mu.Unlock()
+	switch {
+	case avail > 0:
+		n, err := dl.file.ReadAt(p[:min(int64(len(p)), avail)], r.off)
+		r.hash.Write(p[:n])
+		r.off += int64(n)
+		if err == io.EOF {
+			err = nil // the complete prefix is in the file, whatever its size says
+		}
+		return n, err
+	case r.off < dl.size:
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, fmt.Errorf("blob %s: %w", dl.digest, err)
+	}
+	if got := digest.NewDigest(dl.digest.Algorithm(), r.hash); got != dl.digest {
+		r.bad = true
+		return 0, fmt.Errorf("blob %s: digest mismatch: downloaded content has digest %s", dl.digest, got)
+	}
+	r.verified = true
+	return 0, io.EOF
+}
+
+// Close stops the download and decides what becomes of its file. A blob
+// read to its end goes: it is unpacked, or it failed its digest. So does
+// one whose reader stopped on its own, without a failed read or a
+// cancelled pull: the decompressor or the unpacker refused its bytes, which
+// may be corrupt. Otherwise (the network or the pull stopped it) the file
+// stays for the next attempt, up to its complete prefix.
+func (r *blobReader) Close() error {
+	r.dl.cancel(errors.New("blob reader closed"))
+	<-r.dl.ended
+	if r.verified || r.bad || (r.readErr == nil && r.dl.pullCtx.Err() == nil) {
+		return r.dl.file.Remove()
+	}
+	r.dl.mu.Lock()
+	r.dl.checkpoint()
+	r.dl.mu.Unlock()
+	return r.dl.file.Close()
+}

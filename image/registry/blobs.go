@@ -1,0 +1,118 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+)
+
+// Blobs fetches the blobs of one repository at one endpoint, whole or by
+// byte ranges. Its requests go through the transport go-containerregistry
+// builds for the endpoint's credentials (basic, or the bearer token flow)
+// on top of the endpoint's own transport (TLS, hosts.toml headers, the
+// redirect bound), as the manifest and config requests of the same pull do:
+// a ranged request is authorized and routed exactly as a whole one.
+type Blobs struct {
+	client *http.Client
+	repo   name.Repository
+}
+
+// Blobs returns the blob fetcher of repo at e; wrap may add to the
+// endpoint's transport (the pull's progress count).
+func (e Endpoint) Blobs(ctx context.Context, repo name.Repository, wrap func(http.RoundTripper) http.RoundTripper) (*Blobs, error) {
+	tr, err := transport.NewWithContext(ctx, repo.Registry, e.Auth, wrap(e.Transport), []string{repo.Scope(transport.PullScope)})
+	if err != nil {
+		return nil, err
+	}
+	return &Blobs{client: &http.Client{Transport: tr, CheckRedirect: refuseRedirectToPrivate}, repo: repo}, nil
+}
+
+// ErrRangeRefused is a ranged request's answer that cannot be used: 416, or
+// a 206 for other bytes than asked. What was downloaded of the blob is then
+// suspect, and the download starts over.
+var ErrRangeRefused = errors.New("registry refused the byte range")
+
+// BlobBody is the answer to a blob request.
+type BlobBody struct {
+	io.ReadCloser
+	Span   Span // the bytes of the blob that the body carries
+	Ranged bool // the registry answered the range (206), so it serves ranges
+}
+
+// Get asks for the bytes want of blob digest, a blob of size bytes, with a
+// Range header when ranged. The registry may answer a range with the whole
+// blob (200): then Span says so.
+func (b *Blobs) Get(ctx context.Context, digest string, size int64, want Span, ranged bool) (*BlobBody, error) {
+	u := url.URL{Scheme: b.repo.Scheme(), Host: b.repo.RegistryStr(), Path: fmt.Sprintf("/v2/%s/blobs/%s", b.repo.RepositoryStr(), digest)}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if ranged {
+		req.Header.Set("Range", want.RangeHeader())
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := checkBlobResponse(resp, size, want, ranged)
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %w", u.Redacted(), err)
+	}
+	return body, nil
+}
+
+func checkBlobResponse(resp *http.Response, size int64, want Span, ranged bool) (*BlobBody, error) {
+	if ranged && resp.StatusCode == http.StatusRequestedRangeNotSatisfiable {
+		return nil, fmt.Errorf("%w: %s for %s", ErrRangeRefused, resp.Status, want.RangeHeader())
+	}
+	if err := transport.CheckError(resp, http.StatusOK, http.StatusPartialContent); err != nil {
+		return nil, err
+	}
+	body := &BlobBody{ReadCloser: resp.Body, Span: Span{0, size}}
+	if resp.StatusCode == http.StatusPartialContent {
+		got, total, err := ParseContentRange(resp.Header.Get("Content-Range"))
+		switch {
+		case !ranged:
+			return nil, errors.New("206 Partial Content to a request for the whole blob")
+		case err != nil:
+			return nil, fmt.Errorf("%w: %v", ErrRangeRefused, err)
+		case got != want || (total != -1 && total != size):
+			return nil, fmt.Errorf("%w: asked %s of %d bytes, got %q", ErrRangeRefused, want.RangeHeader(), size, resp.Header.Get("Content-Range"))
+		}
+		body.Span, body.Ranged = got, true
+	}
+	if n := resp.ContentLength; n != -1 && n != body.Span.Len() {
+		return nil, fmt.Errorf("Content-Length header %d does not match expected size %d", n, body.Span.Len())
+	}
+	return body, nil
+}
+
+// refuseRedirectToPrivate keeps go-containerregistry's guard for blob
+// downloads: a registry may redirect to another host (its storage), but
+// not from a public host to a private or link-local address (a cloud's
+// metadata service).
+func refuseRedirectToPrivate(req *http.Request, via []*http.Request) error {
+	from, to := via[0].URL.Hostname(), req.URL.Hostname()
+	if from == to {
+		return nil
+	}
+	addr, err := netip.ParseAddr(strings.SplitN(to, "%", 2)[0])
+	if err != nil {
+		return nil // a name, not an address literal
+	}
+	addr = addr.Unmap()
+	if addr.IsLoopback() || addr.IsPrivate() || addr.IsLinkLocalUnicast() || addr.IsLinkLocalMulticast() || addr.IsUnspecified() {
+		return fmt.Errorf("redirect from %q to private or link-local host %q refused", from, to)
+	}
+	return nil
+}
