@@ -54,6 +54,7 @@ func TestCluster(t *testing.T) {
 	step("SeccompUserNamespace", e.security)
 	step("Limits", e.limits)
 	step("InPlaceResize", e.resize)
+	step("KubeletAsks", e.kubeletAsks)
 	step("Scale", e.scale)
 	step("RollingUpdate", e.rollingUpdate)
 	step("Job", e.job)

@@ -182,7 +182,9 @@ func (e *env) startControlPlane() {
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-cluster-ip-range", serviceCIDR,
-		"--cert-dir", e.path("apiserver-certs"))
+		"--cert-dir", e.path("apiserver-certs"),
+		// lifecycle.stopSignal (alpha in 1.37); the kubelet's gate is in kubeletConfig.
+		"--feature-gates", "ContainerStopSignals=true")
 	e.apiserver.WaitUp(t, 2*time.Minute, func() error {
 		_, err := e.kubectlErr("get", "--raw", "/readyz")
 		return err
@@ -371,6 +373,8 @@ containerLogMaxFiles: 3
 # cgroup, which berth does not have, and /stats/summary has none.
 featureGates:
   PodAndContainerStatsFromCRI: true
+  # lifecycle.stopSignal to berth and ContainerStatus.stop_signal back (alpha in 1.37).
+  ContainerStopSignals: true
 `
 
 func (e *env) launchKubelet() {
