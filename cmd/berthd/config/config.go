@@ -36,6 +36,7 @@ type Config struct {
 	Metrics    Metrics `toml:"metrics"`
 	Tracing    Tracing `toml:"tracing"`
 	CDI        CDI     `toml:"cdi"`
+	Storage    Storage `toml:"storage"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000"):
 	// the [registry."HOST"] tables over the hosts of RegistryConfigPath.
 	Registries map[string]registry.Host `toml:"-"`
@@ -114,6 +115,25 @@ type CDI struct {
 	// container asks for CDI devices; a device defined in two folders is
 	// taken from the later one. Empty: no CDI devices.
 	SpecDirs []string `toml:"spec_dirs"`
+}
+
+// Storage holds the [storage] table.
+type Storage struct {
+	// ContainerRoot holds the containers' writable layers (the overlay
+	// upper and work folders, CONTAINER_ROOT/containers/<id>), which may
+	// lie on another filesystem than the image store under root (snapshots
+	// and content): the kubelet's separate container filesystem. Empty:
+	// root, the layout of nodes from before the key.
+	ContainerRoot string `toml:"container_root"`
+}
+
+// ContainerRoot is where writable layers go: [storage] container_root, or
+// root when unset (also root as --root set it).
+func (c *Config) ContainerRoot() string {
+	if c.Storage.ContainerRoot != "" {
+		return c.Storage.ContainerRoot
+	}
+	return c.Root
 }
 
 // Image holds the [image] table.

@@ -79,6 +79,11 @@ func (c *Config) validate() error {
 			p.add(badValue("shim_binary", c.ShimBinary, err))
 		}
 	}
+	if r := c.Storage.ContainerRoot; r != "" {
+		if err := absPath(r); err != nil {
+			p.add(badValue("storage.container_root", r, err))
+		}
+	}
 	c.Network.validate(&p)
 	c.Stream.validate(&p)
 	c.Tracing.validate(&p)
