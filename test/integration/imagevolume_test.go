@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/berth-runtime/berth/test/harness"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -188,6 +190,54 @@ func TestImageVolumes(t *testing.T) {
 		e.assertNoLeaks(t)
 	})
 
+	// berthd killed at each step of a create that mounts image volumes
+	// (the points learned from a run, as TestCrashPoints learns its own):
+	// after the restart, the kubelet's clean-up of what it no longer wants
+	// leaves no mount, lease or layer of the volumes behind.
+	t.Run("crash", func(t *testing.T) {
+		create := func(name string) error {
+			cfg := e.podConfig(name)
+			pod, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+			if err != nil {
+				return err
+			}
+			cc := e.ctrConfig("imagevol", sleeper...)
+			cc.Mounts = []*runtimeapi.Mount{imageMount("/data", data.ID, "models"), imageMount("/tool", tool.ID, "")}
+			_, err = e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, SandboxConfig: cfg, Config: cc})
+			return err
+		}
+		log := filepath.Join(t.TempDir(), "points")
+		e.d.RestartEnv("BERTH_CRASHPOINT_LOG=" + log)
+		if err := create("imagevol-crash"); err != nil {
+			t.Fatalf("the create without a crash: %v", err)
+		}
+		removeAllPods(t, e)
+		var points []string
+		for _, p := range loggedPoints(t, log) {
+			if strings.Contains(p, "image volume") {
+				points = append(points, p)
+			}
+		}
+		if len(points) < 3 {
+			t.Fatalf("crash points of image volumes: %v, want the lease, the folder and the mount", points)
+		}
+		t.Logf("crash points of image volumes: %q", points)
+		for i, point := range points {
+			e.d.RestartEnv("BERTH_CRASHPOINT=" + point)
+			if err := create(fmt.Sprintf("imagevol-crash-%d", i)); status.Code(err) != codes.Unavailable {
+				t.Errorf("at %q: CreateContainer %v, want berthd gone", point, err)
+			}
+			select {
+			case <-e.d.Done():
+			case <-time.After(10 * time.Second):
+				t.Errorf("berthd did not reach crash point %q", point)
+			}
+			e.d.RestartEnv()
+			removeAllPods(t, e)
+			e.assertNoLeaks(t)
+		}
+	})
+
 	// Last: it removes the data image. As containerd and CRI-O, berth lets
 	// RemoveImage of an image in use succeed (the kubelet's image GC skips
 	// images of running containers, but a pod must not break if someone
@@ -229,6 +279,20 @@ func TestImageVolumes(t *testing.T) {
 			t.Errorf("ImageFsInfo used bytes after the container went: %d, not below %d with the layers leased", got, fsInUse)
 		}
 	})
+}
+
+// removeAllPods removes every container and pod berthd lists, as the
+// kubelet's garbage collection does with what it no longer wants.
+func removeAllPods(t *testing.T, e *podEnv) {
+	t.Helper()
+	for _, id := range e.listContainerIDs(t, nil) {
+		if _, err := e.d.Runtime.RemoveContainer(t.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Errorf("RemoveContainer %s: %v", id, err)
+		}
+	}
+	for _, id := range e.listPodIDs(t, nil) {
+		e.removePod(t, id)
+	}
 }
 
 // imageFsUsed sums the used bytes ImageFsInfo reports for images.
