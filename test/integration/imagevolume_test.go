@@ -212,6 +212,10 @@ func TestImageVolumes(t *testing.T) {
 			t.Fatalf("the create without a crash: %v", err)
 		}
 		removeAllPods(t, e)
+		if _, err := os.Stat(log); os.IsNotExist(err) {
+			// The VM tier's prebuilt berthd has no crash points.
+			t.Skip("berthd logged no crash point: built without the crashpoints tag")
+		}
 		var points []string
 		for _, p := range loggedPoints(t, log) {
 			if strings.Contains(p, "image volume") {
