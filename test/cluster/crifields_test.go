@@ -88,7 +88,7 @@ func (e *env) stopSignal(t *testing.T) {
 	e.apply(t, strings.ReplaceAll(stopSignalYAML, "MARKER", marker))
 	p := e.waitPod(t, ns, "stopsignal", startTimeout, "Running", running)
 	if s := p.Status.ContainerStatuses[0].StopSignal; s == nil || *s != corev1.SIGUSR1 {
-		t.Errorf("containerStatuses[0].stopSignal %v, want SIGUSR1", s)
+		t.Errorf("containerStatuses[0].stopSignal %s, want SIGUSR1", signalName(s))
 	}
 	start := time.Now()
 	e.kubectl(t, "delete", "-n", ns, "pod/stopsignal", "--timeout", "2m")
@@ -97,6 +97,13 @@ func (e *env) stopSignal(t *testing.T) {
 		t.Errorf("the container's trap on delete (after %s): %q %v, want it to have caught SIGUSR1",
 			time.Since(start).Round(time.Second), b, err)
 	}
+}
+
+func signalName(s *corev1.Signal) string {
+	if s == nil {
+		return "none"
+	}
+	return string(*s)
 }
 
 const unmaskedYAML = `apiVersion: v1
@@ -138,6 +145,11 @@ func (e *env) procMountUnmasked(t *testing.T) {
 // statusResources: kubectl get pod -o yaml shows the container's requests
 // and limits in its status, the same as its spec, and after a resize the
 // new ones (the limits pod, which the InPlaceResize step resized already).
+// The kubelet shows berth's ContainerStatus.resources where berth reports
+// them and its own allocation where not, so this catches values berth
+// reports wrong or stale (a record UpdateContainerResources left behind
+// keeps the old limits here, and the resize in progress for good), not
+// their absence (TestStatusFields in the integration tests sees that).
 func (e *env) statusResources(t *testing.T) {
 	p := e.podYAML(t, "limits")
 	if err := sameResources(p); err != nil {
