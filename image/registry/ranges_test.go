@@ -1,7 +1,11 @@
 package registry
 
 import (
+	"errors"
+	"io"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -69,5 +73,57 @@ func TestPlanParts(t *testing.T) {
 		if len(got) > 0 && at != c.left.End {
 			t.Errorf("%s: parts %v end at %d, not %d", c.name, got, at, c.left.End)
 		}
+	}
+}
+
+func TestCheckBlobResponse(t *testing.T) {
+	const size = 100
+	want := Span{40, 100}
+	resp := func(status int, header ...string) *http.Response {
+		r := &http.Response{StatusCode: status, Status: http.StatusText(status), Header: http.Header{},
+			ContentLength: -1, Body: io.NopCloser(strings.NewReader(""))}
+		for i := 0; i+1 < len(header); i += 2 {
+			r.Header.Set(header[i], header[i+1])
+		}
+		return r
+	}
+	cases := []struct {
+		name    string
+		resp    *http.Response
+		ranged  bool
+		span    Span
+		refused bool // ErrRangeRefused: discard what was kept and start over
+		err     string
+	}{
+		{"range-answered", resp(206, "Content-Range", "bytes 40-99/100"), true, want, false, ""},
+		{"range-answered-total-unknown", resp(206, "Content-Range", "bytes 40-99/*"), true, want, false, ""},
+		{"whole-blob-for-a-range", resp(200), true, Span{0, size}, false, ""},
+		{"whole-blob", resp(200), false, Span{0, size}, false, ""},
+		{"416", resp(416), true, Span{}, true, ""},
+		{"other-bytes", resp(206, "Content-Range", "bytes 0-59/100"), true, Span{}, true, ""},
+		{"other-blob-size", resp(206, "Content-Range", "bytes 40-99/200"), true, Span{}, true, ""},
+		{"bad-content-range", resp(206, "Content-Range", "40-99"), true, Span{}, true, ""},
+		{"206-unasked", resp(206, "Content-Range", "bytes 40-99/100"), false, Span{}, false, "206"},
+		{"5xx", resp(503), true, Span{}, false, "503"},
+	}
+	for _, c := range cases {
+		body, err := checkBlobResponse(c.resp, size, want, c.ranged)
+		switch {
+		case c.refused:
+			if !errors.Is(err, ErrRangeRefused) {
+				t.Errorf("%s: err %v, want ErrRangeRefused", c.name, err)
+			}
+		case c.err != "":
+			if err == nil || errors.Is(err, ErrRangeRefused) || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: err %v, want one mentioning %q", c.name, err, c.err)
+			}
+		case err != nil || body.Span != c.span || body.Ranged != (c.resp.StatusCode == 206):
+			t.Errorf("%s: body %+v, err %v; want span %v", c.name, body, err, c.span)
+		}
+	}
+	long := resp(200)
+	long.ContentLength = size + 1
+	if _, err := checkBlobResponse(long, size, want, true); err == nil || !strings.Contains(err.Error(), "Content-Length") {
+		t.Errorf("a body longer than the blob: err %v, want a Content-Length error", err)
 	}
 }
