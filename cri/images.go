@@ -14,11 +14,19 @@ import (
 type imageService struct {
 	runtimeapi.UnimplementedImageServiceServer
 	images *image.Service
+	layers WritableLayers
 }
 
-// NewImageService serves the CRI ImageService from images.
-func NewImageService(images *image.Service) runtimeapi.ImageServiceServer {
-	return &imageService{images: images}
+// WritableLayers reports the containers' writable layers' space, the
+// container filesystem of ImageFsInfo (the sandbox manager).
+type WritableLayers interface {
+	ContainerFsUsage() image.FsUsage
+}
+
+// NewImageService serves the CRI ImageService from images, and layers for
+// ImageFsInfo's container filesystem.
+func NewImageService(images *image.Service, layers WritableLayers) runtimeapi.ImageServiceServer {
+	return &imageService{images: images, layers: layers}
 }
 
 func (s *imageService) ListImages(_ context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
@@ -105,15 +113,27 @@ func (s *imageService) RemoveImage(_ context.Context, req *runtimeapi.RemoveImag
 	return &runtimeapi.RemoveImageResponse{}, nil
 }
 
+// ImageFsInfo reports the image store (snapshots and content) as the image
+// filesystem and the writable layers as the container filesystem, each
+// with its own figures and its filesystem's mount point, also when the two
+// share one filesystem: the kubelet (KubeletSeparateDiskGC) wants both
+// lists and takes equal mount points for one filesystem.
 func (s *imageService) ImageFsInfo(context.Context, *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
 	u, err := s.images.FsInfo()
 	if err != nil {
 		return nil, imageError("", err)
 	}
-	return &runtimeapi.ImageFsInfoResponse{ImageFilesystems: []*runtimeapi.FilesystemUsage{{
+	return &runtimeapi.ImageFsInfoResponse{
+		ImageFilesystems:     []*runtimeapi.FilesystemUsage{filesystemUsage(u)},
+		ContainerFilesystems: []*runtimeapi.FilesystemUsage{filesystemUsage(s.layers.ContainerFsUsage())},
+	}, nil
+}
+
+func filesystemUsage(u image.FsUsage) *runtimeapi.FilesystemUsage {
+	return &runtimeapi.FilesystemUsage{
 		Timestamp:  u.Timestamp.UnixNano(),
 		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: u.Mountpoint},
 		UsedBytes:  &runtimeapi.UInt64Value{Value: u.UsedBytes},
 		InodesUsed: &runtimeapi.UInt64Value{Value: u.Inodes},
-	}}}, nil
+	}
 }

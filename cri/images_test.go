@@ -16,7 +16,7 @@ import (
 // would panic), and that the default handler passes.
 func TestUnknownRuntimeHandlerRefused(t *testing.T) {
 	ctx := context.Background()
-	images := NewImageService(nil)
+	images := NewImageService(nil, nil)
 	rt := NewRuntimeService(Config{}, nil, nil)
 	spec := &runtimeapi.ImageSpec{Image: "busybox", RuntimeHandler: "gvisor"}
 	for _, c := range []struct {

@@ -113,7 +113,7 @@ func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.Conta
 	if s, _ := u.Memo.Load().(*sampleStats); s != nil && s.layerBytes == u.LayerBytes && s.layerInodes == u.LayerInodes {
 		return s.msg, true, nil
 	}
-	m := &containerStatsMsgs{fsID: runtimeapi.FilesystemIdentifier{Mountpoint: r.cfg.Root}}
+	m := &containerStatsMsgs{fsID: runtimeapi.FilesystemIdentifier{Mountpoint: u.LayerMountpoint}}
 	m.used = [2]runtimeapi.UInt64Value{{Value: u.LayerBytes}, {Value: u.LayerInodes}}
 	m.layer = runtimeapi.FilesystemUsage{Timestamp: u.Timestamp.UnixNano(), FsId: &m.fsID, UsedBytes: &m.used[0], InodesUsed: &m.used[1]}
 	m.stats = runtimeapi.ContainerStats{

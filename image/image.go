@@ -46,7 +46,8 @@ type Auth struct {
 	RegistryToken string
 }
 
-// FsUsage is the space the image filesystem uses.
+// FsUsage is the space berth uses on one filesystem: the image store's
+// (Service.FsInfo), or the writable layers' (the sandbox manager's).
 type FsUsage struct {
 	Mountpoint string
 	UsedBytes  uint64

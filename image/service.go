@@ -199,9 +199,15 @@ func (s *Service) Remove(ref string) error {
 	return nil
 }
 
-// FsInfo reports the space the image filesystem uses.
+// FsInfo reports the space the image store (snapshots and content) uses,
+// and the mount point of the filesystem it is on.
 func (s *Service) FsInfo() (FsUsage, error) {
-	u := FsUsage{Mountpoint: filepath.Join(s.opts.Root, "snapshots"), Timestamp: time.Now()}
+	u := FsUsage{Timestamp: time.Now()}
+	mp, err := Mountpoint(s.opts.Root)
+	if err != nil {
+		return u, err
+	}
+	u.Mountpoint = mp
 	snaps, err := s.snaps.List()
 	if err != nil {
 		return u, err

@@ -26,8 +26,8 @@ import (
 func (m *Manager) layout(c *Container, lowers []string) rootfs.Layout {
 	return rootfs.Layout{
 		Lowers: lowers,
-		Upper:  filepath.Join(m.layerDir(c.ID), "upper"),
-		Work:   filepath.Join(m.layerDir(c.ID), "work"),
+		Upper:  filepath.Join(m.layerDir(c), "upper"),
+		Work:   filepath.Join(m.layerDir(c), "work"),
 		Target: filepath.Join(m.bundleDir(c.PodID, c.ID), "rootfs"),
 	}
 }
@@ -101,7 +101,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		}
 	}
 	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
-		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now()}
+		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now(), LayerRoot: m.opts.ContainerRoot}
 	c.ImageName, c.RepoDigest = img.Names(cmp.Or(cfg.Image.UserSpecifiedImage, cfg.Image.Image))
 	if dir, p := pod.Config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && p != "" {
 		c.LogPath = filepath.Join(dir, p)
@@ -120,7 +120,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}
 	u.add("release image layers", func() error { return m.opts.Images.Release(c.ID) })
 	for _, d := range []struct{ path, undo string }{
-		{m.layerDir(c.ID), "remove writable layer folder"}, {m.bundleDir(pod.ID, c.ID), "remove bundle folder"},
+		{m.layerDir(c), "remove writable layer folder"}, {m.bundleDir(pod.ID, c.ID), "remove bundle folder"},
 	} {
 		if err := privateDir(d.path); err != nil {
 			return nil, err
@@ -398,7 +398,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 		return err
 	}
 	crashpoint.Hit("remove container", "rootfs unmounted")
-	for _, d := range []string{m.layerDir(c.ID), m.bundleDir(c.PodID, c.ID)} {
+	for _, d := range []string{m.layerDir(c), m.bundleDir(c.PodID, c.ID)} {
 		if err := os.RemoveAll(d); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
 	"github.com/berth-runtime/berth/sandbox/cdi"
@@ -23,13 +25,16 @@ import (
 
 // Options configure the sandbox manager.
 type Options struct {
-	Root       string // persistent: Root/containers/<id>/{upper,work}
-	State      string // volatile: State/pods/<id>/…
-	DB         *bolt.DB
-	Images     Images
-	Cgroups    Cgroups
-	Network    network.PodNetwork
-	ShimBinary string
+	Root string // persistent: the records, features probe, apparmor
+	// ContainerRoot holds the writable layers,
+	// ContainerRoot/containers/<id>/{upper,work}; empty: Root.
+	ContainerRoot string
+	State         string // volatile: State/pods/<id>/…
+	DB            *bolt.DB
+	Images        Images
+	Cgroups       Cgroups
+	Network       network.PodNetwork
+	ShimBinary    string
 	// StartShim starts a pod's shim; nil: shim.Start with ShimBinary.
 	StartShim ShimStarter
 	// PauseBinary is the static berth-pause, PID 1 of shared-PID pods.
@@ -59,6 +64,9 @@ type Manager struct {
 
 	usages usageCache
 	layers layerUsages
+	// layerMounts maps the roots writable layers are under to the mount
+	// point of their filesystem (see layerMount).
+	layerMounts sync.Map
 
 	features KernelFeatures
 	apparmor *apparmor.Host
@@ -75,10 +83,18 @@ func New(opts Options) (*Manager, error) {
 			return shim.Start(ctx, opts.ShimBinary, podDir)
 		}
 	}
+	if opts.ContainerRoot == "" {
+		opts.ContainerRoot = opts.Root
+	}
 	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{},
 		apparmor: apparmor.Setup(filepath.Join(opts.Root, "apparmor"), opts.Logger)}
-	if err := privateDir(filepath.Join(opts.Root, "containers")); err != nil {
-		return nil, err
+	for _, r := range m.layerRoots() {
+		if err := privateDir(filepath.Join(r, "containers")); err != nil {
+			return nil, err
+		}
+		if _, err := m.layerMount(r); err != nil {
+			return nil, err
+		}
 	}
 	// Only pod folders below, each private (podDirFor): the init of a
 	// container in a user namespace traverses this one to its own.
@@ -115,7 +131,41 @@ func (m *Manager) podsDir() string              { return filepath.Join(m.opts.St
 func (m *Manager) podDir(id string) string      { return filepath.Join(m.podsDir(), id) }
 func (m *Manager) nsDir(id string) string       { return filepath.Join(m.podDir(id), "ns") }
 func (m *Manager) bundleDir(p, c string) string { return filepath.Join(m.podDir(p), "containers", c) }
-func (m *Manager) layerDir(c string) string     { return filepath.Join(m.opts.Root, "containers", c) }
+
+// layerDir is the folder of c's writable layer: under the container root
+// it was made in, recorded with it (a later container_root does not move
+// it), or under Root for records from before the container root.
+func (m *Manager) layerDir(c *Container) string {
+	return filepath.Join(m.layerRoot(c), "containers", c.ID)
+}
+
+// layerRoot is the root c's writable layer is under (see layerDir).
+func (m *Manager) layerRoot(c *Container) string { return cmp.Or(c.LayerRoot, m.opts.Root) }
+
+// layerMount is the mount point of the filesystem of root, a root writable
+// layers are under: their FsId. Found once per root (stats calls are
+// many), also for a root the container root no longer is, which older
+// containers' layers are still under.
+func (m *Manager) layerMount(root string) (string, error) {
+	if mp, ok := m.layerMounts.Load(root); ok {
+		return mp.(string), nil
+	}
+	mp, err := image.Mountpoint(root)
+	if err != nil {
+		return "", err
+	}
+	m.layerMounts.Store(root, mp)
+	return mp, nil
+}
+
+// layerRoots are the roots writable layers may lie under: the container
+// root, and Root, where older containers have theirs.
+func (m *Manager) layerRoots() []string {
+	if m.opts.ContainerRoot == m.opts.Root {
+		return []string{m.opts.Root}
+	}
+	return []string{m.opts.ContainerRoot, m.opts.Root}
+}
 
 // privateDir makes dir (and its missing parents) and sets its mode to 0700,
 // also when it already existed with a wider one: folders holding files a

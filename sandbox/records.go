@@ -73,6 +73,10 @@ type Container struct {
 	// here so that status is served from the view, not from the spec on
 	// disk; nil in records from before berth kept them.
 	Resources *specs.LinuxResources `json:"resources,omitempty"`
+	// LayerRoot is the container root its writable layer was made under
+	// (see layerDir); empty in records from before berth kept it, whose
+	// layers are under the persistent root.
+	LayerRoot string `json:"layerRoot,omitempty"`
 }
 
 // SignalInForce is the signal StopContainer sends first, and its CRI name:

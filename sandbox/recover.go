@@ -160,9 +160,11 @@ func (m *Manager) reclaimUnknown(pods []*Pod) error {
 			errs = append(errs, m.reclaimBundle(p.ID, id))
 		}
 	}
-	for _, id := range unknownEntries(filepath.Join(m.opts.Root, "containers"), knownCtrs) {
-		m.log.Warn("removing the writable layer of an unknown container", "container", id)
-		errs = append(errs, os.RemoveAll(m.layerDir(id)))
+	for _, r := range m.layerRoots() {
+		for _, id := range unknownEntries(filepath.Join(r, "containers"), knownCtrs) {
+			m.log.Warn("removing the writable layer of an unknown container", "container", id)
+			errs = append(errs, os.RemoveAll(filepath.Join(r, "containers", id)))
+		}
 	}
 	owners, err := m.opts.Images.LeaseOwners()
 	errs = append(errs, err)

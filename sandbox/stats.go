@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"golang.org/x/sys/unix"
@@ -22,8 +23,10 @@ type Usage struct {
 	// CPUNanoCores is the CPU rate over the collector's last period (0
 	// until it has two samples).
 	CPUNanoCores uint64
-	// Writable layer (containers only).
+	// Writable layer (containers only), and the mount point of the
+	// filesystem it is on.
 	LayerBytes, LayerInodes uint64
+	LayerMountpoint         string
 	// Memo is the same for every Usage of one sample of the cgroup, and
 	// new with the next: what a caller makes of the figures and keeps
 	// there (cri: the stats message) serves every call until then, as long
@@ -176,8 +179,35 @@ func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
 			return u, ok, err
 		}
 	}
-	u.LayerBytes, u.LayerInodes = m.layers.usage(c.ID, func() string { return m.layout(c, nil).Upper }, m.log)
+	u.LayerBytes, u.LayerInodes = m.layerUsage(c)
+	if u.LayerMountpoint, err = m.layerMount(m.layerRoot(c)); err != nil {
+		return u, false, err
+	}
 	return u, true, nil
+}
+
+func (m *Manager) layerUsage(c *Container) (bytes, inodes uint64) {
+	return m.layers.usage(c.ID, func() string { return m.layout(c, nil).Upper }, m.log)
+}
+
+// ContainerFsUsage is the space the writable layers under the container
+// root use, and its filesystem's mount point: the CRI's container
+// filesystem. The figures are each layer's last walk (see layerUsages),
+// so a layer's growth shows within layerUsageMaxAge and a new one's
+// after its first walk; the layers of containers made under another root
+// (before container_root changed) are not on this filesystem, and not
+// counted.
+func (m *Manager) ContainerFsUsage() image.FsUsage {
+	mp, _ := m.layerMount(m.opts.ContainerRoot) // found in New, cannot fail here
+	u := image.FsUsage{Mountpoint: mp, Timestamp: time.Now()}
+	for _, c := range m.state.containersOf("") {
+		if m.layerRoot(c) == m.opts.ContainerRoot {
+			b, n := m.layerUsage(c)
+			u.UsedBytes += b
+			u.Inodes += n
+		}
+	}
+	return u
 }
 
 // StatsVersion changes whenever a container's stats could: with a
@@ -239,7 +269,7 @@ func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 	l.walkers <- struct{}{}
 	du, err := diskUsage(upper)
 	<-l.walkers
-	if err != nil {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) { // not: a container still being made
 		log.Warn("writable layer usage", "dir", upper, "err", err)
 	} else if du.skipped > 0 {
 		// Counted without them: a container must not freeze its figures

@@ -127,7 +127,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("network: %w", err)
 	}
 	pods, err := sandbox.New(sandbox.Options{
-		Root: cfg.Root, State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
+		Root: cfg.Root, ContainerRoot: cfg.ContainerRoot(), State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
 		ShimBinary: shimBinary, PauseBinary: pauseBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
 		CDI: cdi.New(cfg.CDI.SpecDirs),
 	})
@@ -159,7 +159,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		Socket:    cfg.Socket,
 		Logger:    log.With("component", "cri"),
 		Runtime:   runtime,
-		Images:    cri.NewImageService(images),
+		Images:    cri.NewImageService(images, pods),
 		Extension: cri.NewExtensionServer(images),
 		Metrics:   metrics.Registerer(),
 	})
@@ -173,7 +173,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	go func() { served <- srv.Serve() }()
 	go metrics.serve(log)
 	log.Info("berthd serving", "socket", cfg.Socket, "stream", streams.Addr(), "metrics", metrics.Addr(), "version", cri.RuntimeVersion,
-		"root", cfg.Root, "state", cfg.State, "network", cfg.Network.Mode, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
+		"root", cfg.Root, "container_root", cfg.ContainerRoot(), "state", cfg.State, "network", cfg.Network.Mode, "cgroup_driver", cfg.CgroupDriver, "cgroups", cg.Mode().String())
 
 	for {
 		select {

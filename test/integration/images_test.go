@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -320,12 +321,20 @@ func TestImageFsInfo(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(resp.ImageFilesystems) != 1 {
-			t.Fatalf("ImageFsInfo: %d image filesystems, want 1", len(resp.ImageFilesystems))
+		if len(resp.ImageFilesystems) != 1 || len(resp.ContainerFilesystems) != 1 {
+			t.Fatalf("ImageFsInfo: %d image and %d container filesystems, want 1 each",
+				len(resp.ImageFilesystems), len(resp.ContainerFilesystems))
 		}
 		u := resp.ImageFilesystems[0]
-		if mp := u.GetFsId().GetMountpoint(); mp != d.Root && !strings.HasPrefix(mp, d.Root+"/") {
-			t.Errorf("mountpoint %q is not under the root %s", mp, d.Root)
+		// The mount point of the root's filesystem: the root or a folder
+		// above it. The writable layers share it by default, so the
+		// container filesystem has the same (the kubelet: not split).
+		mp := u.GetFsId().GetMountpoint()
+		if rel, err := filepath.Rel(mp, d.Root); !filepath.IsAbs(mp) || err != nil || strings.HasPrefix(rel, "..") {
+			t.Errorf("mount point %q is not the root %s or above it", mp, d.Root)
+		}
+		if ctrMp := resp.ContainerFilesystems[0].GetFsId().GetMountpoint(); ctrMp != mp {
+			t.Errorf("container filesystem mount point %q, want the image filesystem's %q (one filesystem)", ctrMp, mp)
 		}
 		if u.Timestamp == 0 || u.UsedBytes == nil || u.InodesUsed == nil {
 			t.Errorf("ImageFsInfo lacks timestamp, used bytes or inodes: %v", u)
