@@ -296,8 +296,11 @@ var (
 
 func decompress(br *bufio.Reader) (io.ReadCloser, error) {
 	head, err := br.Peek(4)
-	if err != nil && len(head) == 0 {
+	if len(head) == 0 && errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("empty layer: %w", err)
+	}
+	if len(head) == 0 && err != nil {
+		return nil, err // the download's
 	}
 	switch {
 	case bytes.HasPrefix(head, gzipMagic):

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
@@ -28,12 +29,23 @@ type Blobs struct {
 // Blobs returns the blob fetcher of repo at e; wrap may add to the
 // endpoint's transport (the pull's progress count).
 func (e Endpoint) Blobs(ctx context.Context, repo name.Repository, wrap func(http.RoundTripper) http.RoundTripper) (*Blobs, error) {
-	tr, err := transport.NewWithContext(ctx, repo.Registry, e.Auth, wrap(e.Transport), []string{repo.Scope(transport.PullScope)})
+	retrying := transport.NewRetry(wrap(e.Transport), transport.WithRetryBackoff(retryBackoff), transport.WithRetryStatusCodes(retryStatuses...))
+	tr, err := transport.NewWithContext(ctx, repo.Registry, e.Auth, retrying, []string{repo.Scope(transport.PullScope)})
 	if err != nil {
 		return nil, err
 	}
 	return &Blobs{client: &http.Client{Transport: tr, CheckRedirect: refuseRedirectToPrivate}, repo: repo}, nil
 }
+
+// A request that fails before its body (a network error, or a status that
+// says "later") is tried again as go-containerregistry tries its own
+// (remote's defaults, which it does not export): after 1 s, then 3 s.
+// A body cut half way is download.go's to resume.
+var (
+	retryBackoff  = transport.Backoff{Duration: time.Second, Factor: 3, Jitter: 0.1, Steps: 3}
+	retryStatuses = []int{http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, 499, 522}
+)
 
 // ErrRangeRefused is a ranged request's answer that cannot be used: 416, or
 // a 206 for other bytes than asked. What was downloaded of the blob is then
@@ -66,7 +78,10 @@ func (b *Blobs) Get(ctx context.Context, digest string, size int64, want Span, r
 	body, err := checkBlobResponse(resp, size, want, ranged)
 	if err != nil {
 		resp.Body.Close()
-		return nil, fmt.Errorf("GET %s: %w", u.Redacted(), err)
+		if te := (*transport.Error)(nil); !errors.As(err, &te) { // which names the request itself
+			err = fmt.Errorf("GET %s: %w", u.Redacted(), err)
+		}
+		return nil, err
 	}
 	return body, nil
 }

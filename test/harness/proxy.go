@@ -31,6 +31,7 @@ type Proxy struct {
 	cut      map[string]int64 // next GET of the digest: drop the connection after n bytes
 	stall    map[string]int64 // GETs of the digest: stop sending after byte n until the client hangs up
 	rate     int64            // bytes per second of each blob body; 0: as fast as it goes
+	fail     map[string]int   // next GET of the digest: answer this status instead
 }
 
 // BlobGet is one GET of a blob through the proxy.
@@ -45,7 +46,7 @@ type BlobGet struct {
 func NewProxy(t testing.TB, reg *Registry) *Proxy {
 	t.Helper()
 	p := &Proxy{upstream: reg.URL(), stop: make(chan struct{}),
-		sent: map[string]int64{}, cut: map[string]int64{}, stall: map[string]int64{}}
+		sent: map[string]int64{}, cut: map[string]int64{}, stall: map[string]int64{}, fail: map[string]int{}}
 	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
 	t.Cleanup(func() {
 		close(p.stop)
@@ -64,6 +65,14 @@ func (p *Proxy) CutOnce(d v1.Hash, n int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut[d.String()] = n
+}
+
+// FailOnce makes the next GET of blob d answer status (a 503, say) without
+// asking the registry.
+func (p *Proxy) FailOnce(d v1.Hash, status int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fail[d.String()] = status
 }
 
 // Stall makes GETs of blob d that start before offset n send up to byte n
@@ -128,6 +137,19 @@ func (p *Proxy) Reset() {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, req *http.Request) {
+	if dg, ok := digestInPath(req.URL.Path); ok && req.Method == http.MethodGet {
+		p.mu.Lock()
+		status, failing := p.fail[dg]
+		delete(p.fail, dg)
+		if failing {
+			p.gets = append(p.gets, BlobGet{Digest: dg, Range: req.Header.Get("Range"), Status: status, Header: req.Header.Clone()})
+		}
+		p.mu.Unlock()
+		if failing {
+			writeRegistryError(w, status, "UNAVAILABLE", "injected by the proxy")
+			return
+		}
+	}
 	out, err := http.NewRequestWithContext(req.Context(), req.Method, p.upstream+req.URL.RequestURI(), req.Body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -112,6 +113,22 @@ func TestPullResumesCutConnection(t *testing.T) {
 		t.Errorf("the proxy sent %d bytes of a %d-byte layer: the retry started over", sent, size)
 	}
 	assertNoPartial(t, d, layer)
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+}
+
+// TestPullRetriesTransientLayerErrors answers a layer's GET once with 503:
+// the pull asks again after a pause and succeeds.
+func TestPullRetriesTransientLayerErrors(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg, px, d := startBehindProxy(t, "")
+	ref, p, img := randomLayers(t, reg, px, "berth/flaky:1", 1<<20)
+	layer := harness.LayerDigests(t, img)[0]
+	px.FailOnce(layer, http.StatusServiceUnavailable)
+	mustPull(t, d, ref, p.ID)
+	if gets := px.Gets(layer); len(gets) != 2 || gets[0].Status != http.StatusServiceUnavailable || gets[1].Status != http.StatusOK {
+		t.Errorf("GETs of the layer: %+v; want a 503, then the blob", gets)
+	}
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
 }
 
