@@ -28,10 +28,13 @@ const (
 
 // Config is the part of berthd's configuration the runtime service reports.
 type Config struct {
-	Root         string
-	State        string
-	Socket       string
-	CgroupDriver string // "cgroupfs" or "systemd"
+	Root string
+	// ContainerRoot holds the writable layers ([storage] container_root,
+	// or Root).
+	ContainerRoot string
+	State         string
+	Socket        string
+	CgroupDriver  string // "cgroupfs" or "systemd"
 	// NetworkMode ("bridge", "cni") and MetricsAddress ("" when off) are
 	// shown in verbose Status.
 	NetworkMode, MetricsAddress string
@@ -171,15 +174,16 @@ func (r *RuntimeService) RuntimeConfig(context.Context, *runtimeapi.RuntimeConfi
 }
 
 type verboseConfig struct {
-	Version      string                     `json:"version"`
-	Root         string                     `json:"root"`
-	State        string                     `json:"state"`
-	Socket       string                     `json:"socket"`
-	CgroupDriver string                     `json:"cgroupDriver"`
-	Network      string                     `json:"network,omitempty"`
-	Metrics      string                     `json:"metrics,omitempty"`
-	Registries   map[string]verboseRegistry `json:"registries,omitempty"`
-	CDIDevices   []string                   `json:"cdiDevices,omitempty"`
+	Version       string                     `json:"version"`
+	Root          string                     `json:"root"`
+	ContainerRoot string                     `json:"containerRoot"`
+	State         string                     `json:"state"`
+	Socket        string                     `json:"socket"`
+	CgroupDriver  string                     `json:"cgroupDriver"`
+	Network       string                     `json:"network,omitempty"`
+	Metrics       string                     `json:"metrics,omitempty"`
+	Registries    map[string]verboseRegistry `json:"registries,omitempty"`
+	CDIDevices    []string                   `json:"cdiDevices,omitempty"`
 }
 
 // verboseRegistry is registry.Host minus the credentials: verbose Status is
@@ -194,13 +198,14 @@ type verboseRegistry struct {
 
 func (r *RuntimeService) verboseConfig() verboseConfig {
 	v := verboseConfig{
-		Version:      RuntimeVersion,
-		Root:         r.cfg.Root,
-		State:        r.cfg.State,
-		Socket:       r.cfg.Socket,
-		CgroupDriver: r.cfg.CgroupDriver,
-		Network:      r.cfg.NetworkMode,
-		Metrics:      r.cfg.MetricsAddress,
+		Version:       RuntimeVersion,
+		Root:          r.cfg.Root,
+		ContainerRoot: r.cfg.ContainerRoot,
+		State:         r.cfg.State,
+		Socket:        r.cfg.Socket,
+		CgroupDriver:  r.cfg.CgroupDriver,
+		Network:       r.cfg.NetworkMode,
+		Metrics:       r.cfg.MetricsAddress,
 	}
 	if r.pods != nil {
 		v.CDIDevices = r.pods.CDIDevices()

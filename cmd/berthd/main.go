@@ -150,7 +150,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}()
 
 	runtime := cri.NewRuntimeService(cri.Config{
-		Root: cfg.Root, State: cfg.State, Socket: cfg.Socket,
+		Root: cfg.Root, ContainerRoot: cfg.ContainerRoot(), State: cfg.State, Socket: cfg.Socket,
 		CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
 		NetworkMode: cfg.Network.Mode, MetricsAddress: metrics.Addr(),
 		Logger: log.With("component", "cri"),

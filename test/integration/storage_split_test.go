@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -40,6 +41,9 @@ func TestStorageSplit(t *testing.T) {
 	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
 	t.Cleanup(func() { e.teardown(t) })
 
+	if got := verboseContainerRoot(t, d); got != ctrRoot {
+		t.Errorf("verbose Status: containerRoot %q, want %q", got, ctrRoot)
+	}
 	empty := fsInfo(t, d, imageRoot, ctrRoot)
 	if n := empty.ctr.GetUsedBytes().GetValue(); n != 0 {
 		t.Errorf("container filesystem with no containers: %d bytes used, want 0", n)
@@ -157,6 +161,23 @@ func isMountPoint(t *testing.T, dir string) bool {
 		t.Fatal(err)
 	}
 	return st.Dev != up.Dev
+}
+
+// verboseContainerRoot is the container root verbose Status (crictl info)
+// shows.
+func verboseContainerRoot(t *testing.T, d *harness.Daemon) string {
+	t.Helper()
+	resp, err := d.Runtime.Status(ctx(t), &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ContainerRoot string `json:"containerRoot"`
+	}
+	if err := json.Unmarshal([]byte(resp.Info["config"]), &cfg); err != nil {
+		t.Fatalf("verbose Status config %q: %v", resp.Info["config"], err)
+	}
+	return cfg.ContainerRoot
 }
 
 // fsUsages is one ImageFsInfo answer's image and container filesystem.
