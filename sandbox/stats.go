@@ -269,7 +269,7 @@ func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 	l.walkers <- struct{}{}
 	du, err := diskUsage(upper)
 	<-l.walkers
-	if err != nil && !errors.Is(err, fs.ErrNotExist) { // not: a container still being made
+	if err != nil {
 		log.Warn("writable layer usage", "dir", upper, "err", err)
 	} else if du.skipped > 0 {
 		// Counted without them: a container must not freeze its figures
