@@ -226,32 +226,73 @@ func (dl *download) round(ctx context.Context, ranged bool) error {
 			return err
 		})
 	}
-	run(func() error { return dl.copyPart(0, body) })
-	for i := 1; i < len(parts); i++ {
-		run(func() error {
-			b, err := dl.blobs.Get(ctx, dl.digest.String(), dl.size, parts[i], true)
-			if err != nil {
-				return cutIfNetwork(err)
-			}
-			if b.Span != parts[i] {
-				b.Close()
-				return fmt.Errorf("%w: the registry answered one range and not the next", registry.ErrRangeRefused)
-			}
-			return dl.copyPart(i, b)
-		})
+	if len(parts) == 1 {
+		run(func() error { return dl.copyPart(0, body) }) // run retries it
+	} else {
+		// The first part's connection is open; the others open theirs.
+		opened := make([]*registry.BlobBody, len(parts))
+		opened[0] = body
+		for i := range parts {
+			run(func() error { return dl.fetchPart(ctx, i, opened[i]) })
+		}
 	}
 	return g.Wait()
 }
 
-// copyPart writes part i's bytes from body into the file at their offsets.
-// The body may carry more than the part (the first connection of a split
-// round asked for all the rest): the part ends where the next begins.
+// fetchPart fetches part i of a split round (on body, if open), asking
+// again for what is missing of it when its connection is cut, while the
+// other parts go on: one bad connection does not cost the others' bytes.
+func (dl *download) fetchPart(ctx context.Context, i int, body *registry.BlobBody) error {
+	stalls := 0
+	for {
+		before := dl.partRest(i)
+		err := dl.copyPartFrom(ctx, i, body)
+		body = nil
+		if err == nil || !isTransferCut(err) || ctx.Err() != nil {
+			return err
+		}
+		if dl.partRest(i).Start > before.Start {
+			stalls = 0
+		} else if stalls++; stalls >= maxStalledRetries {
+			return err
+		}
+	}
+}
+
+// partRest is what part i still misses.
+func (dl *download) partRest(i int) registry.Span {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	p := dl.parts[i]
+	return registry.Span{Start: p.Start + p.written, End: p.End}
+}
+
+// copyPartFrom copies the rest of part i from body, or from a new ranged
+// request for it when body is nil.
+func (dl *download) copyPartFrom(ctx context.Context, i int, body *registry.BlobBody) error {
+	if body == nil {
+		rest := dl.partRest(i)
+		b, err := dl.blobs.Get(ctx, dl.digest.String(), dl.size, rest, true)
+		if err != nil {
+			return cutIfNetwork(err)
+		}
+		if b.Span != rest {
+			b.Close()
+			return fmt.Errorf("%w: the registry answered one range and not the next", registry.ErrRangeRefused)
+		}
+		body = b
+	}
+	return dl.copyPart(i, body)
+}
+
+// copyPart writes the rest of part i's bytes from body, which starts
+// there, into the file at their offsets. The body may carry more than the
+// part (the first connection of a split round asked for all the rest):
+// the part ends where the next begins.
 func (dl *download) copyPart(i int, body *registry.BlobBody) error {
 	defer body.Close()
 	buf := make([]byte, 256<<10)
-	dl.mu.Lock()
-	span := dl.parts[i].Span
-	dl.mu.Unlock()
+	span := dl.partRest(i)
 	for at := span.Start; at < span.End; {
 		n, err := body.Read(buf[:min(int64(len(buf)), span.End-at)])
 		if n > 0 {

@@ -369,3 +369,34 @@ func TestPullBigLayerInRanges(t *testing.T) {
 		})
 	}
 }
+
+// TestPullBigLayerPartCut cuts the first of the connections a big layer is
+// split into: that part asks again for its rest while the others go on,
+// so the proxy sends each byte of the layer about once.
+func TestPullBigLayerPartCut(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg, px, d := startBehindProxy(t, "")
+	ref, p, img := randomLayers(t, reg, px, "berth/bigcut:1", 66<<20)
+	layer := harness.LayerDigests(t, img)[0]
+	blobSize := harness.BlobSize(t, img, layer)
+	px.LimitRate(32 << 20)
+	px.CutOnce(layer, 8<<20) // the first connection, before the end of its part
+	px.Reset()
+	mustPull(t, d, ref, p.ID)
+	gets := px.Gets(layer)
+	if len(gets) < 5 || rangeStart(t, gets[0]) != 0 {
+		t.Fatalf("GETs of the big layer: %+v; want the split ones and the cut part's rest", gets)
+	}
+	retried := false
+	for _, g := range gets[1:] {
+		retried = retried || rangeStart(t, g) == 8<<20
+	}
+	if !retried {
+		t.Errorf("no GET asked for the cut part's rest from byte %d: %+v", 8<<20, gets)
+	}
+	if sent := px.Sent(layer); sent > blobSize+1<<20 {
+		t.Errorf("the proxy sent %d bytes of a %d-byte layer: the cut cost the other parts' bytes", sent, blobSize)
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+}
