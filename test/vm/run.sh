@@ -64,8 +64,11 @@ tcg_too_slow='TestConcurrentPodsGetDistinctIPs|TestCrashPoints|TestCNIConcurrent
 # were a third of the VM tier's time, which make test's budget cannot carry.
 # A new test runs in both tiers unless it is named here.
 kernel_independent='TestPull(ReferenceForms|ThroughMirrors|ManifestFormatsAndCompressions|Auth|Errors|BadBlobs|ProgressTimeout|SlowButProgressingSucceeds|FetchesLayersInParallel|StreamsIntoUnpacker|RejectsLyingDiffID|RefusesLayerBombs|RefusesHugeConfig|CredentialsStayHome|RegistryFaults)'
+# Resumed and ranged downloads (the big-layer ones also build a 66 MiB image,
+# more than the VM's memory should carry beside the suite).
+kernel_independent+='|TestPull(ResumesCutConnection|RetriesTransientLayerErrors|RangedRequestsAuthorized|ResumesAcrossPulls|DiscardsCorruptPartial|MaxConcurrentDownloads|BigLayerInRanges|BigLayerPartCut)'
 kernel_independent+='|TestSharedLayerFetchedAndStoredOnce|TestConcurrentPullsFetchOnce|TestSlowPullBlocksNothing|TestSIGTERMDrainsInFlightPull'
-kernel_independent+='|TestImageStatusLookups|TestImageStatusUserAndSize|TestRepoTagsAndDigestsExact|TestListImages|TestRemoveImage|TestRemoveOneOfTwoTags|TestRemoveKeepsLayersOtherImagesUse|TestBerthctlImport'
+kernel_independent+='|TestImageStatusLookups|TestImageStatusUserAndSize|TestRepoTagsAndDigestsExact|TestListImages|TestRemoveImage|TestRemoveOneOfTwoTags|TestRemoveKeepsLayersOtherImagesUse|TestBerthctlImport|TestImageRemovalFreesSpace'
 kernel_independent+='|TestContainerdHostsDir|TestSIGHUPReloadsRegistries'
 kernel_independent+='|TestRuntimeServiceUnimplemented|TestConfigErrorsNameTheKey|TestSocketIsRootOnly|TestStaleSocketIsReplaced|TestSecondDaemonOnSameSocketIsRefused|TestSignalsExitCleanly|TestFlagsOverrideConfigFile|TestLogFormatJSON'
 kernel_independent+='|TestTracingToOTLPCollector|TestNoTracingWithoutEndpoint|TestTracingSamplingFollowsCaller'
