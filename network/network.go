@@ -152,7 +152,7 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 // address is the gateway.
 func (n *Network) useSubnet(subnet netip.Prefix) {
 	n.subnet, n.gateway = subnet, subnet.Addr().Next()
-	n.leases = newLeaseStore(n.cfg.StateDir, subnet)
+	n.leases = newLeaseStore(n.cfg.StateDir, []netip.Prefix{subnet})
 }
 
 // SetPodCIDR makes the kubelet's pod CIDR the subnet of new pods, kept across

@@ -6,9 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 
-	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -30,15 +29,11 @@ func vethName(podID string) string {
 // namespace (named eth0, so nothing is renamed or moved later), puts the
 // host end on the bridge, then configures the pod end from inside.
 func (n *Network) addVeth(l *lease, netnsPath string) error {
-	ns, err := os.Open(netnsPath)
+	podNS, err := ns.GetNS(netnsPath) // fails unless it is a network namespace
 	if err != nil {
 		return fmt.Errorf("network: pod network namespace: %w", err)
 	}
-	defer ns.Close()
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(ns.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
-		return fmt.Errorf("network: %s is not a network namespace", netnsPath)
-	}
+	defer podNS.Close()
 	br, err := netlink.LinkByName(n.cfg.Bridge)
 	if err != nil {
 		err = fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
@@ -50,7 +45,7 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	attrs.MTU = n.cfg.MTU
 	attrs.MasterIndex = br.Attrs().Index
 	// Down until guardHostVeth has set it up to take nothing for itself.
-	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(ns.Fd()),
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(podNS.Fd()),
 		PeerHardwareAddr: net.HardwareAddr(l.MAC)}
 	err = netlink.LinkAdd(veth)
 	if errors.Is(err, unix.EEXIST) {
@@ -77,7 +72,7 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(l.IP.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
 	gw := net.IP(n.gateway.AsSlice())
-	return podns.DoInNetNS(netnsPath, func() error { return configurePodEnd(addr, gw) })
+	return podNS.Do(func(ns.NetNS) error { return configurePodEnd(addr, gw) })
 }
 
 // configurePodEnd runs in the pod's namespace. The pod takes no router
