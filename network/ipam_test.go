@@ -12,7 +12,7 @@ import (
 // the highest address in use would hand out the freed one).
 func TestAddressRoundRobinSurvivesRestart(t *testing.T) {
 	e := newEnv(t, 24)
-	base := strings.TrimSuffix(e.subnet.Addr().String(), "0")
+	base := strings.TrimSuffix(e.subnets[0].Addr().String(), "0")
 	_, _, a := e.attach(t)
 	idB, _, b := e.attach(t)
 	if a.IP.String() != base+"2" || b.IP.String() != base+"3" {

@@ -154,9 +154,13 @@ func elements(leases ...*lease) (anyIP, oneIP []nftables.SetElement) {
 		if len(comment) > 200 {
 			comment = comment[:200]
 		}
+		ip4, ok := l.addr4()
+		if !ok {
+			continue // Attach refuses host ports without IPv4
+		}
 		for _, p := range l.Ports {
 			key := append([]byte{protoNums[p.Protocol], 0, 0, 0}, port(p.HostPort)...)
-			el := nftables.SetElement{Val: append(l.IP.AsSlice(), port(p.ContainerPort)...), Comment: comment}
+			el := nftables.SetElement{Val: append(ip4.AsSlice(), port(p.ContainerPort)...), Comment: comment}
 			if p.HostIP == "" {
 				el.Key = key
 				anyIP = append(anyIP, el)
@@ -237,7 +241,12 @@ func (n *Network) writeTable(all map[string]*lease) error {
 
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	for _, src := range []netip.Prefix{loopback, n.subnet} {
+	sources := []netip.Prefix{loopback}
+	subnet4, has4 := n.subnet4()
+	if has4 {
+		sources = append(sources, subnet4)
+	}
+	for _, src := range sources {
 		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
 			ifname(expr.MetaKeyOIFNAME, n.cfg.Bridge),
 			ctDNAT(true),
@@ -245,10 +254,10 @@ func (n *Network) writeTable(all map[string]*lease) error {
 			[]expr.Any{&expr.Masq{}},
 		)})
 	}
-	if n.cfg.Masquerade {
+	if n.cfg.Masquerade && has4 {
 		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
-			addrIn(ipv4SourceOffset, n.subnet, expr.CmpOpEq),
-			addrIn(ipv4DestOffset, n.subnet, expr.CmpOpNeq),
+			addrIn(ipv4SourceOffset, subnet4, expr.CmpOpEq),
+			addrIn(ipv4DestOffset, subnet4, expr.CmpOpNeq),
 			addrIn(ipv4DestOffset, multicast, expr.CmpOpNeq),
 			[]expr.Any{&expr.Masq{}},
 		)})
@@ -288,14 +297,14 @@ func ctDNAT(want bool) []expr.Any {
 	}
 }
 
-// addrIn matches the IPv4 address at offset (ipv4SourceOffset or
-// ipv4DestOffset) against p.
+// addrIn matches the address at offset (ipv4SourceOffset or
+// ipv4DestOffset, ipv6SourceOffset or ipv6DestOffset) against p.
 func addrIn(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
-	addr := p.Addr().As4()
+	addr := p.Addr().AsSlice()
 	return []expr.Any{
 		netHeader(offset, len(addr)),
-		&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
-		&expr.Cmp{Op: op, Register: r0, Data: addr[:]},
+		&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: uint32(len(addr)), Mask: net.CIDRMask(p.Bits(), len(addr)*8), Xor: make([]byte, len(addr))},
+		&expr.Cmp{Op: op, Register: r0, Data: addr},
 	}
 }
 
