@@ -107,8 +107,8 @@ func TestDualStackPods(t *testing.T) {
 }
 
 // TestIPv6OnlyPods: a pod CIDR with only an IPv6 range gives pods only an
-// IPv6 address; they reach each other and the node, send no IPv4 or ARP,
-// and host ports, which need IPv4, are refused.
+// IPv6 address; they reach each other and the node, their host ports are
+// IPv6 ones, and a host port on an IPv4 host_ip is refused.
 func TestIPv6OnlyPods(t *testing.T) {
 	e := newEnv(t, 24)
 	x, _ := rand.Int(rand.Reader, big.NewInt(1<<16))
@@ -131,10 +131,15 @@ func TestIPv6OnlyPods(t *testing.T) {
 	if addrs, _ := netlink.AddrList(br, netlink.FAMILY_V4); len(addrs) != 0 {
 		t.Errorf("bridge IPv4 addresses %v, want none", addrs)
 	}
+	hp := hostPort()
+	_, pinC, _ := e.attach(t, PortMapping{ContainerPort: 8080, HostPort: hp})
+	serve(t, pinC, "C", 8080)
+	mustGet(t, "", "tcp6", net.JoinHostPort(a.Gateway.String(), fmt.Sprint(hp)), "C")
+	mustGet(t, pinA, "tcp6", net.JoinHostPort(a.Gateway.String(), fmt.Sprint(hp)), "C from ["+a.Gateway.String()+"]")
 	id, pin := e.newPod(t)
-	_, err := e.Attach(bg, PodInfo{ID: id}, pin, []PortMapping{{ContainerPort: 80, HostPort: hostPort()}})
-	if err == nil || !strings.Contains(err.Error(), "host_port") {
-		t.Errorf("host port on an IPv6-only network: %v, want an error naming host_port", err)
+	_, err := e.Attach(bg, PodInfo{ID: id}, pin, []PortMapping{{ContainerPort: 80, HostPort: hostPort(), HostIP: "127.0.0.1"}})
+	if err == nil || !strings.Contains(err.Error(), "host_ip") {
+		t.Errorf("IPv4 host_ip on an IPv6-only network: %v, want an error naming host_ip", err)
 	}
 	e.assertGone(t, id)
 }
@@ -333,5 +338,56 @@ func TestDualStackAttachFailureFreesBoth(t *testing.T) {
 	all, err := e.leases.all()
 	if err != nil || len(usedAddrs(all)) != 0 {
 		t.Errorf("addresses held after a failed Attach: %v, %v", usedAddrs(all), err)
+	}
+}
+
+// TestIPv6HostPorts: on a dual-stack network a host port without host_ip
+// is on the node's addresses of both families, reached from the node, from
+// another pod and from the pod itself (hairpin, masqueraded to the
+// gateway), but not on ::1 (IPv6 cannot route it to a pod); one on an IPv6
+// host_ip is on that address only.
+func TestIPv6HostPorts(t *testing.T) {
+	e := newEnv(t, 24, withSubnet6)
+	hp, hpUDP, hpOne := hostPort(), hostPort(), hostPort()
+	for hpUDP == hp || hpOne == hp || hpOne == hpUDP {
+		hpUDP, hpOne = hostPort(), hostPort()
+	}
+	idA, pinA, a := e.attach(t, PortMapping{ContainerPort: 8080, HostPort: hp}, PortMapping{Protocol: "udp", ContainerPort: 8080, HostPort: hpUDP})
+	serve(t, pinA, "A", 8080)
+	gw4, gw6 := a.Gateway.String(), gatewayOf(e.subnets[1]).String()
+	idC, pinC, _ := e.attach(t, PortMapping{ContainerPort: 9090, HostPort: hpOne, HostIP: gw6})
+	serve(t, pinC, "C", 9090)
+	_, pinB, _ := e.attach(t)
+	at := func(ip string, p int32) string { return net.JoinHostPort(ip, fmt.Sprint(p)) }
+
+	mustGet(t, "", "tcp6", at(gw6, hp), "A")
+	mustGet(t, "", "udp6", at(gw6, hpUDP), "A")
+	mustGet(t, "", "tcp4", at(gw4, hp), "A")
+	mustGet(t, "", "tcp4", at("127.0.0.1", hp), "A")
+	mustGet(t, pinA, "tcp6", at(gw6, hp), "A from ["+gw6+"]")
+	mustGet(t, pinB, "tcp6", at(gw6, hp), "A from ["+gw6+"]") // masqueraded, as in IPv4
+	if got, err := get("", "tcp6", at("::1", hp)); err == nil {
+		t.Errorf("[::1]:%d answered %q; IPv6 loopback is not translated", hp, got)
+	}
+
+	mustGet(t, "", "tcp6", at(gw6, hpOne), "C")
+	mustGet(t, pinB, "tcp6", at(gw6, hpOne), "C")
+	for _, addr := range []string{at(gw4, hpOne), at("127.0.0.1", hpOne)} {
+		if got, err := get("", "tcp4", addr); err == nil {
+			t.Errorf("host port bound to %s answered on %s: %q", gw6, addr, got)
+		}
+	}
+	if n := e.elementsOf(t, idA); n != 4 {
+		t.Errorf("pod A has %d elements, want 4 (2 ports, 2 families)", n)
+	}
+	if n := e.elementsOf(t, idC); n != 1 {
+		t.Errorf("pod C has %d elements, want 1", n)
+	}
+	if err := e.Detach(bg, PodInfo{ID: idA}, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.assertGone(t, idA)
+	if got, err := get("", "tcp6", at(gw6, hp)); err == nil {
+		t.Errorf("host port of a detached pod answered %q", got)
 	}
 }

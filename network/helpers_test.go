@@ -208,15 +208,17 @@ func (e *testEnv) elementsOf(tb testing.TB, pod string) int {
 		tb.Fatal(err)
 	}
 	count := 0
-	anyIP, oneIP := e.portMaps()
-	for _, s := range []*nftables.Set{anyIP, oneIP} {
-		els, err := c.GetSetElements(s)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		for _, el := range els {
-			if el.Comment == pod {
-				count++
+	for _, f := range e.portFamilies() {
+		anyIP, oneIP := e.portMaps(f)
+		for _, s := range []*nftables.Set{anyIP, oneIP} {
+			els, err := c.GetSetElements(s)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			for _, el := range els {
+				if el.Comment == pod {
+					count++
+				}
 			}
 		}
 	}

@@ -1,11 +1,9 @@
 package network
 
 import (
-	"fmt"
 	"net"
 	"net/netip"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
@@ -52,19 +50,14 @@ const (
 var ipv6Loopback = netip.IPv6Loopback()
 
 // subnet4 is the IPv4 pod subnet, if pods get IPv4.
-func (n *Network) subnet4() (netip.Prefix, bool) {
-	for _, s := range n.subnets {
-		if s.Addr().Is4() {
-			return s, true
-		}
-	}
-	return netip.Prefix{}, false
-}
+func (n *Network) subnet4() (netip.Prefix, bool) { return n.subnetOf4or6(true) }
 
 // subnet6 is the IPv6 pod subnet, if pods get IPv6.
-func (n *Network) subnet6() (netip.Prefix, bool) {
+func (n *Network) subnet6() (netip.Prefix, bool) { return n.subnetOf4or6(false) }
+
+func (n *Network) subnetOf4or6(v4 bool) (netip.Prefix, bool) {
 	for _, s := range n.subnets {
-		if s.Addr().Is6() {
+		if s.Addr().Is4() == v4 {
 			return s, true
 		}
 	}
@@ -84,46 +77,6 @@ func (l *lease) addrOf(v4 bool) (netip.Addr, bool) {
 		}
 	}
 	return netip.Addr{}, false
-}
-
-func (n *Network) table6() *nftables.Table {
-	return &nftables.Table{Name: n.cfg.TableName, Family: nftables.TableFamilyIPv6}
-}
-
-// writeTable6 replaces the ip6 table: with masquerade on, IPv6 egress from
-// the IPv6 pod subnet to anywhere else leaves with the node's address, as
-// IPv4 does (table ip, portmap.go). Without an IPv6 subnet there is no table.
-//
-//	table ip6 berth {
-//		chain postrouting { type nat hook postrouting priority srcnat;
-//			ip6 saddr fd00::/64 ip6 daddr != fd00::/64 ip6 daddr != ff00::/8 masquerade
-//		}
-//	}
-func (n *Network) writeTable6() error {
-	t := n.table6()
-	c, err := replaceTable(t)
-	if err != nil {
-		return err
-	}
-	subnet6, ok := n.subnet6()
-	if !ok {
-		c.DelTable(t)
-	} else {
-		post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-		if n.cfg.Masquerade {
-			c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
-				addrIn(ipv6SourceOff, subnet6, expr.CmpOpEq),
-				addrIn(ipv6DestOffset, subnet6, expr.CmpOpNeq),
-				addrIn(ipv6DestOffset, netip.MustParsePrefix("ff00::/8"), expr.CmpOpNeq),
-				[]expr.Any{&expr.Masq{}},
-			)})
-		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("network: write nftables table ip6 %s: %w", n.cfg.TableName, err)
-	}
-	return nil
 }
 
 // forbiddenIPv6 matches the IPv6 frames the lease's pod may not send. A pod

@@ -252,10 +252,7 @@ func (n *Network) setup() error {
 	if err := reattach(br, all); err != nil {
 		return err
 	}
-	if err := n.writeTable(all); err != nil {
-		return err
-	}
-	if err := n.writeTable6(); err != nil {
+	if err := n.writeTables(all); err != nil {
 		return err
 	}
 	return n.writeGuard(all)
@@ -308,9 +305,8 @@ func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, por
 	}
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	if _, ok := n.subnet4(); !ok && len(ports) > 0 {
-		return nil, errkind.Errorf(errkind.FailedPrecondition, "network: host ports (port_mappings host_port %d) need an IPv4 pod subnet; this node has only %v",
-			ports[0].HostPort, n.subnets)
+	if err := n.checkHostIPs(ports); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 
@@ -336,6 +332,22 @@ func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, por
 	}
 	n.log.Debug("pod attached", "pod", podID, "ip", l.IP, "veth", l.Veth, "ports", len(l.Ports), "took", time.Since(start))
 	return n.attachment(l), nil
+}
+
+// checkHostIPs refuses a host port on an address of a family the pods do
+// not have: it would have no rule.
+func (n *Network) checkHostIPs(ports []PortMapping) error {
+	for _, p := range ports {
+		if p.HostIP == "" {
+			continue
+		}
+		ip := netip.MustParseAddr(p.HostIP) // normalizePorts checked it
+		if _, ok := n.subnetOf4or6(ip.Is4()); !ok {
+			return errkind.Errorf(errkind.FailedPrecondition, "network: port_mappings host_ip %s (host_port %d): pods on this node have no address of its family (pod subnets %v)",
+				p.HostIP, p.HostPort, n.subnets)
+		}
+	}
+	return nil
 }
 
 // Detach undoes Attach. It is idempotent and needs neither the namespace

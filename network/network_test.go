@@ -282,7 +282,7 @@ func TestLoopbackProtected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	input := &nftables.Chain{Name: "input", Table: e.table()}
+	input := &nftables.Chain{Name: "input", Table: e.table(ipv4)}
 	guard := &nftables.Chain{Name: a.HostVeth, Table: e.guardTable()}
 	flush := func(chains ...*nftables.Chain) {
 		t.Helper()
@@ -746,10 +746,12 @@ func TestNormalizePorts(t *testing.T) {
 		{Protocol: "", ContainerPort: 80, HostPort: 8080}, // same once normalized
 		{Protocol: "udp", ContainerPort: 53, HostPort: 0}, // no host port
 		{Protocol: "Sctp", ContainerPort: 9, HostPort: 9, HostIP: "::ffff:127.0.0.1"},
+		{Protocol: "udp", ContainerPort: 9, HostPort: 9, HostIP: "FD00:0::1"},
 	})
 	want := []PortMapping{
 		{Protocol: "tcp", ContainerPort: 80, HostPort: 8080},
 		{Protocol: "sctp", ContainerPort: 9, HostPort: 9, HostIP: "127.0.0.1"},
+		{Protocol: "udp", ContainerPort: 9, HostPort: 9, HostIP: "fd00::1"},
 	}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("normalizePorts = %+v, %v; want %+v", got, err, want)
@@ -758,7 +760,7 @@ func TestNormalizePorts(t *testing.T) {
 		{Protocol: "icmp", ContainerPort: 1, HostPort: 1},
 		{ContainerPort: 0, HostPort: 1},
 		{ContainerPort: 1, HostPort: 70000},
-		{ContainerPort: 1, HostPort: 1, HostIP: "fd00::1"},
+		{ContainerPort: 1, HostPort: 1, HostIP: "fe80::1%eth0"},
 		{ContainerPort: 1, HostPort: 1, HostIP: "localhost"},
 	} {
 		if _, err := normalizePorts([]PortMapping{bad}); err == nil {

@@ -76,14 +76,16 @@ func dialFrom(t *testing.T, netns, addr string) (string, error) {
 // TestDualStackPodNetwork: with [network] subnet6, a pod gets an IPv4 and
 // an IPv6 address (PodSandboxStatus ip and additional_ips, in the
 // subnets' order), and reaches another pod and the node over both
-// families, and the node reaches it; a restart keeps both addresses, and
-// removing the pods returns both leases.
+// families, and the node reaches it; its host port answers on the node's
+// IPv6 address, from the node and from another pod; a restart keeps both
+// addresses, and removing the pods returns both leases.
 func TestDualStackPodNetwork(t *testing.T) {
 	t.Parallel()
 	bridge, subnet := harness.TestNetwork(t)
 	subnet6 := testSubnet6(t, subnet)
 	e := startPodEnvTOML(t, v1.Config{}, fmt.Sprintf("\n[network]\nbridge = %q\nsubnet = %q\nsubnet6 = %q\n", bridge, subnet, subnet6))
-	podA, _, _ := e.runWebPod(t, "dual-a", 0)
+	hp := freeHostPort(t)
+	podA, _, _ := e.runWebPod(t, "dual-a", hp)
 	podB, ctrB, _ := e.runWebPod(t, "dual-b", 0)
 	a, b := e.podAddrs(t, podA), e.podAddrs(t, podB)
 	for _, addrs := range [][]netip.Addr{a, b} {
@@ -101,8 +103,15 @@ func TestDualStackPodNetwork(t *testing.T) {
 			t.Errorf("pod B -> pod A at %s: %q, %v", url, got, err)
 		}
 	}
-	// Pod B -> the node's IPv6 gateway address.
 	gw6 := subnet6.Addr().Next()
+	hostPortURL := net.JoinHostPort(gw6.String(), fmt.Sprint(hp))
+	if got := httpGet(t, "http://"+hostPortURL+"/"); !strings.Contains(got, "hello from dual-a") {
+		t.Errorf("node -> host port %s: %q", hostPortURL, got)
+	}
+	if got, err := dialFrom(t, netnsB, hostPortURL); err != nil || !strings.Contains(got, "hello from dual-a") {
+		t.Errorf("pod B -> host port %s: %q, %v", hostPortURL, got, err)
+	}
+	// Pod B -> the node's IPv6 gateway address.
 	ln, err := net.Listen("tcp6", net.JoinHostPort(gw6.String(), "0"))
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +123,7 @@ func TestDualStackPodNetwork(t *testing.T) {
 			if err != nil {
 				return
 			}
+			c.Read(make([]byte, 64)) // the request: closing with it unread would reset the connection
 			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\n\r\nnode saw %s", c.RemoteAddr())
 			c.Close()
 		}
@@ -135,8 +145,9 @@ func TestDualStackPodNetwork(t *testing.T) {
 }
 
 // TestIPv6OnlyPodNetwork: the pod CIDR of an IPv6-only node gives pods an
-// IPv6 address only, which the node reaches; a host port, which needs
-// IPv4, is refused naming the field, and leaves nothing behind.
+// IPv6 address only, which the node reaches, and IPv6 host ports; a host
+// port on an IPv4 host_ip is refused naming the field, and leaves nothing
+// behind.
 func TestIPv6OnlyPodNetwork(t *testing.T) {
 	t.Parallel()
 	bridge, subnet := harness.TestNetwork(t)
@@ -147,7 +158,8 @@ func TestIPv6OnlyPodNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatalf("UpdateRuntimeConfig(%s) = %v", cidr, err)
 	}
-	pod, _, _ := e.runWebPod(t, "v6-only", 0)
+	hp := freeHostPort(t)
+	pod, _, _ := e.runWebPod(t, "v6-only", hp)
 	addrs := e.podAddrs(t, pod)
 	if len(addrs) != 1 || !cidr.Contains(addrs[0]) {
 		t.Fatalf("pod addresses %v, want one in %s", addrs, cidr)
@@ -155,11 +167,15 @@ func TestIPv6OnlyPodNetwork(t *testing.T) {
 	if got := httpGet(t, "http://"+net.JoinHostPort(addrs[0].String(), "8080")+"/"); !strings.Contains(got, "hello from v6-only") {
 		t.Errorf("node -> pod over IPv6: %q", got)
 	}
-	cfg := e.podConfig("v6-hostport")
-	cfg.PortMappings = []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol_TCP, ContainerPort: 8080, HostPort: freeHostPort(t)}}
+	hostPortURL := net.JoinHostPort(cidr.Addr().Next().String(), fmt.Sprint(hp))
+	if got := httpGet(t, "http://"+hostPortURL+"/"); !strings.Contains(got, "hello from v6-only") {
+		t.Errorf("node -> host port %s: %q", hostPortURL, got)
+	}
+	cfg := e.podConfig("v4-hostip")
+	cfg.PortMappings = []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol_TCP, ContainerPort: 8080, HostPort: freeHostPort(t), HostIp: "127.0.0.1"}}
 	_, err = e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: cfg})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "host_port") {
-		t.Errorf("a host port on an IPv6-only node = %v, want FailedPrecondition naming host_port", err)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "host_ip") {
+		t.Errorf("a host port on an IPv4 host_ip on an IPv6-only node = %v, want FailedPrecondition naming host_ip", err)
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
