@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -389,5 +390,48 @@ func TestIPv6HostPorts(t *testing.T) {
 	e.assertGone(t, idA)
 	if got, err := get("", "tcp6", at(gw6, hp)); err == nil {
 		t.Errorf("host port of a detached pod answered %q", got)
+	}
+}
+
+// TestIPv4OnlyHasNoIPv6: without an IPv6 subnet nothing of IPv6 is made:
+// no pod or bridge IPv6 address beyond link-local, no ip6 table, and the
+// guard's IPv6 rules are the three of before dual-stack.
+func TestIPv4OnlyHasNoIPv6(t *testing.T) {
+	e := newEnv(t, 24)
+	id, pin, a := e.attach(t)
+	if len(a.AdditionalIPs) != 0 {
+		t.Errorf("additional addresses %v on an IPv4-only network", a.AdditionalIPs)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ListTableOfFamily(e.cfg.TableName, nftables.TableFamilyIPv6); err == nil {
+		t.Error("an ip6 table on an IPv4-only network")
+	}
+	global := func(l netlink.Link) []netlink.Addr {
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V6)
+		return slices.DeleteFunc(addrs, func(ad netlink.Addr) bool { return ad.IP.IsLinkLocalUnicast() })
+	}
+	br, _ := netlink.LinkByName(e.cfg.Bridge)
+	if g := global(br); len(g) != 0 {
+		t.Errorf("bridge IPv6 addresses %v", g)
+	}
+	err = podns.DoInNetNS(pin, func() error {
+		eth0, err := netlink.LinkByName("eth0")
+		if err == nil && len(global(eth0)) != 0 {
+			err = fmt.Errorf("pod IPv6 addresses %v", global(eth0))
+		}
+		return err
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	l, err := e.leases.get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(forbiddenIPv6(l)); got != 3 {
+		t.Errorf("%d IPv6 guard rules, want 3 (RA, NA, redirect)", got)
 	}
 }
