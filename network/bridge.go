@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -25,7 +26,7 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 		// lowest MAC of its ports and changes it as pods come and go,
 		// which leaves stale gateway entries in the pods' ARP caches.
 		// Derived from the gateway, it also survives a re-creation.
-		attrs.HardwareAddr = derivedMAC(bridgeMACKind, n.gateway)
+		attrs.HardwareAddr = derivedMAC(bridgeMACKind, gatewayOf(n.subnets[0]))
 		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("network: create bridge %s: %w", name, err)
 		}
@@ -38,9 +39,10 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 	if link.Type() != "bridge" {
 		return nil, fmt.Errorf("network: %s exists and is a %s, not a bridge", name, link.Type())
 	}
-	addr := n.gatewayAddr()
-	if err := netlink.AddrReplace(link, addr); err != nil {
-		return nil, fmt.Errorf("network: address %s on %s: %w", addr.IPNet, name, err)
+	for _, addr := range n.gatewayAddrs() {
+		if err := netlink.AddrReplace(link, addr); err != nil {
+			return nil, fmt.Errorf("network: address %s on %s: %w", addr.IPNet, name, err)
+		}
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("network: bring %s up: %w", name, err)
@@ -48,13 +50,24 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 	return link, nil
 }
 
-func (n *Network) gatewayAddr() *netlink.Addr {
-	return &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(n.gateway.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
+// gatewayAddrs are the bridge's addresses, a gateway in each pod subnet.
+// An IPv6 one skips duplicate address detection: it is the subnet's by
+// definition, and a pod must not be able to make the node give it up.
+func (n *Network) gatewayAddrs() []*netlink.Addr {
+	var addrs []*netlink.Addr
+	for _, s := range n.subnets {
+		addr := &netlink.Addr{IPNet: prefixIPNet(netip.PrefixFrom(gatewayOf(s), s.Bits()))}
+		if s.Addr().Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		addrs = append(addrs, addr)
+	}
+	return addrs
 }
 
-// dropGateway takes the current gateway address off the bridge, before the
-// subnet changes; a bridge that is not there has none.
-func (n *Network) dropGateway() error {
+// dropGateways takes the current gateway addresses off the bridge, before
+// the subnets change; a bridge that is not there has none.
+func (n *Network) dropGateways() error {
 	link, err := netlink.LinkByName(n.cfg.Bridge)
 	if errors.As(err, new(netlink.LinkNotFoundError)) {
 		return nil
@@ -62,8 +75,10 @@ func (n *Network) dropGateway() error {
 	if err != nil {
 		return fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
 	}
-	if err := netlink.AddrDel(link, n.gatewayAddr()); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-		return fmt.Errorf("network: remove gateway %s from %s: %w", n.gateway, n.cfg.Bridge, err)
+	for _, addr := range n.gatewayAddrs() {
+		if err := netlink.AddrDel(link, addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("network: remove gateway %s from %s: %w", addr.IPNet, n.cfg.Bridge, err)
+		}
 	}
 	return nil
 }
@@ -135,13 +150,21 @@ const (
 	podMACKind    = 0x70
 )
 
-// derivedMAC is the MAC berth gives the link holding the IPv4 address ip: a
-// locally administered one made of it, so that an address keeps its MAC
-// (the bridge after a re-creation, a pod that gets a freed address) and
-// stale entries in neighbours' ARP caches stay right.
+// derivedMAC is the MAC berth gives the link holding the address ip (its
+// first family's): a locally administered one made of its last 4 bytes (all
+// of an IPv4 address), so that an address keeps its MAC (the bridge after a
+// re-creation, a pod that gets a freed address) and stale entries in
+// neighbours' caches stay right.
 func derivedMAC(kind byte, ip netip.Addr) net.HardwareAddr {
-	a := ip.As4()
-	return net.HardwareAddr{0x02, kind, a[0], a[1], a[2], a[3]}
+	a := ip.As16()
+	return net.HardwareAddr{0x02, kind, a[12], a[13], a[14], a[15]}
+}
+
+// linkLocal is the IPv6 link-local address the kernel gives a link with
+// MAC mac (modified EUI-64, RFC 4291; the pod's eth0 is set to make it so).
+func linkLocal(mac net.HardwareAddr) netip.Addr {
+	return netip.AddrFrom16([16]byte{0: 0xfe, 1: 0x80,
+		8: mac[0] ^ 0x02, 9: mac[1], 10: mac[2], 11: 0xff, 12: 0xfe, 13: mac[3], 14: mac[4], 15: mac[5]})
 }
 
 // setSysctls turns on forwarding (pods reach beyond the bridge) and
@@ -149,16 +172,30 @@ func derivedMAC(kind byte, ip netip.Addr) net.HardwareAddr {
 // leaves through the bridge with a loopback source before masquerade), and
 // turns off router advertisements on the bridge: a pod must not give the
 // node IPv6 routes or addresses. On a node without IPv6 the last is moot.
+// With an IPv6 pod subnet, the bridge takes IPv6 (whatever the node's
+// default) and the node forwards IPv6; note that forwarding makes the
+// kernel ignore router advertisements on links whose accept_ra is 1, as on
+// every router.
 func (n *Network) setSysctls() error {
-	changed, err := applySysctls(
-		sysctl{"net/ipv4/ip_forward", "1"},
-		sysctl{"net/ipv4/conf/" + n.cfg.Bridge + "/route_localnet", "1"},
-		sysctl{"net/ipv6/conf/" + n.cfg.Bridge + "/accept_ra", "0"},
-	)
+	all := []sysctl{
+		{"net/ipv4/ip_forward", "1"},
+		{"net/ipv4/conf/" + n.cfg.Bridge + "/route_localnet", "1"},
+		{"net/ipv6/conf/" + n.cfg.Bridge + "/accept_ra", "0"},
+	}
+	if n.hasIPv6() {
+		all = append(all, sysctl{"net/ipv6/conf/" + n.cfg.Bridge + "/disable_ipv6", "0"},
+			sysctl{"net/ipv6/conf/all/forwarding", "1"})
+	}
+	changed, err := applySysctls(all...)
 	for _, s := range changed {
 		n.log.Info("set sysctl for the pod network", "sysctl", strings.ReplaceAll(s.key, "/", "."), "value", s.value)
 	}
 	return err
+}
+
+// hasIPv6 says whether pods get IPv6 addresses.
+func (n *Network) hasIPv6() bool {
+	return slices.ContainsFunc(n.subnets, func(p netip.Prefix) bool { return p.Addr().Is6() })
 }
 
 // sysctl is a key under /proc/sys and its value.

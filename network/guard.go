@@ -15,8 +15,10 @@ import (
 // traffic: it sends from its own MAC and address only (Ethernet, IPv4 and
 // ARP), no frames of other protocols (VLAN-tagged ones included), nothing
 // to the node's loopback, nothing to the IEEE link-local groups, and no
-// IPv6 router advertisements, redirects or neighbour advertisements (pods
-// are IPv4-only, but IPv6 link-local is up in every namespace).
+// IPv6 router advertisements, redirects or neighbour advertisements (a pod
+// without an IPv6 address still has IPv6 link-local up in its namespace);
+// a pod with an IPv6 address gets the IPv6 rules of ipv6.go instead of the
+// last.
 //
 // Every frame a pod sends meets its host veth's ingress hook before the
 // bridge decides anything, so a netdev-family chain per pod port, hooked
@@ -73,11 +75,6 @@ var (
 	// The IEEE 802.1D link-local groups: 01:80:c2:00:00:00 to :0f.
 	linkLocalGroups = net.HardwareAddr{0x01, 0x80, 0xc2, 0, 0, 0}
 	linkLocalMask   = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xf0}
-
-	// ICMPv6 types a pod must not send: router advertisements (they would
-	// give the node and other pods routes and addresses), neighbour
-	// advertisements (they would claim another's address) and redirects.
-	forbiddenICMPv6 = []byte{134, 136, 137}
 )
 
 func (n *Network) guardTable() *nftables.Table {
@@ -104,7 +101,7 @@ func (n *Network) queueGuard(c *nftables.Conn, l *lease) {
 // written before berth pinned MACs has none: its pod keeps its MAC, free,
 // until it is re-created.
 func forbidden(l *lease) [][]expr.Any {
-	ip, mac := l.IP.AsSlice(), net.HardwareAddr(l.MAC)
+	mac := net.HardwareAddr(l.MAC)
 	var rules [][]expr.Any
 	if mac != nil {
 		rules = append(rules, []expr.Any{ether(etherSrc, len(mac)), compare(expr.CmpOpNeq, mac)})
@@ -114,6 +111,13 @@ func forbidden(l *lease) [][]expr.Any {
 			&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: uint32(len(linkLocalMask)), Mask: linkLocalMask, Xor: make([]byte, len(linkLocalMask))},
 			compare(expr.CmpOpEq, linkLocalGroups)},
 		[]expr.Any{ether(etherType, 2), compare(expr.CmpOpNeq, proto(unix.ETH_P_IP)), compare(expr.CmpOpNeq, proto(unix.ETH_P_ARP)), compare(expr.CmpOpNeq, proto(unix.ETH_P_IPV6))},
+	)
+	ip4, ok := l.addr4()
+	if !ok { // an IPv6-only pod sends no IPv4 and no ARP at all
+		return append(append(rules, ofType(unix.ETH_P_IP), ofType(unix.ETH_P_ARP)), forbiddenIPv6(l)...)
+	}
+	ip := ip4.AsSlice()
+	rules = append(rules,
 		concat(ofType(unix.ETH_P_IP), []expr.Any{netHeader(ipv4SourceOffset, len(ip)), compare(expr.CmpOpNeq, ip)}),
 		concat(ofType(unix.ETH_P_IP), addrIn(ipv4DestOffset, loopback, expr.CmpOpEq)),
 		concat(ofType(unix.ETH_P_ARP), []expr.Any{netHeader(arpSenderIP, len(ip)), compare(expr.CmpOpNeq, ip)}),
@@ -121,15 +125,7 @@ func forbidden(l *lease) [][]expr.Any {
 	if mac != nil {
 		rules = append(rules, concat(ofType(unix.ETH_P_ARP), []expr.Any{netHeader(arpSenderMAC, len(mac)), compare(expr.CmpOpNeq, mac)}))
 	}
-	for _, typ := range forbiddenICMPv6 {
-		rules = append(rules, concat(ofType(unix.ETH_P_IPV6), []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r0},
-			compare(expr.CmpOpEq, []byte{unix.IPPROTO_ICMPV6}),
-			&expr.Payload{DestRegister: r0, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
-			compare(expr.CmpOpEq, []byte{typ}),
-		}))
-	}
-	return rules
+	return append(rules, forbiddenIPv6(l)...)
 }
 
 // ether loads length bytes of the Ethernet header at offset into r0. A

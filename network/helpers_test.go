@@ -85,7 +85,7 @@ func cleanupNet(tb testing.TB, cfg Config) {
 		}
 	}
 	if c, err := nftables.New(); err == nil {
-		for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyNetdev} {
+		for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6, nftables.TableFamilyNetdev} {
 			t := &nftables.Table{Name: cfg.TableName, Family: f}
 			c.AddTable(t)
 			c.DelTable(t)
@@ -127,10 +127,11 @@ func serve(tb testing.TB, pin, name string, port int) {
 	var ln net.Listener
 	var pc net.PacketConn
 	err := podns.DoInNetNS(pin, func() (err error) {
-		if ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); err != nil {
+		// Both families: IPv4 only on an IPv4-only pod network.
+		if ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); err != nil {
 			return err
 		}
-		pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+		pc, err = net.ListenPacket("udp", fmt.Sprintf(":%d", port))
 		return err
 	})
 	if err != nil {
@@ -159,7 +160,7 @@ func serve(tb testing.TB, pin, name string, port int) {
 	}()
 }
 
-// get connects to addr over network (tcp4 or udp4), from the pod pinned
+// get connects to addr over network (tcp4, udp4, tcp6 or udp6), from the pod pinned
 // at pin or from the host when pin is "", and returns the answer.
 func get(pin, network, addr string) (string, error) {
 	var c net.Conn
@@ -178,7 +179,7 @@ func get(pin, network, addr string) (string, error) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if network == "udp4" {
+	if strings.HasPrefix(network, "udp") {
 		if _, err := c.Write([]byte("hi")); err != nil {
 			return "", err
 		}
@@ -207,15 +208,17 @@ func (e *testEnv) elementsOf(tb testing.TB, pod string) int {
 		tb.Fatal(err)
 	}
 	count := 0
-	anyIP, oneIP := e.portMaps()
-	for _, s := range []*nftables.Set{anyIP, oneIP} {
-		els, err := c.GetSetElements(s)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		for _, el := range els {
-			if el.Comment == pod {
-				count++
+	for _, f := range e.portFamilies() {
+		anyIP, oneIP := e.portMaps(f)
+		for _, s := range []*nftables.Set{anyIP, oneIP} {
+			els, err := c.GetSetElements(s)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			for _, el := range els {
+				if el.Comment == pod {
+					count++
+				}
 			}
 		}
 	}

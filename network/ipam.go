@@ -11,6 +11,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,11 +21,22 @@ import (
 // <StateDir>/leases/<podID>. The files are the only record: they survive a
 // restart of berthd, and Setup rebuilds the port rules from them.
 type lease struct {
-	Pod   string        `json:"pod"`
-	IP    netip.Addr    `json:"ip"`
-	MAC   macAddr       `json:"mac,omitempty"` // the pod's eth0's, the only source its port lets through; none in leases of older berthds
-	Veth  string        `json:"veth"`
-	Ports []PortMapping `json:"ports,omitempty"`
+	Pod string     `json:"pod"`
+	IP  netip.Addr `json:"ip"` // in the first subnet
+	// AdditionalIPs are the pod's addresses in the other subnets (other
+	// families), in their order.
+	AdditionalIPs []netip.Addr  `json:"additionalIPs,omitempty"`
+	MAC           macAddr       `json:"mac,omitempty"` // the pod's eth0's, the only source its port lets through; none in leases of older berthds
+	Veth          string        `json:"veth"`
+	Ports         []PortMapping `json:"ports,omitempty"`
+}
+
+// addrs are all the pod's addresses, its IP first.
+func (l *lease) addrs() []netip.Addr {
+	if !l.IP.IsValid() {
+		return nil
+	}
+	return append([]netip.Addr{l.IP}, l.AdditionalIPs...)
 }
 
 // macAddr is a MAC address written as text ("02:70:0a:59:00:02").
@@ -38,24 +52,29 @@ func (m *macAddr) UnmarshalText(b []byte) error {
 
 var errNoLease = errors.New("no lease")
 
-// leaseStore is a host-local IPAM. Changes hold an flock on <StateDir>/lock
-// (other processes) and mu (other goroutines, and the race detector, which
-// cannot see flock), and read every lease from disk, so there is no cache
-// to go stale.
+// leaseStore keeps the leases: host-local IPAM whose allocation is the CNI
+// host-local plugin's allocator (round robin over each subnet, gateway
+// skipped) and whose only record is berth's lease files, one per pod with
+// all its addresses, replaced whole by a rename: a crash leaves a pod with
+// every address or none, and no second record to drift. Changes hold an
+// flock on <StateDir>/lock (other processes) and mu (other goroutines, and
+// the race detector, which cannot see flock), and read every lease from
+// disk, so there is no cache to go stale.
 type leaseStore struct {
-	dir    string
-	lock   string
-	subnet netip.Prefix
+	stateDir string
+	dir      string
+	lock     string
+	subnets  []netip.Prefix // a pod gets one address in each, the first one's is its IP
 
-	mu   sync.Mutex
-	next netip.Addr // where the next search starts, so freed addresses are reused last
+	mu sync.Mutex
 }
 
-func newLeaseStore(stateDir string, subnet netip.Prefix) *leaseStore {
+func newLeaseStore(stateDir string, subnets []netip.Prefix) *leaseStore {
 	return &leaseStore{
-		dir:    filepath.Join(stateDir, "leases"),
-		lock:   filepath.Join(stateDir, "lock"),
-		subnet: subnet,
+		stateDir: stateDir,
+		dir:      filepath.Join(stateDir, "leases"),
+		lock:     filepath.Join(stateDir, "lock"),
+		subnets:  subnets,
 	}
 }
 
@@ -76,8 +95,8 @@ func (s *leaseStore) locked(f func() error) error {
 	return f()
 }
 
-// reserve leases a free address to pod, after checking that its host
-// ports are free.
+// reserve leases pod an address in each subnet, after checking that its
+// host ports are free.
 func (s *leaseStore) reserve(pod, veth string, ports []PortMapping) (*lease, error) {
 	var l *lease
 	err := s.locked(func() error {
@@ -91,59 +110,139 @@ func (s *leaseStore) reserve(pod, veth string, ports []PortMapping) (*lease, err
 		if err := portConflicts(ports, all); err != nil {
 			return err
 		}
-		used := make(map[netip.Addr]bool, len(all))
-		for _, o := range all {
-			used[o.IP] = true
+		txn := &allocation{store: s, lease: &lease{Pod: pod, Veth: veth, Ports: ports}, used: usedAddrs(all), last: map[string]netip.Addr{}}
+		for i, subnet := range s.subnets {
+			if err := txn.allocate(i, subnet); err != nil {
+				return fmt.Errorf("%w in %s (%d pods hold one)", err, subnet, len(all))
+			}
 		}
-		ip, ok := s.free(used)
-		if !ok {
-			return fmt.Errorf("%w in %s (%d pods hold one)", ErrNoAddress, s.subnet, len(all))
-		}
-		l = &lease{Pod: pod, IP: ip, MAC: macAddr(derivedMAC(podMACKind, ip)), Veth: veth, Ports: ports}
+		l = txn.lease
+		l.MAC = macAddr(derivedMAC(podMACKind, l.IP))
 		if err := s.write(l); err != nil {
 			return err
 		}
-		s.next = ip.Next()
-		return nil
+		return txn.saveLast()
 	})
 	return l, err
 }
 
-// free finds an unused address after the last one handed out, skipping the
-// network, gateway and broadcast addresses.
-func (s *leaseStore) free(used map[netip.Addr]bool) (netip.Addr, bool) {
-	first := s.subnet.Addr().Next().Next()
-	last := broadcast(s.subnet).Prev()
-	start := s.next
-	if !start.IsValid() || !s.subnet.Contains(start) || start.Less(first) || last.Less(start) {
-		start = first
-		// After a restart, continue after the highest address in use.
-		for ip := range used {
-			if s.subnet.Contains(ip) && !ip.Less(start) && ip.Less(last) {
-				start = ip.Next()
-			}
+func usedAddrs(all map[string]*lease) map[netip.Addr]bool {
+	used := make(map[netip.Addr]bool, len(all))
+	for _, l := range all {
+		for _, ip := range l.addrs() {
+			used[ip] = true
 		}
 	}
-	ip := start
-	for {
-		if !used[ip] {
-			return ip, true
-		}
-		if ip = ip.Next(); last.Less(ip) {
-			ip = first
-		}
-		if ip == start {
-			return netip.Addr{}, false
-		}
-	}
+	return used
 }
 
-func broadcast(p netip.Prefix) netip.Addr {
-	a := p.Addr().As4()
-	for i := p.Bits(); i < 32; i++ {
-		a[i/8] |= 0x80 >> (i % 8)
+// allocation is one reserve's view of the store for the host-local
+// allocator (its backend.Store): the addresses in use when it began, and
+// the lease it fills. It lives inside leaseStore.locked, so its Lock and
+// Unlock, which the allocator calls, have nothing left to do, and it
+// writes nothing until reserve has every address.
+type allocation struct {
+	store *leaseStore
+	lease *lease
+	used  map[netip.Addr]bool
+	last  map[string]netip.Addr // by range ID, to save once the lease is written
+	err   error                 // the store's own failure, told apart from exhaustion
+}
+
+var _ backend.Store = (*allocation)(nil)
+
+// allocate gives the lease a free address of subnet, the rangeID-th one;
+// an error that is not the store's own is ErrNoAddress.
+func (a *allocation) allocate(rangeID int, subnet netip.Prefix) error {
+	rs := allocator.RangeSet{{Subnet: types.IPNet(*prefixIPNet(subnet))}}
+	if err := rs.Canonicalize(); err != nil {
+		return err
 	}
-	return netip.AddrFrom4(a)
+	_, err := allocator.NewIPAllocator(&rs, a, rangeID).Get(a.lease.Pod, podIfName, nil)
+	if a.err != nil {
+		return a.err
+	}
+	if err != nil {
+		return ErrNoAddress
+	}
+	return nil
+}
+
+func (a *allocation) Lock() error   { return nil }
+func (a *allocation) Unlock() error { return nil }
+func (a *allocation) Close() error  { return nil }
+
+// Reserve takes ip for the lease unless a pod holds it.
+func (a *allocation) Reserve(_, _ string, ip net.IP, rangeID string) (bool, error) {
+	addr, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		a.err = fmt.Errorf("network: allocator returned a bad address %v", ip)
+		return false, a.err
+	}
+	addr = addr.Unmap()
+	if a.used[addr] {
+		return false, nil
+	}
+	a.used[addr] = true
+	if !a.lease.IP.IsValid() {
+		a.lease.IP = addr
+	} else {
+		a.lease.AdditionalIPs = append(a.lease.AdditionalIPs, addr)
+	}
+	a.last[rangeID] = addr
+	return true, nil
+}
+
+// LastReservedIP is where the allocator's round robin resumes, so freed
+// addresses are reused last, across restarts too.
+func (a *allocation) LastReservedIP(rangeID string) (net.IP, error) {
+	b, err := os.ReadFile(a.store.lastFile(rangeID))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	addr, err := netip.ParseAddr(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, nil // a torn write: start at the beginning of the range
+	}
+	return net.IP(addr.AsSlice()), nil
+}
+
+// GetByID returns what this reserve has taken so far: reserve has checked
+// that the pod holds no other lease.
+func (a *allocation) GetByID(_, _ string) []net.IP {
+	var ips []net.IP
+	for _, ip := range a.lease.addrs() {
+		ips = append(ips, net.IP(ip.AsSlice()))
+	}
+	return ips
+}
+
+// ReleaseByID is never called: a pod's addresses go with its lease file
+// (leaseStore.release).
+func (a *allocation) ReleaseByID(_, _ string) error {
+	return errors.New("network: addresses are released with their lease")
+}
+
+// saveLast records where each range's round robin stopped. Like the
+// leases, without fsync: losing it only restarts the round robin.
+func (a *allocation) saveLast() error {
+	for rangeID, ip := range a.last {
+		if err := writeFileAtomic(a.store.lastFile(rangeID), []byte(ip.String()+"\n")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *leaseStore) lastFile(rangeID string) string {
+	return filepath.Join(s.stateDir, "last-reserved-ip."+rangeID)
+}
+
+func prefixIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 func (s *leaseStore) release(pod string) error {
@@ -212,13 +311,19 @@ func (s *leaseStore) write(l *lease) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.dir, "."+l.Pod+".tmp")
+	return writeFileAtomic(filepath.Join(s.dir, l.Pod), b)
+}
+
+// writeFileAtomic replaces path whole through a temp file (a dot file,
+// which read skips) and a rename.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("network: write lease: %w", err)
+		return fmt.Errorf("network: write %s: %w", path, err)
 	}
-	if err := os.Rename(tmp, filepath.Join(s.dir, l.Pod)); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("network: write lease: %w", err)
+		return fmt.Errorf("network: write %s: %w", path, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,12 +27,13 @@ var (
 type Config struct {
 	Bridge     string // default "berth0"
 	Subnet     string // IPv4 pod subnet, default "10.89.0.0/16"; the first host address is the gateway
+	Subnet6    string // IPv6 pod subnet, none by default: pods get IPv6 only with one (or a pod CIDR with one)
 	MTU        int    // default 1500
 	Masquerade bool   // NAT egress from the pod subnet to anywhere else
 	StateDir   string // lease files; required (e.g. /var/lib/berth/network)
 	TableName  string // nftables table (family ip), default "berth"
-	// SubnetFixed says the operator chose Subnet: the kubelet's pod CIDR
-	// (SetPodCIDR) does not replace it.
+	// SubnetFixed says the operator chose Subnet or Subnet6: the kubelet's
+	// pod CIDR (SetPodCIDR) does not replace them.
 	SubnetFixed bool
 }
 
@@ -58,9 +60,9 @@ type PortMapping struct {
 
 // Attachment is a pod's place on the network.
 type Attachment struct {
-	IP            net.IP        // the pod's address: its first IPv4 one when it has any
-	AdditionalIPs []net.IP      // any other addresses (CNI results may have several, IPv6)
-	Gateway       net.IP        // nil when unknown
+	IP            net.IP        // the pod's address: its first IPv4 one when it has any (CNI), in the pod CIDR's first family (built-in)
+	AdditionalIPs []net.IP      // any other addresses (CNI results may have several, IPv6; the built-in network's other family)
+	Gateway       net.IP        // IP's gateway; nil when unknown
 	HostVeth      string        // empty when unknown (CNI)
 	Ports         []PortMapping // the host port mappings in effect, normalized
 }
@@ -70,8 +72,7 @@ type Attachment struct {
 type Network struct {
 	cfg     Config
 	log     *slog.Logger
-	subnet  netip.Prefix
-	gateway netip.Addr
+	subnets []netip.Prefix // one per family, the pod CIDR's order; each one's first host address is its gateway
 	leases  *leaseStore
 
 	// Setup and Reconcile rebuild the nftables maps from the lease files,
@@ -118,19 +119,9 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
 		return nil, fmt.Errorf("network: state dir %q must be an absolute path", cfg.StateDir)
 	}
-	subnet, err := netip.ParsePrefix(cfg.Subnet)
+	subnets, err := configuredSubnets(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("network: subnet: %w", err)
-	}
-	if !subnet.Addr().Is4() {
-		return nil, fmt.Errorf("network: subnet %s: only IPv4 is supported", subnet)
-	}
-	if subnet != subnet.Masked() {
-		return nil, fmt.Errorf("network: subnet %s is not a network address (%s?)", subnet, subnet.Masked())
-	}
-	// Network, gateway, at least one pod, broadcast.
-	if subnet.Bits() > 30 {
-		return nil, fmt.Errorf("network: subnet %s is too small (at most /30)", subnet)
+		return nil, err
 	}
 	if !cfg.SubnetFixed {
 		saved, err := LoadPodCIDR(cfg.StateDir)
@@ -138,22 +129,50 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 			return nil, err
 		}
 		if saved != "" {
-			if subnet, err = ParsePodCIDR(saved); err != nil {
+			if subnets, err = ParsePodCIDR(saved); err != nil {
 				return nil, err
 			}
 		}
 	}
 	n := &Network{cfg: cfg, log: log, notReady: "network not set up yet"}
-	n.useSubnet(subnet)
+	n.useSubnets(subnets)
 	return n, nil
 }
 
-// useSubnet makes subnet the one pods get addresses from; its first host
-// address is the gateway.
-func (n *Network) useSubnet(subnet netip.Prefix) {
-	n.subnet, n.gateway = subnet, subnet.Addr().Next()
-	n.leases = newLeaseStore(n.cfg.StateDir, subnet)
+// configuredSubnets are Subnet (IPv4) and Subnet6 (IPv6, if any).
+func configuredSubnets(cfg Config) ([]netip.Prefix, error) {
+	var subnets []netip.Prefix
+	for _, c := range []struct {
+		s, family string
+		is4       bool
+	}{{cfg.Subnet, "IPv4", true}, {cfg.Subnet6, "IPv6", false}} {
+		if c.s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c.s)
+		if err == nil && p.Addr().Is4() != c.is4 {
+			err = fmt.Errorf("not an %s network", c.family)
+		}
+		if err == nil {
+			err = checkSubnet(p)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("network: subnet %s: %w", c.s, err)
+		}
+		subnets = append(subnets, p)
+	}
+	return subnets, nil
 }
+
+// useSubnets makes subnets the ones pods get addresses from.
+func (n *Network) useSubnets(subnets []netip.Prefix) {
+	n.subnets = subnets
+	n.leases = newLeaseStore(n.cfg.StateDir, subnets)
+}
+
+// gatewayOf is the gateway of a pod subnet, its first host address, which
+// the bridge holds.
+func gatewayOf(subnet netip.Prefix) netip.Addr { return subnet.Addr().Next() }
 
 // SetPodCIDR makes the kubelet's pod CIDR the subnet of new pods, kept across
 // restarts. A subnet set in the configuration wins (the conflict is logged
@@ -168,13 +187,13 @@ func (n *Network) SetPodCIDR(cidr string) error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if p == n.subnet {
+	if slices.Equal(p, n.subnets) {
 		return nil
 	}
 	if n.cfg.SubnetFixed {
 		n.fixedLogged.Do(func() {
-			n.log.Warn("the kubelet's pod CIDR is not used: network.subnet is set in the configuration",
-				"podCIDR", p, "subnet", n.subnet)
+			n.log.Warn("the kubelet's pod CIDR is not used: network.subnet or subnet6 is set in the configuration",
+				"podCIDR", cidr, "subnets", n.subnets)
 		})
 		return nil
 	}
@@ -183,17 +202,17 @@ func (n *Network) SetPodCIDR(cidr string) error {
 		return err
 	}
 	if len(all) > 0 {
-		return fmt.Errorf("%w: %d pods have addresses in %s; pod CIDR %s applies once they are gone",
-			ErrSubnetInUse, len(all), n.subnet, p)
+		return fmt.Errorf("%w: %d pods have addresses in %v; pod CIDR %s applies once they are gone",
+			ErrSubnetInUse, len(all), n.subnets, cidr)
 	}
-	if err := SavePodCIDR(n.cfg.StateDir, p.String()); err != nil {
+	if err := SavePodCIDR(n.cfg.StateDir, cidr); err != nil {
 		return err
 	}
-	if err := n.dropGateway(); err != nil {
+	if err := n.dropGateways(); err != nil {
 		return err
 	}
-	n.log.Info("pod subnet set from the kubelet's pod CIDR", "subnet", p, "was", n.subnet)
-	n.useSubnet(p)
+	n.log.Info("pod subnets set from the kubelet's pod CIDR", "subnets", p, "was", n.subnets)
+	n.useSubnets(p)
 	return n.setupLocked()
 }
 
@@ -233,7 +252,7 @@ func (n *Network) setup() error {
 	if err := reattach(br, all); err != nil {
 		return err
 	}
-	if err := n.writeTable(all); err != nil {
+	if err := n.writeTables(all); err != nil {
 		return err
 	}
 	return n.writeGuard(all)
@@ -286,6 +305,9 @@ func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, por
 	}
 	n.mu.RLock()
 	defer n.mu.RUnlock()
+	if err := n.checkHostIPs(ports); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 
 	l, err := n.leases.reserve(podID, vethName(podID), ports)
@@ -310,6 +332,22 @@ func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, por
 	}
 	n.log.Debug("pod attached", "pod", podID, "ip", l.IP, "veth", l.Veth, "ports", len(l.Ports), "took", time.Since(start))
 	return n.attachment(l), nil
+}
+
+// checkHostIPs refuses a host port on an address of a family the pods do
+// not have: it would have no rule.
+func (n *Network) checkHostIPs(ports []PortMapping) error {
+	for _, p := range ports {
+		if p.HostIP == "" {
+			continue
+		}
+		ip := netip.MustParseAddr(p.HostIP) // normalizePorts checked it
+		if _, ok := n.subnetOf4or6(ip.Is4()); !ok {
+			return errkind.Errorf(errkind.FailedPrecondition, "network: port_mappings host_ip %s (host_port %d): pods on this node have no address of its family (pod subnets %v)",
+				p.HostIP, p.HostPort, n.subnets)
+		}
+	}
+	return nil
 }
 
 // Detach undoes Attach. It is idempotent and needs neither the namespace
@@ -434,12 +472,28 @@ func (n *Network) Lookup(podID string) (*Attachment, bool) {
 }
 
 func (n *Network) attachment(l *lease) *Attachment {
-	return &Attachment{
+	a := &Attachment{
 		IP:       net.IP(l.IP.AsSlice()),
-		Gateway:  net.IP(n.gateway.AsSlice()),
 		HostVeth: l.Veth,
 		Ports:    append([]PortMapping(nil), l.Ports...),
 	}
+	for _, ip := range l.AdditionalIPs {
+		a.AdditionalIPs = append(a.AdditionalIPs, net.IP(ip.AsSlice()))
+	}
+	if subnet, ok := n.subnetOf(l.IP); ok {
+		a.Gateway = net.IP(gatewayOf(subnet).AsSlice())
+	}
+	return a
+}
+
+// subnetOf is the pod subnet that holds ip.
+func (n *Network) subnetOf(ip netip.Addr) (netip.Prefix, bool) {
+	for _, s := range n.subnets {
+		if s.Contains(ip) {
+			return s, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // checkPodID keeps pod IDs usable as file names.

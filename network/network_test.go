@@ -282,7 +282,7 @@ func TestLoopbackProtected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	input := &nftables.Chain{Name: "input", Table: e.table()}
+	input := &nftables.Chain{Name: "input", Table: e.table(ipv4)}
 	guard := &nftables.Chain{Name: a.HostVeth, Table: e.guardTable()}
 	flush := func(chains ...*nftables.Chain) {
 		t.Helper()
@@ -577,7 +577,7 @@ func TestExhaustion(t *testing.T) {
 		t.Fatalf("6th pod in a /29: err = %v, want %q", err, want)
 	}
 	e.assertGone(t, id)
-	base := strings.TrimSuffix(e.subnet.Addr().String(), "0")
+	base := strings.TrimSuffix(e.subnets[0].Addr().String(), "0")
 	for i, ip := range ips {
 		if want := fmt.Sprint(base, i+2); ip != want {
 			t.Errorf("pod %d got %s, want %s", i, ip, want)
@@ -679,7 +679,7 @@ func TestSetupIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	addrs, _ := netlink.AddrList(br, netlink.FAMILY_V4)
-	if len(addrs) != 1 || addrs[0].IPNet.String() != e.gateway.String()+"/24" {
+	if len(addrs) != 1 || addrs[0].IPNet.String() != gatewayOf(e.subnets[0]).String()+"/24" {
 		t.Errorf("bridge addresses %v", addrs)
 	}
 	b, _ := os.ReadFile("/proc/sys/net/ipv4/conf/" + e.cfg.Bridge + "/route_localnet")
@@ -691,7 +691,7 @@ func TestSetupIdempotent(t *testing.T) {
 	_, pinA, a := e.attach(t)
 	serve(t, pinA, "A", 8080)
 	// The bridge keeps its own MAC with ports on it.
-	gw := e.gateway.As4()
+	gw := gatewayOf(e.subnets[0]).As4()
 	if br, _ := netlink.LinkByName(e.cfg.Bridge); !slices.Equal(br.Attrs().HardwareAddr, net.HardwareAddr{2, 0x62, gw[0], gw[1], gw[2], gw[3]}) {
 		t.Errorf("bridge MAC %s", br.Attrs().HardwareAddr)
 	}
@@ -723,6 +723,9 @@ func TestNewValidates(t *testing.T) {
 		{func(c *Config) { c.Subnet = "fd00::/64" }, "IPv4"},
 		{func(c *Config) { c.Subnet = "10.0.0.0/31" }, "too small"},
 		{func(c *Config) { c.Subnet = "nope" }, "subnet"},
+		{func(c *Config) { c.Subnet6 = "10.90.0.0/16" }, "IPv6"},
+		{func(c *Config) { c.Subnet6 = "fd00::1/64" }, "not a network address"},
+		{func(c *Config) { c.Subnet6 = "fd00::/127" }, "too small"},
 		{func(c *Config) { c.Bridge = "a-very-long-bridge-name" }, "bridge name"},
 		{func(c *Config) { c.Bridge = "br 0" }, "bridge name"},
 		{func(c *Config) { c.TableName = "a;b" }, "table name"},
@@ -743,10 +746,12 @@ func TestNormalizePorts(t *testing.T) {
 		{Protocol: "", ContainerPort: 80, HostPort: 8080}, // same once normalized
 		{Protocol: "udp", ContainerPort: 53, HostPort: 0}, // no host port
 		{Protocol: "Sctp", ContainerPort: 9, HostPort: 9, HostIP: "::ffff:127.0.0.1"},
+		{Protocol: "udp", ContainerPort: 9, HostPort: 9, HostIP: "FD00:0::1"},
 	})
 	want := []PortMapping{
 		{Protocol: "tcp", ContainerPort: 80, HostPort: 8080},
 		{Protocol: "sctp", ContainerPort: 9, HostPort: 9, HostIP: "127.0.0.1"},
+		{Protocol: "udp", ContainerPort: 9, HostPort: 9, HostIP: "fd00::1"},
 	}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("normalizePorts = %+v, %v; want %+v", got, err, want)
@@ -755,7 +760,7 @@ func TestNormalizePorts(t *testing.T) {
 		{Protocol: "icmp", ContainerPort: 1, HostPort: 1},
 		{ContainerPort: 0, HostPort: 1},
 		{ContainerPort: 1, HostPort: 70000},
-		{ContainerPort: 1, HostPort: 1, HostIP: "fd00::1"},
+		{ContainerPort: 1, HostPort: 1, HostIP: "fe80::1%eth0"},
 		{ContainerPort: 1, HostPort: 1, HostIP: "localhost"},
 	} {
 		if _, err := normalizePorts([]PortMapping{bad}); err == nil {

@@ -19,24 +19,44 @@ var (
 	podCIDRFileName = "pod-cidr"
 )
 
-// ParsePodCIDR reads the kubelet's pod CIDR ("10.244.1.0/24", or a
-// comma-separated list on a dual-stack node): its IPv4 range, which must be
-// a network address with room for a gateway and pods.
-func ParsePodCIDR(s string) (netip.Prefix, error) {
+// ParsePodCIDR reads the kubelet's pod CIDR ("10.244.1.0/24", or on a
+// dual-stack node a comma-separated list such as
+// "10.244.1.0/24,fd00:10:244:1::/64"): one range per family, in its order
+// (the first family's address is the pod's IP), each a network address
+// with room for a gateway and pods.
+func ParsePodCIDR(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
 	for _, part := range strings.Split(s, ",") {
 		p, err := netip.ParsePrefix(strings.TrimSpace(part))
 		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("%w %q: %v", ErrBadPodCIDR, s, err)
+			return nil, fmt.Errorf("%w %q: %v", ErrBadPodCIDR, s, err)
 		}
-		if !p.Addr().Is4() {
-			continue
+		if err := checkSubnet(p); err != nil {
+			return nil, fmt.Errorf("%w %q: %v", ErrBadPodCIDR, s, err)
 		}
-		if p != p.Masked() || p.Bits() > 30 {
-			return netip.Prefix{}, fmt.Errorf("%w %q: %s is not an IPv4 network of at most /30", ErrBadPodCIDR, s, p)
+		for _, q := range out {
+			if q.Addr().Is4() == p.Addr().Is4() {
+				return nil, fmt.Errorf("%w %q: two ranges of one family (%s, %s)", ErrBadPodCIDR, s, q, p)
+			}
 		}
-		return p, nil
+		out = append(out, p)
 	}
-	return netip.Prefix{}, fmt.Errorf("%w %q: no IPv4 range (only IPv4 pod networks are supported)", ErrBadPodCIDR, s)
+	return out, nil
+}
+
+// checkSubnet accepts a pod subnet: a network address with room for the
+// network address, the gateway, a pod and (IPv4) the broadcast address.
+func checkSubnet(p netip.Prefix) error {
+	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+		return fmt.Errorf("%s is not a plain IPv4 or IPv6 network", p)
+	}
+	if p != p.Masked() {
+		return fmt.Errorf("%s is not a network address (%s?)", p, p.Masked())
+	}
+	if p.Bits() > p.Addr().BitLen()-2 {
+		return fmt.Errorf("%s is too small (at most /%d)", p, p.Addr().BitLen()-2)
+	}
+	return nil
 }
 
 // SavePodCIDR keeps the kubelet's pod CIDR in dir across restarts (the

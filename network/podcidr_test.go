@@ -2,6 +2,7 @@ package network
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -12,14 +13,16 @@ import (
 
 func TestParsePodCIDR(t *testing.T) {
 	for in, want := range map[string]string{
-		"10.244.1.0/24":              "10.244.1.0/24",
-		"fd00:1::/64, 10.244.2.0/24": "10.244.2.0/24",
+		"10.244.1.0/24":              "[10.244.1.0/24]",
+		"fd00:1::/64, 10.244.2.0/24": "[fd00:1::/64 10.244.2.0/24]", // the kubelet's order: the pod IP is IPv6
+		"10.244.2.0/24,fd00:1::/64":  "[10.244.2.0/24 fd00:1::/64]",
+		"fd00::/64":                  "[fd00::/64]",
 	} {
-		if p, err := ParsePodCIDR(in); err != nil || p.String() != want {
+		if p, err := ParsePodCIDR(in); err != nil || fmt.Sprint(p) != want {
 			t.Errorf("ParsePodCIDR(%q) = %v, %v; want %s", in, p, err, want)
 		}
 	}
-	for _, in := range []string{"", "10.244.1.1/24", "10.244.1.0/31", "fd00::/64", "ten"} {
+	for _, in := range []string{"", "10.244.1.1/24", "10.244.1.0/31", "fd00::1/64", "fd00::/127", "10.1.0.0/16,10.2.0.0/16", "fd00::/64,fd01::/64", "::ffff:10.0.0.0/120", "ten"} {
 		if _, err := ParsePodCIDR(in); !errors.Is(err, ErrBadPodCIDR) {
 			t.Errorf("ParsePodCIDR(%q) = %v, want ErrBadPodCIDR", in, err)
 		}
@@ -34,7 +37,7 @@ func TestSetPodCIDR(t *testing.T) {
 	if err := e.Setup(); err != nil {
 		t.Fatal(err)
 	}
-	old := e.subnet
+	old := e.subnets[0]
 	// 10.198.x.0/24 beside the test's 10.199.x.0/24: no other test uses it.
 	cidr := netip.MustParsePrefix("10.198." + strings.Split(old.Addr().String(), ".")[2] + ".0/24")
 
@@ -66,24 +69,24 @@ func TestSetPodCIDR(t *testing.T) {
 
 	// A restart keeps it; a configured subnet wins over it.
 	n2, err := New(e.cfg, e.log)
-	if err != nil || n2.subnet != cidr {
-		t.Errorf("after restart: subnet %v, %v; want %s", n2.subnet, err, cidr)
+	if err != nil || n2.subnets[0] != cidr {
+		t.Errorf("after restart: subnet %v, %v; want %s", n2.subnets[0], err, cidr)
 	}
 	fixed := e.cfg
 	fixed.SubnetFixed = true
 	n3, err := New(fixed, e.log)
-	if err != nil || n3.subnet != old {
-		t.Fatalf("configured subnet: %v, %v; want %s", n3.subnet, err, old)
+	if err != nil || n3.subnets[0] != old {
+		t.Fatalf("configured subnet: %v, %v; want %s", n3.subnets[0], err, old)
 	}
-	if err := n3.SetPodCIDR("10.197.0.0/24"); err != nil || n3.subnet != old {
-		t.Errorf("SetPodCIDR over a configured subnet = %v, subnet %s; want nil and %s kept", err, n3.subnet, old)
+	if err := n3.SetPodCIDR("10.197.0.0/24"); err != nil || n3.subnets[0] != old {
+		t.Errorf("SetPodCIDR over a configured subnet = %v, subnet %s; want nil and %s kept", err, n3.subnets[0], old)
 	}
 }
 
 func TestPodInterfaceStats(t *testing.T) {
 	e := newEnv(t, 24)
 	_, pin, a := e.attach(t)
-	if err := ping(pin, e.gateway.String()); err != nil {
+	if err := ping(pin, gatewayOf(e.subnets[0]).String()); err != nil {
 		t.Fatal(err)
 	}
 	stats, err := PodInterfaceStats(pin)

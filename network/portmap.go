@@ -34,6 +34,14 @@ import (
 //		}
 //	}
 //
+// With an IPv6 pod subnet, table ip6 berth has the same maps (of IPv6
+// addresses), chains and hairpin masquerade, the egress masquerade of the
+// IPv6 subnet (ff00::/8 left alone), and neither the 127.0.0.0/8 rules nor
+// an equivalent: IPv6 has no route_localnet, so [::1]:hostPort is not
+// translated (`ip6 daddr != ::1` before the fib rule) and a pod's packets to
+// ::1 are dropped by its guard. A mapping without host_ip gets an element
+// in each family's map the pod has an address in.
+//
 // A host port is one map element (commented with the pod ID), so Attach and
 // Detach add and delete elements in one transaction and never touch rules,
 // and a lookup costs the same for 1 or 1000 mappings. The lease files are
@@ -49,19 +57,45 @@ const (
 	chainHost = "hostports"
 )
 
+// ipFamily is what the host port rules of one address family need: its
+// table (ip or ip6), the layout of its header and its special ranges.
+type ipFamily struct {
+	name      string
+	table     nftables.TableFamily
+	nfproto   byte
+	addrType  nftables.SetDatatype
+	addrLen   int
+	srcOffset uint32
+	dstOffset uint32
+	multicast netip.Prefix
+	loopback  netip.Prefix
+	is4       bool
+	keyAnyIP  nftables.SetDatatype
+	keyOneIP  nftables.SetDatatype
+	valDest   nftables.SetDatatype
+	addrRegs  uint32 // 32-bit registers an address takes
+}
+
 var (
-	keyAnyIP = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-	keyOneIP = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
-	valDest  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+	ipv4 = newIPFamily("ip", nftables.TableFamilyIPv4, unix.NFPROTO_IPV4, nftables.TypeIPAddr, 4, ipv4SourceOffset, ipv4DestOffset, multicast, loopback)
+	ipv6 = newIPFamily("ip6", nftables.TableFamilyIPv6, unix.NFPROTO_IPV6, nftables.TypeIP6Addr, 16, ipv6SourceOff, ipv6DestOffset,
+		netip.MustParsePrefix("ff00::/8"), netip.PrefixFrom(netip.IPv6Loopback(), 128))
 )
+
+func newIPFamily(name string, table nftables.TableFamily, nfproto byte, addrType nftables.SetDatatype, addrLen int, src, dst uint32, mcast, lo netip.Prefix) ipFamily {
+	return ipFamily{name: name, table: table, nfproto: nfproto, addrType: addrType, addrLen: addrLen, srcOffset: src, dstOffset: dst,
+		multicast: mcast, loopback: lo, is4: addrLen == 4,
+		keyAnyIP: nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService),
+		keyOneIP: nftables.MustConcatSetType(addrType, nftables.TypeInetProto, nftables.TypeInetService),
+		valDest:  nftables.MustConcatSetType(addrType, nftables.TypeInetService),
+		addrRegs: uint32(addrLen / 4)}
+}
 
 var protoNums = map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}
 
 // Registers: concatenations take one 32-bit register per field.
 const (
 	r0 = unix.NFT_REG32_00
-	r1 = unix.NFT_REG32_01
-	r2 = unix.NFT_REG32_02
 
 	ipsDstNAT = 1 << 5 // IPS_DST_NAT in the conntrack status
 )
@@ -95,8 +129,8 @@ func normalizePorts(in []PortMapping) ([]PortMapping, error) {
 			p.HostIP = ""
 		default:
 			ip, err := netip.ParseAddr(p.HostIP)
-			if err != nil || !ip.Unmap().Is4() {
-				return nil, fmt.Errorf("network: port mapping %d: host IP %q is not an IPv4 address", p.HostPort, p.HostIP)
+			if err != nil || ip.Zone() != "" {
+				return nil, fmt.Errorf("network: port mapping %d: host IP %q is not an IP address", p.HostPort, p.HostIP)
 			}
 			p.HostIP = ip.Unmap().String()
 		}
@@ -136,32 +170,47 @@ func portConflicts(ports []PortMapping, all map[string]*lease) error {
 	return nil
 }
 
-func (n *Network) table() *nftables.Table {
-	return &nftables.Table{Name: n.cfg.TableName, Family: nftables.TableFamilyIPv4}
+func (n *Network) table(f ipFamily) *nftables.Table {
+	return &nftables.Table{Name: n.cfg.TableName, Family: f.table}
 }
 
-func (n *Network) portMaps() (anyIP, oneIP *nftables.Set) {
-	t := n.table()
-	anyIP = &nftables.Set{Table: t, Name: mapAnyIP, IsMap: true, Concatenation: true, KeyType: keyAnyIP, DataType: valDest}
-	oneIP = &nftables.Set{Table: t, Name: mapOneIP, IsMap: true, Concatenation: true, KeyType: keyOneIP, DataType: valDest}
+// portFamilies are the families with a host port table: IPv4 always (its
+// table also guards the node's loopback), IPv6 with an IPv6 pod subnet.
+func (n *Network) portFamilies() []ipFamily {
+	if _, ok := n.subnet6(); ok {
+		return []ipFamily{ipv4, ipv6}
+	}
+	return []ipFamily{ipv4}
+}
+
+func (n *Network) portMaps(f ipFamily) (anyIP, oneIP *nftables.Set) {
+	t := n.table(f)
+	anyIP = &nftables.Set{Table: t, Name: mapAnyIP, IsMap: true, Concatenation: true, KeyType: f.keyAnyIP, DataType: f.valDest}
+	oneIP = &nftables.Set{Table: t, Name: mapOneIP, IsMap: true, Concatenation: true, KeyType: f.keyOneIP, DataType: f.valDest}
 	return anyIP, oneIP
 }
 
-// elements are the map entries of the leases' host ports.
-func elements(leases ...*lease) (anyIP, oneIP []nftables.SetElement) {
+// elements are the map entries of the leases' host ports in family f: a
+// mapping on every address goes to the pod's address of each family it
+// has, one on a host IP to its family's.
+func elements(f ipFamily, leases ...*lease) (anyIP, oneIP []nftables.SetElement) {
 	for _, l := range leases {
 		comment := l.Pod
 		if len(comment) > 200 {
 			comment = comment[:200]
 		}
+		ip, ok := l.addrOf(f.is4)
+		if !ok {
+			continue
+		}
 		for _, p := range l.Ports {
 			key := append([]byte{protoNums[p.Protocol], 0, 0, 0}, port(p.HostPort)...)
-			el := nftables.SetElement{Val: append(l.IP.AsSlice(), port(p.ContainerPort)...), Comment: comment}
+			el := nftables.SetElement{Val: append(ip.AsSlice(), port(p.ContainerPort)...), Comment: comment}
 			if p.HostIP == "" {
 				el.Key = key
 				anyIP = append(anyIP, el)
-			} else if ip, err := netip.ParseAddr(p.HostIP); err == nil && ip.Is4() {
-				el.Key = append(ip.AsSlice(), key...)
+			} else if hostIP, err := netip.ParseAddr(p.HostIP); err == nil && hostIP.Is4() == f.is4 {
+				el.Key = append(hostIP.AsSlice(), key...)
 				oneIP = append(oneIP, el)
 			}
 		}
@@ -186,20 +235,40 @@ func replaceTable(t *nftables.Table) (*nftables.Conn, error) {
 	return c, nil
 }
 
-// writeTable replaces the table in one transaction.
-func (n *Network) writeTable(all map[string]*lease) error {
-	t := n.table()
-	c, err := replaceTable(t)
-	if err != nil {
-		return err
-	}
-
+// writeTables replaces the host port table of each family, each in one
+// transaction, and deletes an ip6 table left from an IPv6 subnet before.
+func (n *Network) writeTables(all map[string]*lease) error {
 	var leases []*lease
 	for _, l := range all {
 		leases = append(leases, l)
 	}
-	anyEls, oneEls := elements(leases...)
-	anyIP, oneIP := n.portMaps()
+	for _, f := range n.portFamilies() {
+		if err := n.writeTable(f, leases); err != nil {
+			return err
+		}
+	}
+	if _, ok := n.subnet6(); !ok {
+		c, err := replaceTable(n.table(ipv6))
+		if err != nil {
+			return err
+		}
+		c.DelTable(n.table(ipv6))
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("network: delete nftables table ip6 %s: %w", n.cfg.TableName, err)
+		}
+	}
+	return nil
+}
+
+// writeTable replaces family f's table in one transaction.
+func (n *Network) writeTable(f ipFamily, leases []*lease) error {
+	t := n.table(f)
+	c, err := replaceTable(t)
+	if err != nil {
+		return err
+	}
+	anyEls, oneEls := elements(f, leases...)
+	anyIP, oneIP := n.portMaps(f)
 	if err := c.AddSet(anyIP, anyEls); err != nil {
 		return err
 	}
@@ -207,22 +276,31 @@ func (n *Network) writeTable(all map[string]*lease) error {
 		return err
 	}
 
+	// Registers: the address, then the protocol and the port.
+	protoReg, portReg := r0+f.addrRegs, r0+f.addrRegs+1
 	host := c.AddChain(&nftables.Chain{Name: chainHost, Table: t})
 	c.AddRule(&nftables.Rule{Table: t, Chain: host, Exprs: []expr.Any{
-		netHeader(ipv4DestOffset, 4),
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r1},
-		&expr.Payload{DestRegister: r2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}, // th dport
+		netHeader(f.dstOffset, f.addrLen),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: protoReg},
+		&expr.Payload{DestRegister: portReg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}, // th dport
 		&expr.Lookup{SourceRegister: r0, DestRegister: r0, IsDestRegSet: true, SetName: oneIP.Name, SetID: oneIP.ID},
-		dnat(),
+		dnat(f),
 	}})
-	c.AddRule(&nftables.Rule{Table: t, Chain: host, Exprs: []expr.Any{
+	var notLoopback []expr.Any
+	if !f.is4 {
+		// IPv6 has no route_localnet: [::1]:hostPort cannot leave the
+		// node, so it is not translated (a listener of the node's own may
+		// have it).
+		notLoopback = addrIn(f.dstOffset, f.loopback, expr.CmpOpNeq)
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: host, Exprs: concat(notLoopback, []expr.Any{
 		&expr.Fib{Register: r0, FlagDADDR: true, ResultADDRTYPE: true},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: r0, Data: native32(unix.RTN_LOCAL)},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r0},
-		&expr.Payload{DestRegister: r1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Payload{DestRegister: r0 + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Lookup{SourceRegister: r0, DestRegister: r0, IsDestRegSet: true, SetName: anyIP.Name, SetID: anyIP.ID},
-		dnat(),
-	}})
+		dnat(f),
+	})})
 
 	for _, hook := range []struct {
 		name string
@@ -237,42 +315,55 @@ func (n *Network) writeTable(all map[string]*lease) error {
 
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	for _, src := range []netip.Prefix{loopback, n.subnet} {
+	var sources []netip.Prefix
+	if f.is4 {
+		sources = append(sources, f.loopback)
+	}
+	subnet, hasSubnet := n.subnet6()
+	if f.is4 {
+		subnet, hasSubnet = n.subnet4()
+	}
+	if hasSubnet {
+		sources = append(sources, subnet)
+	}
+	for _, src := range sources {
 		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
 			ifname(expr.MetaKeyOIFNAME, n.cfg.Bridge),
 			ctDNAT(true),
-			addrIn(ipv4SourceOffset, src, expr.CmpOpEq),
+			addrIn(f.srcOffset, src, expr.CmpOpEq),
 			[]expr.Any{&expr.Masq{}},
 		)})
 	}
-	if n.cfg.Masquerade {
+	if n.cfg.Masquerade && hasSubnet {
 		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
-			addrIn(ipv4SourceOffset, n.subnet, expr.CmpOpEq),
-			addrIn(ipv4DestOffset, n.subnet, expr.CmpOpNeq),
-			addrIn(ipv4DestOffset, multicast, expr.CmpOpNeq),
+			addrIn(f.srcOffset, subnet, expr.CmpOpEq),
+			addrIn(f.dstOffset, subnet, expr.CmpOpNeq),
+			addrIn(f.dstOffset, f.multicast, expr.CmpOpNeq),
 			[]expr.Any{&expr.Masq{}},
 		)})
 	}
 
-	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
-	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: concat(
-		ifname(expr.MetaKeyIIFNAME, n.cfg.Bridge),
-		addrIn(ipv4DestOffset, loopback, expr.CmpOpEq),
-		ctDNAT(false),
-		[]expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}},
-	)})
+	if f.is4 {
+		in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: concat(
+			ifname(expr.MetaKeyIIFNAME, n.cfg.Bridge),
+			addrIn(f.dstOffset, f.loopback, expr.CmpOpEq),
+			ctDNAT(false),
+			[]expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}},
+		)})
+	}
 
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("network: write nftables table %s: %w", n.cfg.TableName, err)
+		return fmt.Errorf("network: write nftables table %s %s: %w", f.name, n.cfg.TableName, err)
 	}
 	return nil
 }
 
-// dnat translates to the address in r0 and the port in r1, as a map
+// dnat translates to the address in r0 and the port after it, as a map
 // lookup leaves them.
-func dnat() expr.Any {
-	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: r0, RegProtoMin: r1, Specified: true}
+func dnat(f ipFamily) expr.Any {
+	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(f.nfproto), RegAddrMin: r0, RegProtoMin: r0 + f.addrRegs, Specified: true}
 }
 
 // ctDNAT matches "ct status dnat", or its negation.
@@ -288,14 +379,14 @@ func ctDNAT(want bool) []expr.Any {
 	}
 }
 
-// addrIn matches the IPv4 address at offset (ipv4SourceOffset or
-// ipv4DestOffset) against p.
+// addrIn matches the address at offset (ipv4SourceOffset or
+// ipv4DestOffset, ipv6SourceOffset or ipv6DestOffset) against p.
 func addrIn(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
-	addr := p.Addr().As4()
+	addr := p.Addr().AsSlice()
 	return []expr.Any{
 		netHeader(offset, len(addr)),
-		&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
-		&expr.Cmp{Op: op, Register: r0, Data: addr[:]},
+		&expr.Bitwise{SourceRegister: r0, DestRegister: r0, Len: uint32(len(addr)), Mask: net.CIDRMask(p.Bits(), len(addr)*8), Xor: make([]byte, len(addr))},
+		&expr.Cmp{Op: op, Register: r0, Data: addr},
 	}
 }
 
@@ -323,10 +414,12 @@ func (n *Network) addElements(l *lease) error {
 	if err != nil {
 		return err
 	}
-	anyEls, oneEls := elements(l)
-	anyIP, oneIP := n.portMaps()
-	if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
-		return err
+	for _, f := range n.portFamilies() {
+		anyEls, oneEls := elements(f, l)
+		anyIP, oneIP := n.portMaps(f)
+		if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
+			return err
+		}
 	}
 	n.queueGuard(c, l)
 	if err := c.Flush(); err != nil {
@@ -341,9 +434,12 @@ func (n *Network) addElements(l *lease) error {
 // each element is deleted in a transaction of its own, a missing one
 // ignored.
 func (n *Network) delElements(l *lease) error {
-	anyEls, oneEls := elements(l)
-	anyIP, oneIP := n.portMaps()
-	all := []elementsIn{{anyIP, anyEls}, {oneIP, oneEls}}
+	var all []elementsIn
+	for _, f := range n.portFamilies() {
+		anyEls, oneEls := elements(f, l)
+		anyIP, oneIP := n.portMaps(f)
+		all = append(all, elementsIn{anyIP, anyEls}, elementsIn{oneIP, oneEls})
+	}
 	err := deleteElements(all...)
 	if !errors.Is(err, unix.ENOENT) {
 		if err != nil {
@@ -391,16 +487,18 @@ func (n *Network) rewritePorts(live map[string]*lease) error {
 	for _, l := range live {
 		leases = append(leases, l)
 	}
-	anyEls, oneEls := elements(leases...)
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	anyIP, oneIP := n.portMaps()
-	c.FlushSet(anyIP)
-	c.FlushSet(oneIP)
-	if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
-		return err
+	for _, f := range n.portFamilies() {
+		anyEls, oneEls := elements(f, leases...)
+		anyIP, oneIP := n.portMaps(f)
+		c.FlushSet(anyIP)
+		c.FlushSet(oneIP)
+		if err := setElements(c.SetAddElements, anyIP, anyEls, oneIP, oneEls); err != nil {
+			return err
+		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: rewrite host port maps: %w", err)

@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
+	"net/netip"
+	"slices"
 
-	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -30,15 +31,11 @@ func vethName(podID string) string {
 // namespace (named eth0, so nothing is renamed or moved later), puts the
 // host end on the bridge, then configures the pod end from inside.
 func (n *Network) addVeth(l *lease, netnsPath string) error {
-	ns, err := os.Open(netnsPath)
+	podNS, err := ns.GetNS(netnsPath) // fails unless it is a network namespace
 	if err != nil {
 		return fmt.Errorf("network: pod network namespace: %w", err)
 	}
-	defer ns.Close()
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(ns.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
-		return fmt.Errorf("network: %s is not a network namespace", netnsPath)
-	}
+	defer podNS.Close()
 	br, err := netlink.LinkByName(n.cfg.Bridge)
 	if err != nil {
 		err = fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
@@ -50,7 +47,7 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	attrs.MTU = n.cfg.MTU
 	attrs.MasterIndex = br.Attrs().Index
 	// Down until guardHostVeth has set it up to take nothing for itself.
-	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(ns.Fd()),
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(podNS.Fd()),
 		PeerHardwareAddr: net.HardwareAddr(l.MAC)}
 	err = netlink.LinkAdd(veth)
 	if errors.Is(err, unix.EEXIST) {
@@ -75,31 +72,61 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	if err := netlink.LinkSetUp(veth); err != nil {
 		return fmt.Errorf("network: bring %s up: %w", l.Veth, err)
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(l.IP.AsSlice()), Mask: net.CIDRMask(n.subnet.Bits(), 32)}}
-	gw := net.IP(n.gateway.AsSlice())
-	return podns.DoInNetNS(netnsPath, func() error { return configurePodEnd(addr, gw) })
+	var addrs []podAddr
+	for _, ip := range l.addrs() {
+		subnet, ok := n.subnetOf(ip)
+		if !ok {
+			return fmt.Errorf("network: pod %s's address %s is in none of the pod subnets %v", l.Pod, ip, n.subnets)
+		}
+		addrs = append(addrs, podAddr{netip.PrefixFrom(ip, subnet.Bits()), gatewayOf(subnet)})
+	}
+	return podNS.Do(func(ns.NetNS) error { return configurePodEnd(addrs) })
+}
+
+// podAddr is one of a pod's addresses, with its subnet's length, and the
+// gateway of its family's default route.
+type podAddr struct {
+	addr    netip.Prefix
+	gateway netip.Addr
 }
 
 // configurePodEnd runs in the pod's namespace. The pod takes no router
 // advertisement: its routes are the ones set here, whatever another pod
 // announces (the bridge drops RAs from pods too; this holds if it did not).
-func configurePodEnd(addr *netlink.Addr, gw net.IP) error {
+// With an IPv6 address, its link-local address is made of its MAC (the
+// guard lets it send from that one), whatever the node's default; the
+// addresses skip duplicate address detection: they are the pod's by its
+// lease, and the guard keeps other pods from answering for them.
+func configurePodEnd(addrs []podAddr) error {
 	link, err := netlink.LinkByName(podIfName)
 	if err != nil {
 		return fmt.Errorf("network: %s in pod: %w", podIfName, err)
 	}
-	if _, err := applySysctls(sysctl{"net/ipv6/conf/default/accept_ra", "0"}, sysctl{"net/ipv6/conf/" + podIfName + "/accept_ra", "0"}); err != nil {
+	settings := []sysctl{{"net/ipv6/conf/default/accept_ra", "0"}, {"net/ipv6/conf/" + podIfName + "/accept_ra", "0"}}
+	if slices.ContainsFunc(addrs, func(a podAddr) bool { return a.addr.Addr().Is6() }) {
+		settings = append(settings, sysctl{"net/ipv6/conf/" + podIfName + "/disable_ipv6", "0"},
+			sysctl{"net/ipv6/conf/" + podIfName + "/addr_gen_mode", "0"})
+	}
+	if _, err := applySysctls(settings...); err != nil {
 		return fmt.Errorf("in pod: %w", err)
 	}
-	if err := netlink.AddrAdd(link, addr); err != nil {
-		return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, podIfName, err)
+	for _, a := range addrs {
+		addr := &netlink.Addr{IPNet: prefixIPNet(a.addr)}
+		if a.addr.Addr().Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("network: address %s on %s: %w", a.addr, podIfName, err)
+		}
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("network: bring %s up: %w", podIfName, err)
 	}
-	route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}
-	if err := netlink.RouteAdd(route); err != nil {
-		return fmt.Errorf("network: default route via %s: %w", gw, err)
+	for _, a := range addrs {
+		route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: net.IP(a.gateway.AsSlice())}
+		if err := netlink.RouteAdd(route); err != nil {
+			return fmt.Errorf("network: default route via %s: %w", a.gateway, err)
+		}
 	}
 	// podns brings lo up; a namespace made elsewhere may not have.
 	if lo, err := netlink.LinkByName("lo"); err == nil && lo.Attrs().Flags&net.FlagUp == 0 {
@@ -114,11 +141,14 @@ func configurePodEnd(addr *netlink.Addr, gw net.IP) error {
 // nothing for itself. The bridge hands it the frames a pod sends to the
 // link-local groups, and the guard chain drops those; should one get past,
 // the veth has no IPv6 (no router advertisement, autoconfiguration or
-// address; the bridge still forwards the pods' IPv6) and drops IPv4 in
+// address; the bridge still forwards the pods' IPv6, and holds the IPv6
+// gateway, so the veth never needs IPv6 of its own) and drops IPv4 in
 // strict reverse-path filtering, since the route back to a pod is the
 // bridge's. A node-wide net.ipv4.conf.all.rp_filter=2 makes it loose.
+// accept_ra=0 first keeps it so should IPv6 be turned on by hand.
 func guardHostVeth(name string) error {
-	_, err := applySysctls(sysctl{"net/ipv6/conf/" + name + "/disable_ipv6", "1"}, sysctl{"net/ipv4/conf/" + name + "/rp_filter", "1"})
+	_, err := applySysctls(sysctl{"net/ipv6/conf/" + name + "/accept_ra", "0"}, sysctl{"net/ipv6/conf/" + name + "/disable_ipv6", "1"},
+		sysctl{"net/ipv4/conf/" + name + "/rp_filter", "1"})
 	return err
 }
 

@@ -235,6 +235,7 @@ func newPodNetwork(cfg *config.Config, log *slog.Logger) (network.PodNetwork, er
 	}
 	netCfg := network.DefaultConfig()
 	netCfg.Bridge, netCfg.Subnet, netCfg.MTU, netCfg.Masquerade = cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.MTU, cfg.Network.Masquerade
+	netCfg.Subnet6 = cfg.Network.Subnet6
 	netCfg.SubnetFixed = cfg.Network.SubnetSet
 	netCfg.StateDir = filepath.Join(cfg.Root, "network")
 	netCfg.TableName = cfg.Network.Bridge // one network: one bridge, one nftables table

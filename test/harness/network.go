@@ -32,9 +32,9 @@ func TestNetwork(t testing.TB) (bridge, subnet string) {
 			netlink.LinkDel(link)
 		}
 		// berthd keeps its tables when it stops (its pods' rules outlive
-		// it); the ip table and the netdev one (the pods' guard) go with
+		// it); the ip and ip6 tables and the netdev one (the pods' guard) go with
 		// the test.
-		for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyNetdev} {
+		for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6, nftables.TableFamilyNetdev} {
 			if c, err := nftables.New(); err == nil {
 				c.DelTable(&nftables.Table{Name: bridge, Family: family})
 				c.Flush() // fails when the daemon never made the table: nothing to remove

@@ -60,8 +60,11 @@ type Network struct {
 	Mode   string `toml:"mode"`
 	Bridge string `toml:"bridge"`
 	Subnet string `toml:"subnet"`
-	// SubnetSet says the file set Subnet: then the kubelet's pod CIDR does
-	// not replace it.
+	// Subnet6 is the IPv6 pod subnet: with one, pods get an IPv6 address
+	// too (dual-stack). None by default.
+	Subnet6 string `toml:"subnet6"`
+	// SubnetSet says the file set Subnet or Subnet6: then the kubelet's pod
+	// CIDR does not replace them.
 	SubnetSet  bool `toml:"-"`
 	MTU        int  `toml:"mtu"`
 	Masquerade bool `toml:"masquerade"`
@@ -238,7 +241,7 @@ func load(path string, mustExist bool) (*Config, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	c.Network.SubnetSet = md.IsDefined("network", "subnet")
+	c.Network.SubnetSet = md.IsDefined("network", "subnet") || md.IsDefined("network", "subnet6")
 	return c, nil
 }
 

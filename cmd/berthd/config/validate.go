@@ -341,6 +341,14 @@ func (n Network) validate(p *problems) {
 	} else if ones, _ := subnet.Mask.Size(); ones > 29 {
 		p.add(badValue("network.subnet", n.Subnet, errors.New("is too small: a pod subnet needs at least a /29")))
 	}
+	if n.Subnet6 != "" {
+		ip, subnet, err := net.ParseCIDR(n.Subnet6)
+		if err != nil || ip.To4() != nil || !ip.Equal(subnet.IP) {
+			p.add(badValue("network.subnet6", n.Subnet6, errors.New("must be an IPv6 network such as fd00:89::/64")))
+		} else if ones, _ := subnet.Mask.Size(); ones > 120 {
+			p.add(badValue("network.subnet6", n.Subnet6, errors.New("is too small: a pod subnet needs at least a /120")))
+		}
+	}
 	if n.MTU < 576 || n.MTU > 65535 {
 		p.add(badValue("network.mtu", strconv.Itoa(n.MTU), errors.New("must be between 576 and 65535")))
 	}
