@@ -60,6 +60,7 @@ func TestCluster(t *testing.T) {
 	step("Job", e.job)
 	step("BerthdKilledDuringRollout", e.berthdKilled)
 	step("KubeletRestart", e.kubeletRestart)
+	step("TwoNodes", e.twoNodes)
 	step("Delete", e.deleteAll)
 	step("NoUnimplemented", e.noUnimplemented)
 	t.Logf("scenarios done in %s (then the teardown)", time.Since(begin).Round(time.Second))
@@ -95,9 +96,15 @@ func (e *env) node(t *testing.T) {
 // waitNodeReady waits until the node is registered and Ready, with a pod CIDR.
 func (e *env) waitNodeReady(t *testing.T, timeout time.Duration) *corev1.Node {
 	t.Helper()
+	return e.waitNamedNodeReady(t, nodeName, timeout)
+}
+
+// waitNamedNodeReady waits until node name is registered and Ready, with a pod CIDR.
+func (e *env) waitNamedNodeReady(t *testing.T, name string, timeout time.Duration) *corev1.Node {
+	t.Helper()
 	var n corev1.Node
-	kubeenv.WaitFor(t, timeout, "node "+nodeName+" Ready with a pod CIDR", func() (bool, string) {
-		out, err := e.kubectlErr("get", "node", nodeName, "-o", "json")
+	kubeenv.WaitFor(t, timeout, "node "+name+" Ready with a pod CIDR", func() (bool, string) {
+		out, err := e.kubectlErr("get", "node", name, "-o", "json")
 		if err != nil {
 			return false, err.Error()
 		}
