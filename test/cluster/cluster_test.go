@@ -1,8 +1,10 @@
 // Package cluster is berth's whole-flow tier: etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, a kubelet and kube-proxy of the
 // current Kubernetes release (built into bin/cluster by `make test-cluster`)
-// run a one-node cluster with berth as its runtime, and every scenario is
-// what a user does with kubectl, checked from kubectl's view and berth's.
+// run a one-node cluster with berth as its runtime, which a second node, in
+// network and mount namespaces of its own, joins for the TwoNodes step
+// (twonode_test.go); every scenario is what a user does with kubectl,
+// checked from kubectl's view and berth's.
 //
 // It runs only with BERTH_CLUSTER=1, as root; see `make test-cluster`.
 package cluster
