@@ -183,7 +183,7 @@ func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeap
 		if err != nil {
 			// As for containers: one unreadable pod is listed without usage.
 			r.cfg.Logger.Warn("pod stats unreadable; listed without usage", "pod", p.ID, "err", err)
-			st = &runtimeapi.PodSandboxStats{Attributes: podAttributes(p)}
+			st = podStatsWithoutUsage(p)
 		}
 		resp.Stats = append(resp.Stats, st)
 	}
@@ -216,6 +216,14 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 		}
 	}
 	return st, nil
+}
+
+// podStatsWithoutUsage lists a pod whose usage cannot be read (its network
+// namespace not bound yet, for one): an empty Linux message, not none, as
+// the kubelet (1.37) reads its containers without a nil check and crashes
+// on a nil one.
+func podStatsWithoutUsage(pod *sandbox.Pod) *runtimeapi.PodSandboxStats {
+	return &runtimeapi.PodSandboxStats{Attributes: podAttributes(pod), Linux: &runtimeapi.LinuxPodSandboxStats{}}
 }
 
 func podAttributes(pod *sandbox.Pod) *runtimeapi.PodSandboxAttributes {

@@ -1,8 +1,10 @@
 // Package cluster is berth's whole-flow tier: etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, a kubelet and kube-proxy of the
 // current Kubernetes release (built into bin/cluster by `make test-cluster`)
-// run a one-node cluster with berth as its runtime, and every scenario is
-// what a user does with kubectl, checked from kubectl's view and berth's.
+// run a one-node cluster with berth as its runtime, which a second node, in
+// network and mount namespaces of its own, joins for the TwoNodes step
+// (twonode_test.go); every scenario is what a user does with kubectl,
+// checked from kubectl's view and berth's.
 //
 // It runs only with BERTH_CLUSTER=1, as root; see `make test-cluster`.
 package cluster
@@ -60,6 +62,7 @@ func TestCluster(t *testing.T) {
 	step("Job", e.job)
 	step("BerthdKilledDuringRollout", e.berthdKilled)
 	step("KubeletRestart", e.kubeletRestart)
+	step("TwoNodes", e.twoNodes)
 	step("Delete", e.deleteAll)
 	step("NoUnimplemented", e.noUnimplemented)
 	t.Logf("scenarios done in %s (then the teardown)", time.Since(begin).Round(time.Second))
@@ -95,9 +98,15 @@ func (e *env) node(t *testing.T) {
 // waitNodeReady waits until the node is registered and Ready, with a pod CIDR.
 func (e *env) waitNodeReady(t *testing.T, timeout time.Duration) *corev1.Node {
 	t.Helper()
+	return e.waitNamedNodeReady(t, nodeName, timeout)
+}
+
+// waitNamedNodeReady waits until node name is registered and Ready, with a pod CIDR.
+func (e *env) waitNamedNodeReady(t *testing.T, name string, timeout time.Duration) *corev1.Node {
+	t.Helper()
 	var n corev1.Node
-	kubeenv.WaitFor(t, timeout, "node "+nodeName+" Ready with a pod CIDR", func() (bool, string) {
-		out, err := e.kubectlErr("get", "node", nodeName, "-o", "json")
+	kubeenv.WaitFor(t, timeout, "node "+name+" Ready with a pod CIDR", func() (bool, string) {
+		out, err := e.kubectlErr("get", "node", name, "-o", "json")
 		if err != nil {
 			return false, err.Error()
 		}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -246,8 +247,13 @@ func (e *env) startBerthd() {
 
 // launchBerthd starts berthd and waits until its socket answers Version.
 func (e *env) launchBerthd() {
-	e.berthd.Launch(e.t, func() error {
-		conn, err := grpc.NewClient("unix://"+e.berthd.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	e.berthd.Launch(e.t, answersVersion(e.berthd.Socket))
+}
+
+// answersVersion is nil once berthd's socket answers the CRI's Version.
+func answersVersion(socket string) func() error {
+	return func() error {
+		conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return err
 		}
@@ -256,7 +262,7 @@ func (e *env) launchBerthd() {
 		defer cancel()
 		_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{})
 		return err
-	})
+	}
 }
 
 // teardownBerth removes what berth still holds (the kubelet should have
@@ -293,27 +299,36 @@ func (e *env) startKubelet() {
 	t := e.t
 	t.Helper()
 	e.kubeletRoot = e.path("kubelet")
-	kubeenv.Mkdirs(t, e.kubeletRoot, e.path("pod-logs"))
 	e.cgroups = kubeenv.MakeCgroupRoot(t, fmt.Sprintf("/berth-cluster-%d", os.Getpid()))
-	resolv := e.path("resolv.conf")
+	e.kubeletArg, e.healthz = e.kubeletArgs(t, e.work, nodeName, nodeIP, "127.0.0.1", e.cgroups, e.berthd.Socket)
+	e.launchKubelet()
+	e.waitNodeReady(t, 2*time.Minute)
+}
+
+// kubeletArgs writes the configuration of a node's kubelet below w (its
+// root folder w/kubelet) and returns its command line and healthz port,
+// which listens on healthzIP.
+func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, healthzIP string, cgroups *kubeenv.Cgroups, socket string) ([]string, int) {
+	t.Helper()
+	root := w.Path("kubelet")
+	kubeenv.Mkdirs(t, root, w.Path("pod-logs"))
+	resolv := w.Path("resolv.conf")
 	if err := os.WriteFile(resolv, []byte("nameserver 192.0.2.53\noptions ndots:2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	server := fmt.Sprintf("https://%s:%d", nodeIP, e.apiPort)
-	kubeconfig := e.pki.kubeconfig(t, "kubelet", server, e.pki.issue(t, "kubelet", "system:node:"+nodeName, []string{"system:nodes"}))
-	serving := e.pki.issue(t, "kubelet-serving", "system:node:"+nodeName, []string{"system:nodes"}, nodeIP, nodeName)
-	e.healthz = kubeenv.FreePort(t)
-	config := fmt.Sprintf(kubeletConfig, nodeIP, kubeenv.FreePort(t), e.healthz, serving.cert, serving.key, e.pki.caFile,
-		e.cgroups.Root, e.path("pod-logs"), e.path("volume-plugins"), resolv, "unix://"+e.berthd.Socket)
-	configPath := e.path("kubelet.yaml")
+	kubeconfig := e.pki.kubeconfig(t, "kubelet-"+name, server, e.pki.issue(t, "kubelet-"+name, "system:node:"+name, []string{"system:nodes"}))
+	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, name)
+	healthz := kubeenv.FreePort(t)
+	config := fmt.Sprintf(kubeletConfig, ip, kubeenv.FreePort(t), healthzIP, healthz, serving.cert, serving.key, e.pki.caFile,
+		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket)
+	configPath := w.Path("kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e.kubeletArg = []string{e.bin("kubelet"), "--config", configPath, "--kubeconfig", kubeconfig,
-		"--root-dir", e.kubeletRoot, "--cert-dir", filepath.Join(e.kubeletRoot, "pki"),
-		"--hostname-override", nodeName, "--node-ip", nodeIP, "--v", "2"}
-	e.launchKubelet()
-	e.waitNodeReady(t, 2*time.Minute)
+	return []string{e.bin("kubelet"), "--config", configPath, "--kubeconfig", kubeconfig,
+		"--root-dir", root, "--cert-dir", filepath.Join(root, "pki"),
+		"--hostname-override", name, "--node-ip", ip, "--v", "2"}, healthz
 }
 
 // kubeletConfig is the node's KubeletConfiguration; the run fills in its
@@ -323,7 +338,7 @@ kind: KubeletConfiguration
 address: %s
 port: %d
 readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
+healthzBindAddress: %s
 healthzPort: %d
 tlsCertFile: %s
 tlsPrivateKeyFile: %s
@@ -384,13 +399,28 @@ func (e *env) launchKubelet() {
 	e.kubelet.WaitUp(t, 90*time.Second, func() error { return kubeenv.Healthz(e.healthz) })
 }
 
-// startKubeProxy runs kube-proxy in nftables mode. Its conntrack settings
-// are zero: it leaves the host's conntrack table sizes and timeouts alone.
+// startKubeProxy runs the node's kube-proxy.
 func (e *env) startKubeProxy() {
 	t := e.t
 	t.Helper()
+	config, healthz := e.kubeProxyConfig(t, e.work, nodeName, "127.0.0.1")
+	e.kubeProxy = kubeenv.Start(t, "kube-proxy", e.path("kube-proxy.log"), e.bin("kube-proxy"), "--config", config, "--v", "2")
+	e.kubeProxy.WaitUp(t, time.Minute, func() error {
+		if _, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", healthz)); err != nil {
+			return err
+		}
+		return exec.Command("nft", "list", "table", "ip", "kube-proxy").Run()
+	})
+}
+
+// kubeProxyConfig writes the configuration of a node's kube-proxy below w
+// and returns its path and healthz port (on listenIP): nftables mode, and
+// conntrack settings zero, so that it leaves the host's conntrack table
+// sizes and timeouts alone.
+func (e *env) kubeProxyConfig(t *testing.T, w *kubeenv.Work, name, listenIP string) (string, int) {
+	t.Helper()
 	server := fmt.Sprintf("https://%s:%d", nodeIP, e.apiPort)
-	kubeconfig := e.pki.kubeconfig(t, "kube-proxy", server, e.pki.issue(t, "kube-proxy", "system:kube-proxy", nil))
+	kubeconfig := e.pki.kubeconfig(t, "kube-proxy-"+name, server, e.pki.issue(t, "kube-proxy-"+name, "system:kube-proxy", nil))
 	healthz := kubeenv.FreePort(t)
 	config := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -399,8 +429,8 @@ clientConnection:
   kubeconfig: %s
 hostnameOverride: %s
 clusterCIDR: %s
-healthzBindAddress: 127.0.0.1:%d
-metricsBindAddress: 127.0.0.1:%d
+healthzBindAddress: %s
+metricsBindAddress: %s
 conntrack:
   maxPerCore: 0
   min: 0
@@ -408,18 +438,12 @@ conntrack:
   tcpCloseWaitTimeout: 0s
   udpTimeout: 0s
   udpStreamTimeout: 0s
-`, kubeconfig, nodeName, clusterCIDR, healthz, kubeenv.FreePort(t))
-	configPath := e.path("kube-proxy.yaml")
-	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
+`, kubeconfig, name, clusterCIDR, net.JoinHostPort(listenIP, fmt.Sprint(healthz)), net.JoinHostPort(listenIP, fmt.Sprint(kubeenv.FreePort(t))))
+	path := w.Path("kube-proxy.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e.kubeProxy = kubeenv.Start(t, "kube-proxy", e.path("kube-proxy.log"), e.bin("kube-proxy"), "--config", configPath, "--v", "2")
-	e.kubeProxy.WaitUp(t, time.Minute, func() error {
-		if _, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", healthz)); err != nil {
-			return err
-		}
-		return exec.Command("nft", "list", "table", "ip", "kube-proxy").Run()
-	})
+	return path, healthz
 }
 
 // teardownNode deletes every object the tests made, so that the kubelet

@@ -197,29 +197,37 @@ func (e *env) deleteAll(t *testing.T) {
 // berthLeftovers lists what berth still holds of any pod.
 func (e *env) berthLeftovers(t *testing.T) []string {
 	t.Helper()
+	return berthLeftovers(t, e.rt, e.berthd, e.kubeletRoot, e.cgroups)
+}
+
+// berthLeftovers lists what the berth b of a node (rt its CRI client) still
+// holds of any pod, with the kubelet's volume mounts below kubeletRoot and
+// the pod cgroups below the kubelet's cgroup root.
+func berthLeftovers(t *testing.T, rt runtimeapi.RuntimeServiceClient, b *kubeenv.Berthd, kubeletRoot string, cgroups *kubeenv.Cgroups) []string {
+	t.Helper()
 	var left []string
-	sbs, err := e.rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{})
+	sbs, err := rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
 		return []string{err.Error()}
 	}
 	for _, sb := range sbs.Items {
 		left = append(left, "pod "+sb.Metadata.GetName())
 	}
-	cs, err := e.rt.ListContainers(kubeenv.Ctx(t), &runtimeapi.ListContainersRequest{})
+	cs, err := rt.ListContainers(kubeenv.Ctx(t), &runtimeapi.ListContainersRequest{})
 	if err != nil {
 		return []string{err.Error()}
 	}
 	for _, c := range cs.Containers {
 		left = append(left, "container "+c.Metadata.GetName())
 	}
-	left = append(left, e.berthd.Leftovers()...)
+	left = append(left, b.Leftovers()...)
 	// The kubelet's volume mounts, below its root (a bind mount of itself).
-	for _, m := range kubeenv.MountsUnder(e.kubeletRoot, e.kubeletRoot) {
+	for _, m := range kubeenv.MountsUnderIn(b.MountInfo(), kubeletRoot, kubeletRoot) {
 		left = append(left, "mount "+m)
 	}
-	for _, h := range e.cgroups.Hierarchies {
-		pods, _ := filepath.Glob(filepath.Join(h, e.cgroups.Root, "kubepods", "*", "pod*"))
-		guaranteed, _ := filepath.Glob(filepath.Join(h, e.cgroups.Root, "kubepods", "pod*"))
+	for _, h := range cgroups.Hierarchies {
+		pods, _ := filepath.Glob(filepath.Join(h, cgroups.Root, "kubepods", "*", "pod*"))
+		guaranteed, _ := filepath.Glob(filepath.Join(h, cgroups.Root, "kubepods", "pod*"))
 		for _, p := range append(pods, guaranteed...) {
 			left = append(left, "cgroup "+p)
 		}

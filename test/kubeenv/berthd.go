@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ type Berthd struct {
 	CDIDir string
 	args   []string
 	work   string
+	// netns names the network namespace (/run/netns/NAME) berthd runs in,
+	// "" for the host's: its bridge and tables live there.
+	netns string
 }
 
 // NewBerthd writes berthd's configuration below w: its own bridge, subnet
@@ -52,6 +56,31 @@ func NewBerthd(t *testing.T, w *Work, binDir, bridge, subnet, registryHost strin
 	b.args = []string{filepath.Join(binDir, "berthd"), "--config", cfgPath, "--root", b.Root,
 		"--state", b.State, "--socket", b.Socket, "--log-level", "debug"}
 	return b
+}
+
+// InNamespaces makes Launch run berthd through enter (an nsenter into a
+// node's mount and network namespaces, the latter named netns in
+// /run/netns): its bridge, tables and mounts are that node's.
+func (b *Berthd) InNamespaces(enter []string, netns string) {
+	b.args = append(slices.Clone(enter), b.args...)
+	b.netns = netns
+}
+
+// NetCommand is name with args run in berthd's network namespace.
+func (b *Berthd) NetCommand(name string, args ...string) *exec.Cmd {
+	if b.netns == "" {
+		return exec.Command(name, args...)
+	}
+	return exec.Command("nsenter", append([]string{"--net=/run/netns/" + b.netns, "--", name}, args...)...)
+}
+
+// MountInfo is the mount table berthd's mounts are in: its own, when it
+// runs in a mount namespace of a node's.
+func (b *Berthd) MountInfo() string {
+	if b.netns != "" && b.Proc != nil && b.Running() {
+		return fmt.Sprintf("/proc/%d/mountinfo", b.PID())
+	}
+	return "/proc/self/mountinfo"
 }
 
 // PodsFolder is state/pods, which berthd makes a private bind mount of
@@ -94,11 +123,11 @@ func (b *Berthd) Teardown(t *testing.T) {
 		t.Errorf("teardown: process %d still runs from %s: %s (killed)", pid, b.work, Cmdline(pid))
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if out, err := exec.Command("ip", "link", "del", b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("Cannot find device")) {
+	if out, err := b.NetCommand("ip", "link", "del", b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("Cannot find device")) {
 		t.Errorf("teardown: ip link del %s: %v %s", b.Bridge, err, out)
 	}
 	for _, family := range []string{"ip", "netdev"} {
-		if out, err := exec.Command("nft", "delete", "table", family, b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("No such file")) {
+		if out, err := b.NetCommand("nft", "delete", "table", family, b.Bridge).CombinedOutput(); err != nil && !bytes.Contains(out, []byte("No such file")) {
 			t.Errorf("teardown: nft delete table %s %s: %v %s", family, b.Bridge, err, out)
 		}
 	}
@@ -120,12 +149,12 @@ func (b *Berthd) Leftovers(others ...int) []string {
 			left = append(left, filepath.Join(dir, e.Name()))
 		}
 	}
-	for _, m := range append(MountsUnder(b.Root), MountsUnder(b.State, b.PodsFolder())...) {
+	mountinfo := b.MountInfo()
+	for _, m := range append(MountsUnderIn(mountinfo, b.Root), MountsUnderIn(mountinfo, b.State, b.PodsFolder())...) {
 		left = append(left, "mount "+m)
 	}
-	ports, _ := os.ReadDir(filepath.Join("/sys/class/net", b.Bridge, "brif"))
-	for _, p := range ports {
-		left = append(left, "veth "+p.Name()+" on "+b.Bridge)
+	for _, p := range b.Ports() {
+		left = append(left, "veth "+p+" on "+b.Bridge)
 	}
 	for _, pid := range LiveProcessesWithArg(b.State) {
 		if pid != b.PID() && !slices.Contains(others, pid) {
@@ -133,4 +162,19 @@ func (b *Berthd) Leftovers(others ...int) []string {
 		}
 	}
 	return left
+}
+
+// Ports are the links on berth's bridge (its pods' veths), as its network
+// namespace shows them.
+func (b *Berthd) Ports() []string {
+	out, _ := b.NetCommand("ip", "-o", "link", "show", "master", b.Bridge).Output()
+	var ports []string
+	for _, line := range strings.Split(string(out), "\n") {
+		// "7: vethX@if2: <...> ..."
+		if f := strings.Fields(line); len(f) > 1 {
+			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+			ports = append(ports, name)
+		}
+	}
+	return ports
 }

@@ -75,7 +75,13 @@ func (w *Work) Remove(t *testing.T, selfMounts ...string) {
 // MountsUnder lists the mount points of dir and below, deepest first,
 // those in except left out.
 func MountsUnder(dir string, except ...string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	return MountsUnderIn("/proc/self/mountinfo", dir, except...)
+}
+
+// MountsUnderIn is MountsUnder as the mountinfo file (/proc/PID/mountinfo)
+// of a process in another mount namespace shows them.
+func MountsUnderIn(mountinfo, dir string, except ...string) []string {
+	f, err := os.Open(mountinfo)
 	if err != nil {
 		return nil
 	}
