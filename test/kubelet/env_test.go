@@ -33,6 +33,11 @@ type env struct {
 	configFile string // the KubeletConfiguration kept in the repository
 	// kubeletExtra is added to the run's KubeletConfiguration drop-in.
 	kubeletExtra string
+	// prepareRoot, when set, readies berthd's root before berthd starts (a
+	// test mounts a filesystem of its own there); the func it returns undoes
+	// that once berthd and the kubelet are gone.
+	prepareRoot func(root string) (undo func())
+	undoRoot    func()
 
 	reg     *kubeenv.Registry
 	image   string // 127.0.0.1:PORT/berth/busybox:e2e
@@ -62,8 +67,15 @@ func requireTier(t *testing.T) { kubeenv.Require(t, guardEnv, "test-kubelet") }
 // cleanups registered here.
 func newEnv(t *testing.T, kubeletExtra string) *env {
 	t.Helper()
+	return newEnvOnRoot(t, kubeletExtra, nil)
+}
+
+// newEnvOnRoot is newEnv with prepareRoot run on berthd's root folder
+// before berthd starts (nil: nothing to do).
+func newEnvOnRoot(t *testing.T, kubeletExtra string, prepareRoot func(root string) (undo func())) *env {
+	t.Helper()
 	repo := kubeenv.RepoRoot(t)
-	e := &env{t: t, kubeletExtra: kubeletExtra,
+	e := &env{t: t, kubeletExtra: kubeletExtra, prepareRoot: prepareRoot,
 		berthBin:   kubeenv.EnvOr("BERTH_BIN_DIR", filepath.Join(repo, "bin")),
 		kubeletBin: kubeenv.EnvOr("KUBELET", filepath.Join(repo, "bin", "kubelet")),
 		configFile: filepath.Join(repo, "test", "kubelet", "kubelet-config.yaml"),
@@ -73,7 +85,12 @@ func newEnv(t *testing.T, kubeletExtra string) *env {
 	e.work = kubeenv.NewWork(t, "bk-", "BERTH_KUBELET_LOGS")
 	// Cleanups run last first: the kubelet takes its pods down through
 	// berth, berth removes what is left, then cgroups and folders go.
-	t.Cleanup(func() { e.work.Remove(t, e.kubeletRoot, e.berthd.PodsFolder()) })
+	t.Cleanup(func() {
+		if e.undoRoot != nil {
+			e.undoRoot()
+		}
+		e.work.Remove(t, e.kubeletRoot, e.berthd.PodsFolder())
+	})
 	t.Cleanup(func() { e.cgroups.Remove(t) })
 	t.Cleanup(e.teardownBerth)
 	t.Cleanup(e.teardownKubelet)
@@ -96,6 +113,9 @@ func (e *env) startBerthd() {
 	// A bridge, nftables table and subnet of this run's own.
 	e.subnet = fmt.Sprintf("10.199.%d.0/24", os.Getpid()%256)
 	e.berthd = kubeenv.NewBerthd(t, e.work, e.berthBin, fmt.Sprintf("bk%d", os.Getpid()%100000), e.subnet, e.reg.Host)
+	if e.prepareRoot != nil {
+		e.undoRoot = e.prepareRoot(e.berthd.Root)
+	}
 	e.launchBerthd()
 	conn, err := grpc.NewClient("unix://"+e.berthd.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
