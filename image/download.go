@@ -7,7 +7,9 @@ import (
 	"hash"
 	"io"
 	"net"
+	"net/url"
 	"sync"
+	"syscall"
 
 	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/registry"
@@ -118,6 +120,7 @@ func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest
 		return nil, err
 	}
 	watch.touch() // the wait was not the pull's stall
+	watch.active.Add(1)
 	dctx, cancel := context.WithCancelCause(ctx)
 	dl := &download{pullCtx: ctx, blobs: blobs, digest: d, size: size, file: file, slots: s.downloads,
 		cancel: cancel, ended: make(chan struct{}), complete: file.Offset(), saved: file.Offset()}
@@ -125,7 +128,10 @@ func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest
 	if dl.complete > 0 {
 		s.log.Info("resuming download", "blob", d, "from", dl.complete, "size", size)
 	}
-	go dl.run(dctx)
+	go func() {
+		defer watch.active.Add(-1)
+		dl.run(dctx)
+	}()
 	return &blobReader{dl: dl, hash: d.Algorithm().Hash()}, nil
 }
 
@@ -236,7 +242,12 @@ func (dl *download) round(ctx context.Context, ranged bool) error {
 			run(func() error { return dl.fetchPart(ctx, i, opened[i]) })
 		}
 	}
-	return g.Wait()
+	if g.Wait() != nil {
+		// The first failure cancelled the other connections: report it,
+		// not the cancellation one of them saw.
+		return context.Cause(ctx)
+	}
+	return nil
 }
 
 // fetchPart fetches part i of a split round (on body, if open), asking
@@ -357,8 +368,16 @@ func isTransferCut(err error) bool {
 // registry's answers (statuses, bad headers) and the redirect bound are not
 // something a retry mends.
 func cutIfNetwork(err error) error {
+	// net/http wraps every failure of a request in a *url.Error, itself a
+	// net.Error: look at what it wraps (a refused redirect, the redirect
+	// bound or a TLS failure is not a network cut).
+	inner := err
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		inner = ue.Err
+	}
 	var ne net.Error
-	if errors.As(err, &ne) {
+	if errors.As(inner, &ne) || errors.Is(inner, io.ErrUnexpectedEOF) || errors.Is(inner, syscall.ECONNRESET) {
 		return transferCut{err}
 	}
 	return err
