@@ -195,6 +195,14 @@ func TestIPv6Guard(t *testing.T) {
 		dst := gw6
 		return frame6{src: own, dst: dst, next: unix.IPPROTO_ICMPV6, payload: p}
 	}
+	// dad is a duplicate address probe: from ::, to the target's
+	// solicited-node group, no option.
+	dad := func(typ byte, target netip.Addr) frame6 {
+		f := nd(typ, target)
+		t16 := target.As16()
+		f.src, f.dst = netip.IPv6Unspecified(), netip.AddrFrom16([16]byte{0xff, 0x02, 11: 1, 12: 0xff, 13: t16[13], 14: t16[14], 15: t16[15]})
+		return f
+	}
 	llOption := func(typ byte, m net.HardwareAddr) []byte { return append([]byte{typ, 1}, m...) }
 	otherMAC := net.HardwareAddr{0x02, 0x70, 0xde, 0xad, 0xbe, 0xef}
 	echo := frame6{src: netip.IPv6Unspecified(), dst: gw6, next: unix.IPPROTO_ICMPV6, payload: []byte{128, 0, 0, 0, 0, 1, 0, 1}}
@@ -223,6 +231,9 @@ func TestIPv6Guard(t *testing.T) {
 		{"NS with another MAC", nd(icmpv6NeighSol, gw6, llOption(ndSourceLLAddr, otherMAC)), false},
 		{"NS with another option first", nd(icmpv6NeighSol, gw6, llOption(14, mac)), false},
 		{"NS with two options", nd(icmpv6NeighSol, gw6, llOption(14, mac), llOption(ndSourceLLAddr, otherMAC)), false},
+		{"DAD probe for its link-local address", dad(icmpv6NeighSol, ll), true},
+		{"DAD probe for another pod's address", dad(icmpv6NeighSol, other), false},
+		{"DAD probe for another link-local address", dad(icmpv6NeighSol, netip.MustParseAddr("fe80::1234")), false},
 		{"RA", nd(icmpv6RouterAdv, own), false},
 		{"redirect", nd(icmpv6Redirect, own), false},
 	} {

@@ -118,10 +118,12 @@ func (s *leaseStore) reserve(pod, veth string, ports []PortMapping) (*lease, err
 		}
 		l = txn.lease
 		l.MAC = macAddr(derivedMAC(podMACKind, l.IP))
-		if err := s.write(l); err != nil {
+		// Where the round robin stopped first: failing that after the
+		// lease is written would fail the Attach and leave the lease.
+		if err := txn.saveLast(); err != nil {
 			return err
 		}
-		return txn.saveLast()
+		return s.write(l)
 	})
 	return l, err
 }

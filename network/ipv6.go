@@ -28,9 +28,13 @@ import (
 //
 // so a pod can claim no other pod's or the node's address, in its packets
 // or in neighbour discovery, nor point a neighbour cache at another MAC.
-// Duplicate address detection probes (source ::, with a nonce option) are
+//
+//	icmpv6 type nd-neighbor-solicit ip6 saddr :: @th,64,128 != { fd00::2, fe80::70:ff:fe00:2 } drop  # DAD only for its own
+//
+// Duplicate address detection probes with a nonce option (Linux's) are
 // dropped by the option rules: nobody needs to hear them, since berth
-// hands out every address once, and the pod's own addresses skip DAD.
+// hands out every address once, and the pod's own addresses skip DAD; one
+// without options may probe only the pod's own addresses.
 const (
 	ipv6PayloadLen  = 4
 	ipv6SourceOff   = 8
@@ -103,6 +107,11 @@ func forbiddenIPv6(l *lease) [][]expr.Any {
 		concat(ofType(unix.ETH_P_IPV6), []expr.Any{netHeader(ipv6DestOffset, 16), compare(expr.CmpOpEq, ipv6Loopback.AsSlice())}),
 		concat(icmpv6Type(icmpv6NeighAdv), []expr.Any{transport(ndTargetOffset, 16),
 			compare(expr.CmpOpNeq, own), compare(expr.CmpOpNeq, ll)}),
+		// A duplicate address probe (an NS from ::) only for its own
+		// addresses: one for another's would make that pod's tentative
+		// address fail its detection.
+		concat(icmpv6Type(icmpv6NeighSol), []expr.Any{netHeader(ipv6SourceOff, 16), compare(expr.CmpOpEq, unspecified),
+			transport(ndTargetOffset, 16), compare(expr.CmpOpNeq, own), compare(expr.CmpOpNeq, ll)}),
 	)
 	for _, nd := range []struct{ typ, option byte }{{icmpv6NeighSol, ndSourceLLAddr}, {icmpv6NeighAdv, ndTargetLLAddr}} {
 		oneOption := []expr.Any{netHeader(ipv6PayloadLen, 2), compare(expr.CmpOpEq, proto(ndOneOptionLen))}

@@ -342,6 +342,11 @@ func (n *Network) checkHostIPs(ports []PortMapping) error {
 			continue
 		}
 		ip := netip.MustParseAddr(p.HostIP) // normalizePorts checked it
+		if ip.Is6() && ip.IsLoopback() {
+			// IPv6 has no route_localnet: [::1] cannot be forwarded to a pod.
+			return errkind.Errorf(errkind.Invalid, "network: port_mappings host_ip %s (host_port %d): IPv6 loopback cannot reach a pod; use 127.0.0.1 or a node address",
+				p.HostIP, p.HostPort)
+		}
 		if _, ok := n.subnetOf4or6(ip.Is4()); !ok {
 			return errkind.Errorf(errkind.FailedPrecondition, "network: port_mappings host_ip %s (host_port %d): pods on this node have no address of its family (pod subnets %v)",
 				p.HostIP, p.HostPort, n.subnets)

@@ -65,7 +65,9 @@ type Network struct {
 	Subnet6 string `toml:"subnet6"`
 	// SubnetSet says the file set Subnet or Subnet6: then the kubelet's pod
 	// CIDR does not replace them.
-	SubnetSet  bool `toml:"-"`
+	SubnetSet bool `toml:"-"`
+	// subnet4Set says the file set Subnet itself (subnet6 needs it).
+	subnet4Set bool
 	MTU        int  `toml:"mtu"`
 	Masquerade bool `toml:"masquerade"`
 	// CNIConfDir holds the CNI network configurations; the first in
@@ -241,7 +243,6 @@ func load(path string, mustExist bool) (*Config, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	c.Network.SubnetSet = md.IsDefined("network", "subnet") || md.IsDefined("network", "subnet6")
 	return c, nil
 }
 
@@ -252,6 +253,8 @@ func decode(b []byte) (*Config, toml.MetaData, error) {
 	if err != nil {
 		return nil, md, err
 	}
+	c.Network.subnet4Set = md.IsDefined("network", "subnet")
+	c.Network.SubnetSet = c.Network.subnet4Set || md.IsDefined("network", "subnet6")
 	return c, md, c.decodeRegistry(md)
 }
 

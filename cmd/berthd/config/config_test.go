@@ -182,6 +182,8 @@ func TestBadFiles(t *testing.T) {
 		{"IPv4 subnet6", "[network]\nsubnet6 = \"10.0.0.0/16\"", []string{`network.subnet6 = "10.0.0.0/16"`, "IPv6"}},
 		{"host bits in subnet6", "[network]\nsubnet6 = \"fd00::1/64\"", []string{`network.subnet6`, "IPv6 network"}},
 		{"tiny subnet6", "[network]\nsubnet6 = \"fd00::/124\"", []string{`network.subnet6`, "too small"}},
+		{"subnet6 alone", "[network]\nsubnet6 = \"fd00::/64\"", []string{`network.subnet6`, "needs network.subnet"}},
+		{"mtu under IPv6's", "[network]\nsubnet = \"10.89.0.0/16\"\nsubnet6 = \"fd00::/64\"\nmtu = 1000", []string{`network.mtu = "1000"`, "1280"}},
 		{"bad mtu", "[network]\nmtu = 100", []string{`network.mtu = "100"`}},
 		{"bad bridge", "[network]\nbridge = \"a/b\"", []string{`network.bridge = "a/b"`}},
 		{"network mode", "[network]\nmode = \"calico\"", []string{`network.mode = "calico"`, "bridge, cni"}},
@@ -329,9 +331,9 @@ func TestSlogLevel(t *testing.T) {
 // Only a subnet the file names outranks the kubelet's pod CIDR.
 func TestSubnetSet(t *testing.T) {
 	for body, want := range map[string]bool{
-		"[network]\nmtu = 1400\n":                 false,
-		"[network]\nsubnet = \"10.89.0.0/16\"\n":  true,
-		"[network]\nsubnet6 = \"fd00:89::/64\"\n": true,
+		"[network]\nmtu = 1400\n":                                            false,
+		"[network]\nsubnet = \"10.89.0.0/16\"\n":                             true,
+		"[network]\nsubnet = \"10.89.0.0/16\"\nsubnet6 = \"fd00:89::/64\"\n": true,
 	} {
 		c, err := Load(writeConfig(t, body), true)
 		if err != nil {

@@ -342,6 +342,14 @@ func (n Network) validate(p *problems) {
 		p.add(badValue("network.subnet", n.Subnet, errors.New("is too small: a pod subnet needs at least a /29")))
 	}
 	if n.Subnet6 != "" {
+		if !n.subnet4Set {
+			// Alone, it would pin IPv4 to the default subnet on every node
+			// and drop the kubelet's pod CIDR.
+			p.add(badValue("network.subnet6", n.Subnet6, errors.New("needs network.subnet set too")))
+		}
+		if n.MTU < 1280 {
+			p.add(badValue("network.mtu", strconv.Itoa(n.MTU), errors.New("must be at least 1280 with an IPv6 subnet (IPv6's minimum)")))
+		}
 		ip, subnet, err := net.ParseCIDR(n.Subnet6)
 		if err != nil || ip.To4() != nil || !ip.Equal(subnet.IP) {
 			p.add(badValue("network.subnet6", n.Subnet6, errors.New("must be an IPv6 network such as fd00:89::/64")))
