@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 
@@ -22,6 +23,11 @@ func (r *RuntimeService) CreateContainer(ctx context.Context, req *runtimeapi.Cr
 	}
 	if err := checkHandler("config.image.runtime_handler", req.Config.GetImage().GetRuntimeHandler()); err != nil {
 		return nil, err
+	}
+	for i, m := range req.Config.GetMounts() {
+		if err := checkHandler(fmt.Sprintf("config.mounts[%d].image.runtime_handler", i), m.GetImage().GetRuntimeHandler()); err != nil {
+			return nil, err
+		}
 	}
 	c, err := r.pods.CreateContainer(ctx, req.GetPodSandboxId(), req.Config)
 	if err != nil {

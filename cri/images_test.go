@@ -43,6 +43,11 @@ func TestUnknownRuntimeHandlerRefused(t *testing.T) {
 			_, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{Config: &runtimeapi.ContainerConfig{Image: spec}})
 			return err
 		}},
+		{"config.mounts[1].image.runtime_handler", func() error {
+			mounts := []*runtimeapi.Mount{{ContainerPath: "/a", HostPath: "/tmp"}, {ContainerPath: "/m", Image: spec}}
+			_, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{Config: &runtimeapi.ContainerConfig{Mounts: mounts}})
+			return err
+		}},
 		{"runtime_handler", func() error {
 			_, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{}, RuntimeHandler: "gvisor"})
 			return err

@@ -191,10 +191,7 @@ func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeap
 }
 
 func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runtimeapi.PodSandboxStats, error) {
-	st := &runtimeapi.PodSandboxStats{
-		Attributes: podAttributes(pod),
-		Linux:      &runtimeapi.LinuxPodSandboxStats{},
-	}
+	st := podStatsWithoutUsage(pod)
 	u, ok, err := r.pods.PodUsage(pod)
 	if err != nil {
 		return nil, err
@@ -203,8 +200,10 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 		st.Linux.Cpu, st.Linux.Memory = new(cpuMsgs).fill(u), new(memoryMsgs).fill(u)
 		st.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: u.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: u.Pids}}
 	}
+	// A network namespace not bound yet (a pod being set up) costs the pod
+	// its network figures only, not its CPU, memory and containers.
 	if st.Linux.Network, err = r.podNetworkStats(pod); err != nil {
-		return nil, err
+		r.cfg.Logger.Warn("pod network stats unreadable; listed without them", "pod", pod.ID, "err", err)
 	}
 	ctrs, err := r.pods.ListContainers(ctx, sandbox.Filter{PodID: pod.ID})
 	if err != nil {
@@ -218,10 +217,10 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 	return st, nil
 }
 
-// podStatsWithoutUsage lists a pod whose usage cannot be read (its network
-// namespace not bound yet, for one): an empty Linux message, not none, as
-// the kubelet (1.37) reads its containers without a nil check and crashes
-// on a nil one.
+// podStatsWithoutUsage is a pod's stats before any usage is filled in, and
+// how a pod whose usage cannot be read is listed: an empty Linux message,
+// not none, as the kubelet (1.37) reads its containers without a nil check
+// and crashes on a nil one.
 func podStatsWithoutUsage(pod *sandbox.Pod) *runtimeapi.PodSandboxStats {
 	return &runtimeapi.PodSandboxStats{Attributes: podAttributes(pod), Linux: &runtimeapi.LinuxPodSandboxStats{}}
 }

@@ -170,7 +170,7 @@ func (m *Manager) reclaimUnknown(pods []*Pod) error {
 	errs = append(errs, err)
 	for _, o := range owners {
 		if !knownCtrs[leaseContainer(o)] {
-			m.log.Warn("releasing the image lease of an unknown container", "container", o)
+			m.log.Warn("releasing the image lease of an unknown container", "container", leaseContainer(o), "lease", o)
 			errs = append(errs, m.opts.Images.Release(o))
 		}
 	}
