@@ -318,6 +318,26 @@ func TestPullMaxConcurrentDownloads(t *testing.T) {
 	}
 }
 
+// TestPullStallWithOneDownloadSlot stalls one layer's body while the
+// pull's other layers wait for the node's one download slot, which that
+// stalled download holds: the progress timeout still ends the pull (the
+// waiting layers once paused its watch for good).
+func TestPullStallWithOneDownloadSlot(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg, px, d := startBehindProxy(t, "[image]\nmax_concurrent_downloads = 1\npull_progress_timeout = \"2s\"\n")
+	ref, _, img := randomLayers(t, reg, px, "berth/oneslot:1", 1<<20, 1<<20, 1<<20)
+	for _, layer := range harness.LayerDigests(t, img) {
+		px.Stall(layer, 1<<19)
+	}
+	start := time.Now()
+	_, err := pullWithin(t, d, ref, nil, 30*time.Second)
+	assertCode(t, err, []codes.Code{codes.DeadlineExceeded, codes.Unavailable, codes.Aborted}, "progress")
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("the stalled pull ended after %v; want the 2 s progress timeout to end it", took)
+	}
+}
+
 // TestPullBigLayerInRanges pulls a layer over 64 MiB through a proxy that
 // slows each connection: berthd splits it into ranges on several
 // connections at once, and gets each byte once; bounded to one download it
