@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ensureBridge creates the bridge if needed and gives it the gateway
-// address; it returns the bridge.
+// ensureBridge creates the bridge if needed and returns it; configureBridge
+// gives it its gateways.
 func (n *Network) ensureBridge() (netlink.Link, error) {
 	name := n.cfg.Bridge
 	link, err := netlink.LinkByName(name)
@@ -39,15 +39,23 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 	if link.Type() != "bridge" {
 		return nil, fmt.Errorf("network: %s exists and is a %s, not a bridge", name, link.Type())
 	}
+	return link, nil
+}
+
+// configureBridge gives the bridge its gateway addresses and brings it up.
+// It comes after setSysctls: the kernel refuses an IPv6 address on a link
+// whose disable_ipv6 is 1, as a new bridge's is on a node whose
+// net.ipv6.conf.default.disable_ipv6 is.
+func (n *Network) configureBridge(br netlink.Link) error {
 	for _, addr := range n.gatewayAddrs() {
-		if err := netlink.AddrReplace(link, addr); err != nil {
-			return nil, fmt.Errorf("network: address %s on %s: %w", addr.IPNet, name, err)
+		if err := netlink.AddrReplace(br, addr); err != nil {
+			return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, n.cfg.Bridge, err)
 		}
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("network: bring %s up: %w", name, err)
+	if err := netlink.LinkSetUp(br); err != nil {
+		return fmt.Errorf("network: bring %s up: %w", n.cfg.Bridge, err)
 	}
-	return link, nil
+	return nil
 }
 
 // gatewayAddrs are the bridge's addresses, a gateway in each pod subnet.

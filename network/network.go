@@ -245,6 +245,9 @@ func (n *Network) setup() error {
 	if err := n.setSysctls(); err != nil {
 		return err
 	}
+	if err := n.configureBridge(br); err != nil {
+		return err
+	}
 	all, err := n.leases.all()
 	if err != nil {
 		return err

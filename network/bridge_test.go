@@ -1,0 +1,72 @@
+package network
+
+import (
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/vishvananda/netlink"
+)
+
+// inNode runs f in a network namespace of the test's own, standing for a
+// node whose settings the test may change: the host's stay as they are.
+// Only what runs on f's thread is in it (Setup, not Attach).
+func (e *testEnv) inNode(t *testing.T, f func() error) {
+	t.Helper()
+	_, pin := e.newPod(t)
+	if err := podns.DoInNetNS(pin, f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// bridgeAddrs are the bridge's addresses of the family, link-local ones
+// left out.
+func (e *testEnv) bridgeAddrs(t *testing.T, family int) []netip.Prefix {
+	t.Helper()
+	br, err := netlink.LinkByName(e.cfg.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := netlink.AddrList(br, family)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		if !a.IP.IsLinkLocalUnicast() {
+			ip, _ := netip.AddrFromSlice(a.IP)
+			ones, _ := a.Mask.Size()
+			out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out
+}
+
+// TestIPv6GatewayWithIPv6OffByDefault: on a node whose new links start
+// with IPv6 disabled (net.ipv6.conf.default.disable_ipv6=1), a dual-stack
+// network still gets ready: the bridge's disable_ipv6=0 is written before
+// its IPv6 gateway is added, which the kernel refuses on a link without
+// IPv6.
+func TestIPv6GatewayWithIPv6OffByDefault(t *testing.T) {
+	e := newEnv(t, 24, withSubnet6)
+	e.inNode(t, func() error {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1"), 0o644); err != nil {
+			return err
+		}
+		if err := e.Setup(); err != nil {
+			t.Errorf("Setup: %v", err)
+		}
+		if ok, why := e.Ready(); !ok {
+			t.Errorf("not ready: %s", why)
+		}
+		subnet6 := netip.MustParsePrefix(e.cfg.Subnet6)
+		want := []netip.Prefix{netip.PrefixFrom(gatewayOf(subnet6), subnet6.Bits())}
+		if got := e.bridgeAddrs(t, netlink.FAMILY_V6); !slices.Equal(got, want) {
+			t.Errorf("bridge IPv6 addresses %v, want %v", got, want)
+		}
+		return nil
+	})
+}
