@@ -330,9 +330,6 @@ func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, por
 	if err := n.addVeth(l, netnsPath); err != nil {
 		return nil, err
 	}
-	if err := n.addElements(l); err != nil {
-		return nil, err
-	}
 	n.log.Debug("pod attached", "pod", podID, "ip", l.IP, "veth", l.Veth, "ports", len(l.Ports), "took", time.Since(start))
 	return n.attachment(l), nil
 }

@@ -29,7 +29,8 @@ func vethName(podID string) string {
 
 // addVeth creates the pair with its pod end directly in the pod's
 // namespace (named eth0, so nothing is renamed or moved later), puts the
-// host end on the bridge, then configures the pod end from inside.
+// host end on the bridge, adds the pod's guard chain and host ports, then
+// configures the pod end from inside.
 func (n *Network) addVeth(l *lease, netnsPath string) error {
 	podNS, err := ns.GetNS(netnsPath) // fails unless it is a network namespace
 	if err != nil {
@@ -60,6 +61,12 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("network: create veth %s (%s in %s): %w", l.Veth, podIfName, netnsPath, err)
+	}
+	// The guard hooks the host veth, so it can come no sooner, and no
+	// later: once eth0 is up the pod (the kernel itself, with its address
+	// probes) can send.
+	if err := n.addElements(l); err != nil {
+		return err
 	}
 	// Hairpin lets a pod's packet DNATed back to itself (its own host
 	// port) leave through the port it came in on.
