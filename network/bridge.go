@@ -42,18 +42,44 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 	return link, nil
 }
 
-// configureBridge gives the bridge its gateway addresses and brings it up.
-// It comes after setSysctls: the kernel refuses an IPv6 address on a link
-// whose disable_ipv6 is 1, as a new bridge's is on a node whose
+// configureBridge gives the bridge its gateway addresses, takes off those
+// of former pod subnets (a changed subnet, subnet6 or pod CIDR), and brings
+// it up. It comes after setSysctls: the kernel refuses an IPv6 address on
+// a link whose disable_ipv6 is 1, as a new bridge's is on a node whose
 // net.ipv6.conf.default.disable_ipv6 is.
 func (n *Network) configureBridge(br netlink.Link) error {
-	for _, addr := range n.gatewayAddrs() {
+	gateways := n.gatewayAddrs()
+	for _, addr := range gateways {
 		if err := netlink.AddrReplace(br, addr); err != nil {
 			return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, n.cfg.Bridge, err)
 		}
 	}
+	if err := n.dropFormerGateways(br, gateways); err != nil {
+		return err
+	}
 	if err := netlink.LinkSetUp(br); err != nil {
 		return fmt.Errorf("network: bring %s up: %w", n.cfg.Bridge, err)
+	}
+	return nil
+}
+
+// dropFormerGateways takes every address but gateways and the IPv6
+// link-local one off the bridge, of either family: the bridge is berth's,
+// and any other address is the gateway of a former pod subnet, which would
+// keep routing the old subnet to the bridge.
+func (n *Network) dropFormerGateways(br netlink.Link, gateways []*netlink.Addr) error {
+	addrs, err := netlink.AddrList(br, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("network: addresses of %s: %w", n.cfg.Bridge, err)
+	}
+	for _, addr := range addrs {
+		if addr.IP.IsLinkLocalUnicast() || slices.ContainsFunc(gateways, func(g *netlink.Addr) bool { return g.Equal(addr) }) {
+			continue
+		}
+		if err := netlink.AddrDel(br, &addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("network: remove former gateway %s from %s: %w", addr.IPNet, n.cfg.Bridge, err)
+		}
+		n.log.Info("removed the gateway of a former pod subnet from the bridge", "bridge", n.cfg.Bridge, "address", addr.IPNet)
 	}
 	return nil
 }
@@ -71,24 +97,6 @@ func (n *Network) gatewayAddrs() []*netlink.Addr {
 		addrs = append(addrs, addr)
 	}
 	return addrs
-}
-
-// dropGateways takes the current gateway addresses off the bridge, before
-// the subnets change; a bridge that is not there has none.
-func (n *Network) dropGateways() error {
-	link, err := netlink.LinkByName(n.cfg.Bridge)
-	if errors.As(err, new(netlink.LinkNotFoundError)) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
-	}
-	for _, addr := range n.gatewayAddrs() {
-		if err := netlink.AddrDel(link, addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			return fmt.Errorf("network: remove gateway %s from %s: %w", addr.IPNet, n.cfg.Bridge, err)
-		}
-	}
-	return nil
 }
 
 // reattach repairs the leases' host veths: it puts them back on the

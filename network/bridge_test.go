@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/berth-runtime/berth/sandbox/podns"
@@ -69,4 +70,40 @@ func TestIPv6GatewayWithIPv6OffByDefault(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestOldGatewaysGoWhenSubnetsChange: berthd restarted with another subnet
+// and subnet6 leaves the bridge with the new gateways only, of both
+// families; and back to IPv4 only, with no IPv6 gateway.
+func TestOldGatewaysGoWhenSubnetsChange(t *testing.T) {
+	e := newEnv(t, 24, withSubnet6)
+	if err := e.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	moved := e.cfg
+	// 10.198.x.0/24 beside the test's 10.199.x.0/24: no other test uses it.
+	moved.Subnet = strings.Replace(moved.Subnet, "10.199.", "10.198.", 1)
+	withSubnet6(&moved)
+	for _, cfg := range []Config{moved, func() Config { c := moved; c.Subnet6 = ""; return c }()} {
+		n, err := New(cfg, e.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Setup(); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []struct {
+			family int
+			subnet string
+		}{{netlink.FAMILY_V4, cfg.Subnet}, {netlink.FAMILY_V6, cfg.Subnet6}} {
+			var want []netip.Prefix
+			if f.subnet != "" {
+				s := netip.MustParsePrefix(f.subnet)
+				want = append(want, netip.PrefixFrom(gatewayOf(s), s.Bits()))
+			}
+			if got := e.bridgeAddrs(t, f.family); !slices.Equal(got, want) {
+				t.Errorf("subnets %s %q: bridge addresses %v, want %v", cfg.Subnet, cfg.Subnet6, got, want)
+			}
+		}
+	}
 }

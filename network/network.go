@@ -208,9 +208,6 @@ func (n *Network) SetPodCIDR(cidr string) error {
 	if err := SavePodCIDR(n.cfg.StateDir, cidr); err != nil {
 		return err
 	}
-	if err := n.dropGateways(); err != nil {
-		return err
-	}
 	n.log.Info("pod subnets set from the kubelet's pod CIDR", "subnets", p, "was", n.subnets)
 	n.useSubnets(p)
 	return n.setupLocked()
