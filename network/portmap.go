@@ -248,14 +248,26 @@ func (n *Network) writeTables(all map[string]*lease) error {
 		}
 	}
 	if _, ok := n.subnet6(); !ok {
-		c, err := replaceTable(n.table(ipv6))
-		if err != nil {
-			return err
-		}
-		c.DelTable(n.table(ipv6))
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("network: delete nftables table ip6 %s: %w", n.cfg.TableName, err)
-		}
+		return n.dropIPv6Table()
+	}
+	return nil
+}
+
+// dropIPv6Table deletes the ip6 table an IPv6 subnet before left. It looks
+// first: an IPv4-only node's start adds and deletes nothing of IPv6.
+func (n *Network) dropIPv6Table() error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	if _, err := c.ListTableOfFamily(n.cfg.TableName, ipv6.table); errors.Is(err, unix.ENOENT) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("network: look up nftables table ip6 %s: %w", n.cfg.TableName, err)
+	}
+	c.DelTable(n.table(ipv6))
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("network: delete nftables table ip6 %s: %w", n.cfg.TableName, err)
 	}
 	return nil
 }
