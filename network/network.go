@@ -154,7 +154,7 @@ func configuredSubnets(cfg Config) ([]netip.Prefix, error) {
 			err = fmt.Errorf("not an %s network", c.family)
 		}
 		if err == nil {
-			err = checkSubnet(p)
+			err = CheckSubnet(p)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("network: subnet %s: %w", c.s, err)
