@@ -209,11 +209,6 @@ func (n *Network) setSysctls() error {
 	return err
 }
 
-// hasIPv6 says whether pods get IPv6 addresses.
-func (n *Network) hasIPv6() bool {
-	return slices.ContainsFunc(n.subnets, func(p netip.Prefix) bool { return p.Addr().Is6() })
-}
-
 // sysctl is a key under /proc/sys and its value.
 type sysctl struct{ key, value string }
 

@@ -59,6 +59,13 @@ func (n *Network) subnet4() (netip.Prefix, bool) { return n.subnetOf4or6(true) }
 // subnet6 is the IPv6 pod subnet, if pods get IPv6.
 func (n *Network) subnet6() (netip.Prefix, bool) { return n.subnetOf4or6(false) }
 
+// hasIPv6 says whether pods get IPv6 addresses: the one question behind
+// every IPv6 setting, table and rule of the node's side.
+func (n *Network) hasIPv6() bool {
+	_, ok := n.subnet6()
+	return ok
+}
+
 func (n *Network) subnetOf4or6(v4 bool) (netip.Prefix, bool) {
 	for _, s := range n.subnets {
 		if s.Addr().Is4() == v4 {

@@ -177,7 +177,7 @@ func (n *Network) table(f ipFamily) *nftables.Table {
 // portFamilies are the families with a host port table: IPv4 always (its
 // table also guards the node's loopback), IPv6 with an IPv6 pod subnet.
 func (n *Network) portFamilies() []ipFamily {
-	if _, ok := n.subnet6(); ok {
+	if n.hasIPv6() {
 		return []ipFamily{ipv4, ipv6}
 	}
 	return []ipFamily{ipv4}
@@ -247,7 +247,7 @@ func (n *Network) writeTables(all map[string]*lease) error {
 			return err
 		}
 	}
-	if _, ok := n.subnet6(); !ok {
+	if !n.hasIPv6() {
 		return n.dropIPv6Table()
 	}
 	return nil
