@@ -1,12 +1,15 @@
 package network
 
 import (
+	"context"
+	"errors"
 	"net/netip"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/vishvananda/netlink"
 )
@@ -106,4 +109,36 @@ func TestOldGatewaysGoWhenSubnetsChange(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestIPv6SubnetWithoutKernelIPv6: on a kernel without IPv6 (booted with
+// ipv6.disable=1: kernelHasIPv6 stands for it), an IPv6 pod subnet keeps
+// the network unready with a FailedPrecondition error naming the subnet
+// and the cause, from Setup, SetPodCIDR and Attach; an IPv4-only network
+// is unaffected.
+func TestIPv6SubnetWithoutKernelIPv6(t *testing.T) {
+	kernelHasIPv6 = func() bool { return false }
+	t.Cleanup(func() { kernelHasIPv6 = kernelHasIPv6Proc })
+	wantRefusal := func(what string, err error, subnet string) {
+		t.Helper()
+		if !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), subnet) || !strings.Contains(err.Error(), "kernel has no IPv6") {
+			t.Errorf("%s: %v, want FailedPrecondition naming %s and the kernel", what, err, subnet)
+		}
+	}
+
+	e := newEnv(t, 24, withSubnet6)
+	wantRefusal("Setup", e.Setup(), e.cfg.Subnet6)
+	if ok, why := e.Ready(); ok || !strings.Contains(why, "kernel has no IPv6") {
+		t.Errorf("Ready = %v, %q; want not ready, saying why", ok, why)
+	}
+	id, pin := e.newPod(t)
+	_, err := e.Attach(context.Background(), PodInfo{ID: id}, pin, nil)
+	wantRefusal("Attach", err, e.cfg.Subnet6)
+
+	v4 := newEnv(t, 24)
+	if err := v4.Setup(); err != nil {
+		t.Fatalf("IPv4-only Setup: %v", err)
+	}
+	cidr := v4.cfg.Subnet + ",fd00:198::/64"
+	wantRefusal("SetPodCIDR "+cidr, v4.SetPodCIDR(cidr), "fd00:198::/64")
 }

@@ -235,6 +235,9 @@ func (n *Network) setupLocked() error {
 }
 
 func (n *Network) setup() error {
+	if err := n.checkKernelIPv6(); err != nil {
+		return err
+	}
 	br, err := n.ensureBridge()
 	if err != nil {
 		return err
