@@ -36,11 +36,23 @@ const (
 	testRange   = "172.29.0.0/16"
 )
 
+// The cluster is dual-stack, IPv4 first: its IPv6 half is in the ULA range
+// fd29:29::/32 (which the tier checks no route of the host touches, as for
+// testRange): the node's IPv6 address on the same link, the pod range the
+// controller-manager cuts each node's /64 from, and the IPv6 service range.
+const (
+	nodeIP6      = "fd29:29:ff::1"
+	clusterCIDR6 = "fd29:29::/56"
+	serviceCIDR6 = "fd29:29:1::/112"
+	testRange6   = "fd29:29::/32"
+)
+
 // hostSysctls are the kernel settings the kubelet (protectKernelDefaults:
 // false), kube-proxy and berth's network may change; they are restored at
 // the end.
 var hostSysctls = append(slices.Clone(kubeenv.KubeletSysctls),
-	"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "net/netfilter/nf_conntrack_max")
+	"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "net/netfilter/nf_conntrack_max",
+	"net/ipv6/conf/all/forwarding")
 
 // env is one run of the tier: a loopback registry, etcd, the control plane,
 // berthd, a kubelet and kube-proxy, all on folders of this run under work.
@@ -182,7 +194,7 @@ func (e *env) startControlPlane() {
 		"--kubelet-certificate-authority", p.caFile, "--kubelet-preferred-address-types", "InternalIP",
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
-		"--service-cluster-ip-range", serviceCIDR,
+		"--service-cluster-ip-range", serviceCIDR+","+serviceCIDR6,
 		"--cert-dir", e.path("apiserver-certs"),
 		// Privileged containers, which e2e specs run (make test-e2e).
 		"--allow-privileged",
@@ -196,8 +208,9 @@ func (e *env) startControlPlane() {
 	e.controllers = kubeenv.Start(t, "kube-controller-manager", e.path("kube-controller-manager.log"), e.bin("kube-controller-manager"),
 		"--kubeconfig", cmConfig, "--authentication-kubeconfig", cmConfig, "--authorization-kubeconfig", cmConfig,
 		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(kubeenv.FreePort(t)), "--leader-elect=false",
-		"--allocate-node-cidrs", "--cluster-cidr", clusterCIDR, "--node-cidr-mask-size", "24",
-		"--service-cluster-ip-range", serviceCIDR, "--configure-cloud-routes=false",
+		"--allocate-node-cidrs", "--cluster-cidr", clusterCIDR+","+clusterCIDR6,
+		"--node-cidr-mask-size-ipv4", "24", "--node-cidr-mask-size-ipv6", "64",
+		"--service-cluster-ip-range", serviceCIDR+","+serviceCIDR6, "--configure-cloud-routes=false",
 		"--service-account-private-key-file", saKey, "--root-ca-file", p.caFile, "--use-service-account-credentials",
 		"--cluster-signing-cert-file", p.caFile, "--cluster-signing-key-file", filepath.Join(p.dir, "ca.key"),
 		"--cert-dir", e.path("controller-manager-certs"))
@@ -302,15 +315,16 @@ func (e *env) startKubelet() {
 	t.Helper()
 	e.kubeletRoot = e.path("kubelet")
 	e.cgroups = kubeenv.MakeCgroupRoot(t, fmt.Sprintf("/berth-cluster-%d", os.Getpid()))
-	e.kubeletArg, e.healthz = e.kubeletArgs(t, e.work, nodeName, nodeIP, "127.0.0.1", e.cgroups, e.berthd.Socket)
+	e.kubeletArg, e.healthz = e.kubeletArgs(t, e.work, nodeName, nodeIP, nodeIP6, "127.0.0.1", e.cgroups, e.berthd.Socket)
 	e.launchKubelet()
 	e.waitNodeReady(t, 2*time.Minute)
 }
 
 // kubeletArgs writes the configuration of a node's kubelet below w (its
 // root folder w/kubelet) and returns its command line and healthz port,
-// which listens on healthzIP.
-func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, healthzIP string, cgroups *kubeenv.Cgroups, socket string) ([]string, int) {
+// which listens on healthzIP. The node's addresses are ip and ip6, IPv4
+// first (the cluster is dual-stack); the kubelet listens on ip.
+func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6, healthzIP string, cgroups *kubeenv.Cgroups, socket string) ([]string, int) {
 	t.Helper()
 	root := w.Path("kubelet")
 	kubeenv.Mkdirs(t, root, w.Path("pod-logs"))
@@ -320,7 +334,7 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, healthzIP str
 	}
 	server := fmt.Sprintf("https://%s:%d", nodeIP, e.apiPort)
 	kubeconfig := e.pki.kubeconfig(t, "kubelet-"+name, server, e.pki.issue(t, "kubelet-"+name, "system:node:"+name, []string{"system:nodes"}))
-	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, name)
+	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, ip6, name)
 	healthz := kubeenv.FreePort(t)
 	config := fmt.Sprintf(kubeletConfig, ip, kubeenv.FreePort(t), healthzIP, healthz, serving.cert, serving.key, e.pki.caFile,
 		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket)
@@ -330,7 +344,7 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, healthzIP str
 	}
 	return []string{e.bin("kubelet"), "--config", configPath, "--kubeconfig", kubeconfig,
 		"--root-dir", root, "--cert-dir", filepath.Join(root, "pki"),
-		"--hostname-override", name, "--node-ip", ip, "--v", "2"}, healthz
+		"--hostname-override", name, "--node-ip", ip + "," + ip6, "--v", "2"}, healthz
 }
 
 // kubeletConfig is the node's KubeletConfiguration; the run fills in its
@@ -411,14 +425,17 @@ func (e *env) startKubeProxy() {
 		if _, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", healthz)); err != nil {
 			return err
 		}
-		return exec.Command("nft", "list", "table", "ip", "kube-proxy").Run()
+		if err := exec.Command("nft", "list", "table", "ip", "kube-proxy").Run(); err != nil {
+			return err
+		}
+		return exec.Command("nft", "list", "table", "ip6", "kube-proxy").Run()
 	})
 }
 
 // kubeProxyConfig writes the configuration of a node's kube-proxy below w
-// and returns its path and healthz port (on listenIP): nftables mode, and
-// conntrack settings zero, so that it leaves the host's conntrack table
-// sizes and timeouts alone.
+// and returns its path and healthz port (on listenIP): nftables mode (both
+// families: the cluster is dual-stack), and conntrack settings zero, so
+// that it leaves the host's conntrack table sizes and timeouts alone.
 func (e *env) kubeProxyConfig(t *testing.T, w *kubeenv.Work, name, listenIP string) (string, int) {
 	t.Helper()
 	server := fmt.Sprintf("https://%s:%d", nodeIP, e.apiPort)
@@ -440,7 +457,7 @@ conntrack:
   tcpCloseWaitTimeout: 0s
   udpTimeout: 0s
   udpStreamTimeout: 0s
-`, kubeconfig, name, clusterCIDR, net.JoinHostPort(listenIP, fmt.Sprint(healthz)), net.JoinHostPort(listenIP, fmt.Sprint(kubeenv.FreePort(t))))
+`, kubeconfig, name, clusterCIDR+","+clusterCIDR6, net.JoinHostPort(listenIP, fmt.Sprint(healthz)), net.JoinHostPort(listenIP, fmt.Sprint(kubeenv.FreePort(t))))
 	path := w.Path("kube-proxy.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)

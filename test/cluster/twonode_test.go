@@ -24,11 +24,12 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// The second node: its address sits on the node link's side of a veth pair
-// into a network namespace of its own.
+// The second node: its addresses sit on the node link's side of a veth
+// pair into a network namespace of its own.
 const (
 	node2Name = "berth-node-2"
 	node2IP   = "172.29.255.2"
+	node2IP6  = "fd29:29:ff::2"
 )
 
 // secondNode is a node in network and mount namespaces of its own, with
@@ -44,8 +45,8 @@ type secondNode struct {
 	work     *kubeenv.Work
 	netns    string   // its name in /run/netns
 	enter    []string // nsenter into the node's mount and network namespaces
-	hostVeth string   // on the node link; its peer in the netns holds node2IP
-	podCIDR  string   // routed by the host to node2IP
+	hostVeth string   // on the node link; its peer in the netns holds node2IP and node2IP6
+	podCIDRs []string // routed by the host to node2IP and node2IP6
 	holder   *kubeenv.Proc
 
 	berthd      *kubeenv.Berthd
@@ -88,16 +89,18 @@ func (e *env) startSecondNode(t *testing.T) *secondNode {
 	t.Cleanup(n.stopNode)
 	n.kubeletRoot = n.work.Path("kubelet")
 	n.cgroups = kubeenv.MakeCgroupRoot(t, fmt.Sprintf("/berth-cluster-%d-2", os.Getpid()))
-	args, healthz := e.kubeletArgs(t, n.work, node2Name, node2IP, node2IP, n.cgroups, n.berthd.Socket)
+	args, healthz := e.kubeletArgs(t, n.work, node2Name, node2IP, node2IP6, node2IP, n.cgroups, n.berthd.Socket)
 	n.kubelet = kubeenv.Start(t, "kubelet-2", n.work.Path("kubelet.log"), append(slices.Clone(n.enter), args...)...)
 	n.kubelet.WaitUp(t, 90*time.Second, func() error {
 		_, err := kubeenv.Get(fmt.Sprintf("http://%s/healthz", net.JoinHostPort(node2IP, fmt.Sprint(healthz))))
 		return err
 	})
-	n.podCIDR = e.waitNamedNodeReady(t, node2Name, 2*time.Minute).Spec.PodCIDR
-	// The host's way to the node's pods; the node's way back is its route
-	// of the whole test range to the host.
-	n.ip(t, "route", "add", n.podCIDR, "via", node2IP, "dev", e.link)
+	// The host's way to the node's pods, in each family; the node's way
+	// back is its route of the whole test range to the host.
+	for _, cidr := range e.waitNamedNodeReady(t, node2Name, 2*time.Minute).Spec.PodCIDRs {
+		n.ip(t, "route", "add", cidr, "via", node2Via(cidr), "dev", e.link)
+		n.podCIDRs = append(n.podCIDRs, cidr)
+	}
 
 	config, proxyHealthz := e.kubeProxyConfig(t, n.work, node2Name, node2IP)
 	n.kubeProxy = kubeenv.Start(t, "kube-proxy-2", n.work.Path("kube-proxy.log"),
@@ -111,6 +114,14 @@ func (e *env) startSecondNode(t *testing.T) *secondNode {
 	return n
 }
 
+// node2Via is the second node's address in the family of cidr.
+func node2Via(cidr string) string {
+	if strings.Contains(cidr, ":") {
+		return node2IP6
+	}
+	return node2IP
+}
+
 // ip runs ip(8) on the host; a failure fails t.
 func (n *secondNode) ip(t *testing.T, args ...string) {
 	t.Helper()
@@ -120,9 +131,10 @@ func (n *secondNode) ip(t *testing.T, args ...string) {
 }
 
 // addNetwork makes the node's network namespace and a veth pair from the
-// node link into it: node2IP on the node's end, which routes the test
-// range (the control plane on nodeIP, the other node's pods, the Services)
-// to the host, and forwards to its pods.
+// node link into it: node2IP and node2IP6 on the node's end, which routes
+// the test ranges (the control plane on nodeIP, the other node's pods, the
+// Services) to the host, and forwards to its pods. The IPv6 address skips
+// duplicate address detection, as the host's nodeIP6 does.
 func (n *secondNode) addNetwork(t *testing.T) {
 	t.Helper()
 	const inner = "eth0"
@@ -132,24 +144,27 @@ func (n *secondNode) addNetwork(t *testing.T) {
 	for _, args := range [][]string{
 		{"link", "set", "lo", "up"},
 		{"addr", "add", node2IP + "/32", "dev", inner},
+		{"addr", "add", node2IP6 + "/128", "dev", inner, "nodad"},
 		{"link", "set", inner, "up"},
 		{"route", "add", nodeIP, "dev", inner},
 		{"route", "add", testRange, "via", nodeIP, "dev", inner, "src", node2IP},
+		{"route", "add", nodeIP6, "dev", inner},
+		{"route", "add", testRange6, "via", nodeIP6, "dev", inner, "src", node2IP6},
 	} {
 		n.ip(t, append([]string{"-n", n.netns}, args...)...)
 	}
-	if out, err := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
-		t.Fatalf("ip_forward in %s: %v %s", n.netns, err, out)
+	if out, err := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1").CombinedOutput(); err != nil {
+		t.Fatalf("forwarding in %s: %v %s", n.netns, err, out)
 	}
 }
 
-// removeNetwork removes the route to the node's pods and its namespace
+// removeNetwork removes the routes to the node's pods and its namespace
 // (with its end of the veth pair, and so the host's).
 func (n *secondNode) removeNetwork() {
 	t := n.t
-	if n.podCIDR != "" {
-		if out, err := exec.Command("ip", "route", "del", n.podCIDR, "via", node2IP).CombinedOutput(); err != nil {
-			t.Errorf("teardown: ip route del %s: %v %s", n.podCIDR, err, out)
+	for _, cidr := range n.podCIDRs {
+		if out, err := exec.Command("ip", "route", "del", cidr, "via", node2Via(cidr)).CombinedOutput(); err != nil {
+			t.Errorf("teardown: ip route del %s: %v %s", cidr, err, out)
 		}
 	}
 	if out, err := exec.Command("ip", "netns", "del", n.netns).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
@@ -370,10 +385,12 @@ func (e *env) twoNodes(t *testing.T) {
 	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/spread", "--timeout", startTimeout.String())
 	t.Logf("spread Deployment Ready in %s", time.Since(start).Round(100*time.Millisecond))
 	byNode := map[string][]string{} // node → pod names
-	ips := map[string]string{}      // pod → IP
+	ips := map[string][]string{}    // pod → its IPs, IPv4 first
 	for _, p := range e.pods(t, ns, "app=spread") {
 		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], p.Name)
-		ips[p.Name] = p.Status.PodIP
+		for _, ip := range p.Status.PodIPs {
+			ips[p.Name] = append(ips[p.Name], ip.IP)
+		}
 	}
 	if len(byNode[nodeName]) != 2 || len(byNode[node2Name]) != 2 {
 		t.Fatalf("replicas by node %v, want 2 on each of %s and %s", byNode, nodeName, node2Name)
@@ -381,14 +398,20 @@ func (e *env) twoNodes(t *testing.T) {
 	n.ownsPods(t, byNode)
 	e.isolated(t, n)
 
-	// A pod on each node reaches a pod on the other by its IP: routed by
-	// the host, no address translation (berth masquerades nothing here, so
-	// the server sees the pod's own address... and answers it).
+	// A pod on each node reaches a pod on the other by each of its IPs
+	// (IPv4 and IPv6): routed by the host, no address translation (berth
+	// masquerades nothing here, so the server sees the pod's own
+	// address... and answers it).
 	for _, pair := range [][2]string{{byNode[nodeName][0], byNode[node2Name][0]}, {byNode[node2Name][1], byNode[nodeName][1]}} {
 		from, to := pair[0], pair[1]
-		url := fmt.Sprintf("http://%s/", net.JoinHostPort(ips[to], "8080"))
-		if got, want := e.exec(t, ns, from, "/bin/web", "get", url), "v1 "+to+"\n"; got != want {
-			t.Errorf("GET %s from pod %s: %q, want %q", url, from, got, want)
+		if len(ips[to]) != 2 {
+			t.Errorf("pod %s has IPs %v, want an IPv4 and an IPv6", to, ips[to])
+		}
+		for _, ip := range ips[to] {
+			url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "8080"))
+			if got, want := e.exec(t, ns, from, "/bin/web", "get", url), "v1 "+to+"\n"; got != want {
+				t.Errorf("GET %s from pod %s: %q, want %q", url, from, got, want)
+			}
 		}
 	}
 	e.spreadService(t, n, byNode)
