@@ -3,7 +3,8 @@
 // which stays for the pod's lifetime, never holds what libcontainer leaves
 // resident. It is installed beside berth-shim. Modes:
 //
-//	berth-shim-helper helper   one operation for a shim (package sandbox/shim/helper)
+//	berth-shim-helper helper                      one operation for a shim (package sandbox/shim/helper)
+//	berth-shim-helper helper --serve POD_DIR      execs for a shim, until it hangs up
 //	berth-shim-helper init     libcontainer's container init (re-exec)
 package main
 
@@ -35,9 +36,12 @@ func init() {
 }
 
 func main() {
-	if len(os.Args) != 2 || os.Args[1] != shim.HelperArg {
-		fmt.Fprintln(os.Stderr, "usage: berth-shim-helper helper | init (started by berth-shim)")
-		os.Exit(2)
+	switch {
+	case len(os.Args) == 2 && os.Args[1] == shim.HelperArg:
+		os.Exit(helper.Run())
+	case len(os.Args) == 4 && os.Args[1] == shim.HelperArg && os.Args[2] == shim.HelperServeArg:
+		os.Exit(helper.Serve())
 	}
-	os.Exit(helper.Run())
+	fmt.Fprintln(os.Stderr, "usage: berth-shim-helper helper [--serve POD_DIR] | init (started by berth-shim)")
+	os.Exit(2)
 }

@@ -20,6 +20,22 @@ import specs "github.com/opencontainers/runtime-spec/specs-go"
 // HelperArg is the helper binary's first argument.
 const HelperArg = "helper"
 
+// HelperServeArg, after HelperArg, makes the helper serve execs (HelperExec
+// only) on its fd 3, a SOCK_SEQPACKET socket, one message a request with
+// the stdio fds (WriteStreamMsg), until the shim hangs up. The started
+// process stays the helper's child: the helper waits for it after the shim
+// has registered it (a HelperRegistered message) and reports its exit
+// (HelperReply.Exited). The shim keeps such a helper while execs come in
+// close to each other (ExecSync probes, a client's loop), and hangs up once
+// none came for a moment: one exec then costs what it did when the shim ran
+// libcontainer itself, not a start of the helper. Its last argument is the
+// pod folder, so that the helper is seen (and counted) as the pod's.
+const HelperServeArg = "--serve"
+
+// HelperRegistered tells a serving helper that the shim has registered the
+// pid of its last reply (HelperRequest.Pid): it may wait for it now.
+const HelperRegistered = "registered"
+
 // HelperBinary is the helper's file name, beside the shim's binary.
 const HelperBinary = "berth-shim-helper"
 
@@ -61,6 +77,8 @@ type HelperRequest struct {
 	// Kill: the signal, and whether to every process in the cgroup.
 	Signal int
 	All    bool
+	// HelperRegistered: the pid.
+	Pid int `json:",omitempty"`
 }
 
 // HelperStdio says which of the process's standard streams the helper was
@@ -99,7 +117,19 @@ type HelperReply struct {
 	// oom_kill count (memory.events, or memory.oom_control on cgroup v1).
 	Cgroup    string `json:",omitempty"`
 	OOMEvents string `json:",omitempty"`
+	// Create: the container's cgroup folders, one per hierarchy, which
+	// the shim removes itself on Delete, unless DeleteByHelper: then
+	// removing the container takes libcontainer (the systemd driver's
+	// unit, poststop hooks, Intel RDT) and a helper does it. (A helper
+	// start per container on every pod's teardown would cost more than the
+	// rest of the teardown's steps.)
+	CgroupPaths    map[string]string `json:",omitempty"`
+	DeleteByHelper bool              `json:",omitempty"`
 	// State: the container's status (StatusCreated, StatusRunning,
 	// StatusStopped).
 	Status string `json:",omitempty"`
+	// A serving helper's report that its process Exited, with its wait
+	// status.
+	Exited     int `json:",omitempty"`
+	WaitStatus int `json:",omitempty"`
 }

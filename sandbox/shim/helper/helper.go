@@ -11,11 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -43,6 +46,70 @@ func Run() int {
 	}
 	io.Copy(io.Discard, os.Stdin)
 	return 0
+}
+
+// Serve serves execs on fd 3 (see shim.HelperServeArg) until the shim
+// hangs up. Processes still running then become the shim's children (it
+// registered them), and it reaps them.
+func Serve() int {
+	f := os.NewFile(3, "shim")
+	syscall.CloseOnExec(3)
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berth-shim-helper: serve: %v\n", err)
+		return 2
+	}
+	conn, ok := fc.(*net.UnixConn)
+	if !ok {
+		fmt.Fprintln(os.Stderr, "berth-shim-helper: serve: fd 3 is not a unix socket")
+		return 2
+	}
+	var send sync.Mutex
+	reply := func(r shim.HelperReply) error {
+		send.Lock()
+		defer send.Unlock()
+		return shim.WriteStreamMsg(conn, r)
+	}
+	for {
+		var req shim.HelperRequest
+		files, err := shim.ReadStreamMsg(conn, &req)
+		if err != nil {
+			return 0 // the shim hung up
+		}
+		switch req.Op {
+		case shim.HelperRegistered:
+			go waitAndReport(req.Pid, reply)
+			continue
+		case shim.HelperExec:
+		default:
+			req.Op = "serve " + req.Op // unknown: do says so
+		}
+		r := do(&req, files)
+		for _, f := range files {
+			f.Close()
+		}
+		if reply(r) != nil {
+			return 0
+		}
+	}
+}
+
+// waitAndReport waits for a process this helper started and sends its
+// exit.
+func waitAndReport(pid int, reply func(shim.HelperReply) error) {
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return // not this helper's child: the shim reaps it
+		}
+		break
+	}
+	reply(shim.HelperReply{Exited: pid, WaitStatus: int(ws)})
 }
 
 // stdioFiles are the n fds the shim handed over from 3 on. They are made
@@ -141,7 +208,9 @@ func create(req *shim.HelperRequest, files []*os.File, r *shim.HelperReply) erro
 	}
 	if st, err := c.State(); err == nil {
 		r.Cgroup, r.OOMEvents = cgroupFiles(st.CgroupPaths)
+		r.CgroupPaths = st.CgroupPaths
 	}
+	r.DeleteByHelper = cfg.Cgroups.Systemd || len(cfg.Hooks[configs.Poststop]) > 0 || cfg.IntelRdt != nil
 	return nil
 }
 

@@ -31,6 +31,10 @@ type ctr struct {
 	cgroup    string // lists its processes (cgroup.procs, and its children's)
 	oomEvents string // its OOM kill count
 	oom0      uint64
+	// cgroupPaths are its cgroups, which delete removes itself unless
+	// deleteByHelper (see shim.HelperReply).
+	cgroupPaths    map[string]string
+	deleteByHelper bool
 
 	// startMu orders Create's setup and Start's started.json before the
 	// exit handling.
@@ -107,6 +111,7 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	c.init = sp
 	c.state.Pid = sp.pid
 	c.cgroup, c.oomEvents = r.Cgroup, r.OOMEvents
+	c.cgroupPaths, c.deleteByHelper = r.CgroupPaths, r.DeleteByHelper || r.CgroupPaths == nil
 	c.oom0, _ = oomKills(c.oomEvents)
 	err = c.io.started(c.log, req.Stdin)
 	c.startMu.Unlock()
@@ -247,7 +252,12 @@ func (s *Server) delete(id string) error {
 	default:
 		return fmt.Errorf("%w: %s", shim.ErrNotStopped, id)
 	}
-	if _, err := s.helper(&shim.HelperRequest{Op: shim.HelperDelete, ID: id}, nil, nil); err != nil {
+	if c.deleteByHelper {
+		_, err = s.helper(&shim.HelperRequest{Op: shim.HelperDelete, ID: id}, nil, nil)
+	} else {
+		err = s.destroy(c)
+	}
+	if err != nil {
 		return err
 	}
 	c.io.close()

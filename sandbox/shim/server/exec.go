@@ -37,7 +37,8 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 		outW.Close()
 		return shim.ExecResponse{}, err
 	}
-	sp, err := s.spawnExec(c, req, shim.HelperStdio{Stdout: true, Stderr: true}, []*os.File{outW, errW})
+	sp, err := s.execViaHelper(&shim.HelperRequest{Op: shim.HelperExec, ID: c.id, Bundle: c.bundle,
+		Stdio: shim.HelperStdio{Stdout: true, Stderr: true}, Exec: req}, []*os.File{outW, errW})
 	outW.Close()
 	errW.Close()
 	if err != nil {

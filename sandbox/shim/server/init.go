@@ -1,15 +1,12 @@
 package server
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -103,55 +100,4 @@ func unblockFifo(path string, opened <-chan fifoOpen) {
 			}
 		}
 	}()
-}
-
-// oomKills reads the oom_kill count of a cgroup's memory.events (v2) or
-// memory.oom_control (v1).
-func oomKills(path string) (uint64, error) {
-	if path == "" {
-		return 0, errors.New("no OOM counter")
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
-			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("%s: no oom_kill", path)
-}
-
-// signalCgroup signals every process in a container's cgroup and the
-// cgroups below it (processes that outlived init in a shared PID namespace
-// included). A cgroup that is gone has nothing to signal.
-func signalCgroup(dir string, sig unix.Signal) error {
-	if dir == "" {
-		return nil
-	}
-	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if d.Name() != "cgroup.procs" {
-			return nil
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil
-		}
-		for _, f := range strings.Fields(string(b)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				continue
-			}
-			if err := unix.Kill(pid, sig); err != nil && err != unix.ESRCH {
-				return err
-			}
-		}
-		return nil
-	})
 }

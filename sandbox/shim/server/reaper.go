@@ -76,6 +76,18 @@ func (r *reaper) reap() {
 	}
 }
 
+// deliver hands an exit that a serving helper reaped (its child) to the
+// pid's waiter, as reap does for the shim's own children.
+func (r *reaper) deliver(pid int, ws unix.WaitStatus) {
+	r.mu.Lock()
+	fn := r.waiters[pid]
+	delete(r.waiters, pid)
+	r.mu.Unlock()
+	if fn != nil {
+		go fn(exit{status: ws, at: time.Now()})
+	}
+}
+
 // register has onExit called when pid exits.
 func (r *reaper) register(pid int, onExit func(exit)) {
 	r.mu.Lock()

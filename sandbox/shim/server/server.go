@@ -43,6 +43,9 @@ type Server struct {
 
 	trimMu sync.Mutex
 	trim   *time.Timer // pending trimSoon, nil when none
+
+	ehMu sync.Mutex
+	eh   *execHelper // the helper serving ExecSync, nil when none
 }
 
 // Run serves the pod folder dir until Shutdown (or SIGTERM/SIGINT while no
@@ -120,6 +123,7 @@ func Run(dir string, ready *os.File) error {
 	<-s.quit
 	l.Close()
 	sl.Close()
+	s.stopExecHelper()
 	log.Printf("shutting down")
 	return nil
 }
