@@ -158,7 +158,7 @@ run: build
 
 # bench prints the numbers issues ask for; it asserts nothing.
 bench: deps
-	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v ./test/bench/ | grep -E '^(pull|exec|pod|teardown|rss|network|step|scale|--- FAIL|ok|FAIL)'
+	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v ./test/bench/ | grep -E '^(pull|exec|pod|teardown|rss|memory|network|step|scale|--- FAIL|ok|FAIL)'
 
 # bench-compare runs berth's workload and the same against Debian's containerd
 # 1.6 (runc, CNI bridge + portmap), installed for this target only, and prints

@@ -14,8 +14,8 @@ import (
 // sleeping container and prints what each of berth's processes costs, by
 // smaps_rollup: berthd, the per-pod shims (sum, and one shim's anonymous
 // and file pages), the pods' other processes, and the totals per pod that
-// TestCompareContainerd's memory rows compare; then the ExecSync and
-// teardown p50 that must not grow with the shim's design. berth only: the
+// TestCompareContainerd's memory rows compare; then the pod start,
+// ExecSync and teardown p50 that the shim's design moves. berth only: the
 // containerd side is TestCompareContainerd's.
 func TestMemoryPerPod(t *testing.T) {
 	d, img := daemonWithBusybox(t)
@@ -28,8 +28,11 @@ func TestMemoryPerPod(t *testing.T) {
 	t.Cleanup(func() { removeCgroupTree(parent) })
 	ids := make([]string, n)
 	var firstCtr string
+	var starts []time.Duration
 	for i := range ids {
+		begin := time.Now()
 		pod, ctr, err := startPod(ctx, d.Runtime, parent, fmt.Sprint("mem-", i), img)
+		starts = append(starts, time.Since(begin))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,5 +86,5 @@ func TestMemoryPerPod(t *testing.T) {
 		}
 		teardowns = append(teardowns, time.Since(begin))
 	}
-	fmt.Printf("memory %d pods; ExecSync(true) p50 %s; teardown p50 %s\n", n, pct(execTimes, 50), pct(teardowns, 50))
+	fmt.Printf("memory %d pods; pod start p50 %s; ExecSync(true) p50 %s; teardown p50 %s\n", n, pct(starts, 50), pct(execTimes, 50), pct(teardowns, 50))
 }
