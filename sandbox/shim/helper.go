@@ -77,7 +77,8 @@ type HelperRequest struct {
 	// Kill: the signal, and whether to every process in the cgroup.
 	Signal int
 	All    bool
-	// HelperRegistered: the pid.
+	// HelperRegistered: the pid. HelperExec: the container's init's pid,
+	// which a serving helper keys what it keeps of the container by.
 	Pid int `json:",omitempty"`
 }
 

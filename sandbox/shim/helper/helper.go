@@ -65,6 +65,7 @@ func Serve() int {
 		fmt.Fprintln(os.Stderr, "berth-shim-helper: serve: fd 3 is not a unix socket")
 		return 2
 	}
+	targets = map[string]target{}
 	var send sync.Mutex
 	reply := func(r shim.HelperReply) error {
 		send.Lock()
@@ -239,25 +240,56 @@ func execIn(req *shim.HelperRequest, files []*os.File, r *shim.HelperReply) erro
 	if req.Exec == nil || len(req.Exec.Args) == 0 {
 		return errors.New("exec: no command")
 	}
-	spec, err := loadSpec(req.Bundle)
+	t, err := loadTarget(req)
 	if err != nil {
 		return err
 	}
-	base, err := lcProcess(spec.Process)
-	if err != nil {
-		return err
-	}
-	proc := execProcess(base, req.Exec)
+	proc := execProcess(t.base, req.Exec)
 	setStdio(proc, req.Stdio, files)
-	c, err := libcontainer.Load(req.Root, req.ID)
-	if err != nil {
-		return err
-	}
-	if err := c.Run(proc); err != nil {
+	if err := t.c.Run(proc); err != nil {
 		return err
 	}
 	r.Pid, err = proc.Pid()
 	return err
+}
+
+// target is what an exec needs of its container: libcontainer's handle
+// (its state decoded) and the process settings of its spec.
+type target struct {
+	initPid int
+	c       *libcontainer.Container
+	base    *libcontainer.Process
+}
+
+// targets keeps, in a helper that serves execs, each container's target
+// between execs: decoding its spec and its libcontainer state (both carry
+// the seccomp profile) took a fifth of an exec's CPU. A container created
+// again under the same ID has another init, so the init's pid is part of
+// the key. (Update changes only the cgroup's limits, which an exec does
+// not apply.)
+var targets map[string]target
+
+func loadTarget(req *shim.HelperRequest) (target, error) {
+	if t, ok := targets[req.ID]; ok && req.Pid > 0 && t.initPid == req.Pid {
+		return t, nil
+	}
+	spec, err := loadSpec(req.Bundle)
+	if err != nil {
+		return target{}, err
+	}
+	base, err := lcProcess(spec.Process)
+	if err != nil {
+		return target{}, err
+	}
+	c, err := libcontainer.Load(req.Root, req.ID)
+	if err != nil {
+		return target{}, err
+	}
+	t := target{initPid: req.Pid, c: c, base: base}
+	if targets != nil && req.Pid > 0 {
+		targets[req.ID] = t
+	}
+	return t, nil
 }
 
 // execProcess is the exec'd process: the container's own process settings

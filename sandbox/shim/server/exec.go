@@ -37,7 +37,10 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 		outW.Close()
 		return shim.ExecResponse{}, err
 	}
-	sp, err := s.execViaHelper(&shim.HelperRequest{Op: shim.HelperExec, ID: c.id, Bundle: c.bundle,
+	s.mu.Lock()
+	initPid := c.state.Pid
+	s.mu.Unlock()
+	sp, err := s.execViaHelper(&shim.HelperRequest{Op: shim.HelperExec, ID: c.id, Bundle: c.bundle, Pid: initPid,
 		Stdio: shim.HelperStdio{Stdout: true, Stderr: true}, Exec: req}, []*os.File{outW, errW})
 	outW.Close()
 	errW.Close()
