@@ -19,13 +19,17 @@ BERTH_GO  := GOFLAGS='$(BERTH_GOFLAGS)' $(GO)
 
 .PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration soak test-soak deps-vm test-vm test-vm-systemd test-kubelet test-cluster test-e2e test-conformance deps-e2e k8s-bins kubelet-bins cluster-bins e2e-bins lint run bench bench-compare install start clean
 
-# The shim is linked statically: it needs no libc on the node (nor in the
-# VM tier). The seccomp tag links libcontainer's seccomp support with Debian's static
-# libseccomp (libseccomp-dev, installed by deps); without it every container
-# asking for a seccomp profile would fail to start.
+# The shim and its helper are linked statically: they need no libc on the
+# node (nor in the VM tier). The shim, one per pod for the pod's lifetime,
+# is pure Go and small (its mapped pages count in every pod's memory); the
+# helper carries libcontainer. The seccomp tag links libcontainer's seccomp
+# support with Debian's static libseccomp (libseccomp-dev, installed by
+# deps); without it every container asking for a seccomp profile would fail
+# to start.
 build: deps
 	$(BERTH_GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berthd ./cmd/berthctl
-	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo,seccomp -ldflags '$(LDFLAGS) -s -w -extldflags -static' -o $(BIN)/berth-shim ./cmd/berth-shim
+	CGO_ENABLED=0 $(BERTH_GO) build -ldflags '$(LDFLAGS) -s -w' -o $(BIN)/berth-shim ./cmd/berth-shim
+	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo,seccomp -ldflags '$(LDFLAGS) -s -w -extldflags -static' -o $(BIN)/berth-shim-helper ./cmd/berth-shim-helper
 	$(MAKE) --no-print-directory pause
 
 # pause builds berth-pause, PID 1 of shared-PID pods: C with no Go runtime
@@ -198,7 +202,7 @@ run: build
 
 # bench prints the numbers issues ask for; it asserts nothing.
 bench: deps
-	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v ./test/bench/ | grep -E '^(pull|exec|pod|teardown|rss|network|step|scale|--- FAIL|ok|FAIL)'
+	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -v ./test/bench/ | grep -E '^(pull|exec|pod|teardown|rss|memory|network|step|scale|--- FAIL|ok|FAIL)'
 
 # bench-compare runs berth's workload and the same against Debian's containerd
 # 1.6 (runc, CNI bridge + portmap), installed for this target only, and prints
@@ -209,7 +213,7 @@ bench-compare: deps
 
 install: build
 	install -d $(PREFIX)/bin /etc/berth
-	install -m 0755 $(BIN)/berthd $(BIN)/berthctl $(BIN)/berth-shim $(BIN)/berth-pause $(PREFIX)/bin/
+	install -m 0755 $(BIN)/berthd $(BIN)/berthctl $(BIN)/berth-shim $(BIN)/berth-shim-helper $(BIN)/berth-pause $(PREFIX)/bin/
 	if [ -d /run/systemd/system ]; then install -m 0644 cmd/berthd/berthd.service /etc/systemd/system/ && systemctl daemon-reload; fi
 
 # start runs the installed berthd on its defaults: under systemd when the

@@ -1,12 +1,12 @@
 // Command berth-shim is berth's per-pod monitor (see DESIGN.md, "Process
-// model"). Modes:
+// model"):
 //
 //	berth-shim serve --dir POD_DIR   serve a pod (package sandbox/shim/server)
-//	berth-shim init                  libcontainer's container init (re-exec)
 //
-// The pause of shared-PID pods is another program, cmd/berth-pause.
-//
-// It stays small on purpose: no gRPC, no CRI API, no registry client.
+// It stays for the pod's lifetime, so it stays small on purpose: no
+// libcontainer (its work is berth-shim-helper's, cmd/berth-shim-helper,
+// installed beside it), no gRPC, no CRI API, no registry client. The pause
+// of shared-PID pods is another program, cmd/berth-pause.
 package main
 
 import (
@@ -17,26 +17,13 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
-	// Without it the cgroup manager cannot apply device rules.
-	_ "github.com/opencontainers/cgroups/devices"
-	// nsexec: the C constructor that joins namespaces before the Go runtime
-	// starts, in "init" mode.
-	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/shim/server"
 )
 
 func init() {
-	// As runc's own "init" command: before main, after nsexec.
-	if len(os.Args) > 1 && os.Args[1] == "init" {
-		// The container's processes get the node's huge page policy, not
-		// the shim's, which every process it starts inherits.
-		_ = unix.Prctl(unix.PR_SET_THP_DISABLE, 0, 0, 0, 0)
-		libcontainer.Init()
-	}
 	// No transparent huge pages in the shim, as early as Go code runs: on
 	// kernels that default to them (Debian's), khugepaged folds the idle
 	// shim's thread stacks and runtime metadata into 2 MiB pages, up to a
@@ -56,7 +43,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: berth-shim serve --dir POD_DIR | init")
+	fmt.Fprintln(os.Stderr, "usage: berth-shim serve --dir POD_DIR")
 	os.Exit(2)
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/berth-runtime/berth/network/cni"
 	"github.com/berth-runtime/berth/sandbox"
 	"github.com/berth-runtime/berth/sandbox/cdi"
+	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
 // stopTimeout bounds the graceful stop: long-lived streams never end by themselves.
@@ -259,16 +260,22 @@ func findShim(configured string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	shim := filepath.Join(filepath.Dir(self), "berth-shim")
-	if _, err := os.Stat(shim); err != nil {
+	bin := filepath.Join(filepath.Dir(self), "berth-shim")
+	if _, err := os.Stat(bin); err != nil {
 		return "", fmt.Errorf("berth-shim not found beside berthd (%w): install it there or set shim_binary", err)
 	}
-	return shim, nil
+	return bin, nil
 }
 
 // findPause returns the berth-pause installed beside the shim: the two are
-// built and shipped together.
+// built and shipped together. The shim's helper, which the shim finds
+// beside itself, is checked for here too, so that a node without it fails
+// at start rather than at its first pod.
 func findPause(shimBinary string) (string, error) {
+	helper := filepath.Join(filepath.Dir(shimBinary), shim.HelperBinary)
+	if _, err := os.Stat(helper); err != nil {
+		return "", fmt.Errorf("%s not found beside berth-shim (%w): install it there", shim.HelperBinary, err)
+	}
 	pause := filepath.Join(filepath.Dir(shimBinary), "berth-pause")
 	if _, err := os.Stat(pause); err != nil {
 		return "", fmt.Errorf("berth-pause not found beside berth-shim (%w): install it there", err)

@@ -1,15 +1,16 @@
 // Package shim is berthd's side of the per-pod berth-shim: the wire types of
 // its API (net/rpc's wire format, wire.go), the client, the detached start, and readers for the
 // records the shim leaves on disk (so a pod whose shim died still reports
-// what happened). It uses the standard library only, so that importing it
-// does not drag libcontainer into berthd; the shim's own logic is in
-// package server.
+// what happened); and the exchange between the shim and its short-lived
+// berth-shim-helper (helper.go). It uses the standard library only, so that
+// importing it drags libcontainer neither into berthd nor into the shim; the
+// shim's own logic is in package server, the helper's in package helper.
 //
 // Pod folder layout (POD_DIR, e.g. /run/berth/pods/<podID>):
 //
 //	shim.sock                  the API (0600)
 //	shim.pid                   the shim's pid
-//	shim.log                   the shim's own stdout/stderr
+//	shim.log                   the shim's own stdout/stderr, and its helpers' stderr
 //	lc/                        libcontainer state root
 //	containers/<id>/config.json  OCI spec, written by the manager before Create
 //	containers/<id>/started.json {"pid","startedAt"}, written durably on Start

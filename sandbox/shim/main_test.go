@@ -13,7 +13,7 @@ import (
 
 // Set up by TestMain for the privileged tests (run as root only).
 var (
-	shimBin      string // the berth-shim built for this run
+	shimBin      string // the berth-shim built for this run (berth-shim-helper beside it)
 	rootfs       string // busybox rootfs, with berth-pause as /pause
 	cgroupParent string // "/berth-shimtest-<rand>"
 	setupErr     error
@@ -51,12 +51,13 @@ func setup(tmp string) error {
 		return makeRootfs(rootfs, filepath.Join(dir, "berth-pause"))
 	}
 	shimBin = filepath.Join(tmp, "berth-shim")
-	// seccomp: libcontainer's seccomp support, as the Makefile builds the shim.
-	args := []string{"build", "-tags", "seccomp", "-o", shimBin}
+	// seccomp: libcontainer's seccomp support, as the Makefile builds the helper.
+	args := []string{"build", "-tags", "seccomp", "-o", tmp + "/"}
 	if os.Getenv("BERTH_RACE") != "" {
 		args = append(args, "-race") // races are reported in shim.log, checked by cleanup
 	}
-	out, err := exec.Command("go", append(args, "github.com/berth-runtime/berth/cmd/berth-shim")...).CombinedOutput()
+	out, err := exec.Command("go", append(args, "github.com/berth-runtime/berth/cmd/berth-shim",
+		"github.com/berth-runtime/berth/cmd/berth-shim-helper")...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("build shim: %v\n%s", err, out)
 	}

@@ -33,8 +33,8 @@ var binaries struct {
 	dir string
 }
 
-// BinDirEnv names a folder of prebuilt berthd, berthctl, berth-shim and
-// berth-pause that
+// BinDirEnv names a folder of prebuilt berthd, berthctl, berth-shim,
+// berth-shim-helper and berth-pause that
 // Main uses instead of building them: the VM tier (test/vm) runs the test
 // binaries where there is no Go toolchain.
 const BinDirEnv = "BERTH_BIN_DIR"
@@ -51,7 +51,7 @@ func Main(m *testing.M, env string) {
 func runMain(m *testing.M, env string) int {
 	if os.Getenv(env) == "1" && os.Geteuid() == 0 {
 		if dir := os.Getenv(BinDirEnv); dir != "" {
-			for _, name := range []string{"berthd", "berthctl", "berth-shim", "berth-pause"} {
+			for _, name := range []string{"berthd", "berthctl", "berth-shim", "berth-shim-helper", "berth-pause"} {
 				if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 					fmt.Fprintf(os.Stderr, "harness: %s: %v\n", BinDirEnv, err)
 					return 1
@@ -109,12 +109,13 @@ func ModuleRoot() (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// ShimBuildTags are the build tags of berth-shim: the Makefile's, and what
-// every test that builds its own shim uses (seccomp links libcontainer's
-// seccomp support with libseccomp).
+// ShimBuildTags are the build tags of berth-shim-helper: the Makefile's,
+// and what every test that builds its own helper uses (seccomp links
+// libcontainer's seccomp support with libseccomp).
 const ShimBuildTags = "netgo,osusergo,seccomp"
 
-// buildBinaries builds berthd, berthctl and berth-shim into a temp folder;
+// buildBinaries builds berthd, berthctl, berth-shim and berth-shim-helper
+// into a temp folder;
 // crashpoints builds berthd with its crash points (cri/crashpoint), which
 // the integration tests drive and benchmarks must not pay for.
 func buildBinaries(crashpoints bool) (string, error) {
@@ -134,10 +135,13 @@ func buildBinaries(crashpoints bool) (string, error) {
 		args = append(args, "-tags", "crashpoints")
 	}
 	args = append(args, "./cmd/berthd", "./cmd/berthctl")
-	// The shim is linked statically, with libseccomp, as the Makefile builds
-	// it (and without -race, which static cgo binaries do not support), with
-	// the Makefile's -trimpath, so that its packages compile once per make test.
-	shimArgs := []string{"build", "-trimpath", "-o", dir + "/", "-tags", ShimBuildTags, "-ldflags", "-extldflags -static", "./cmd/berth-shim"}
+	// The shim and its helper are linked statically, the helper with
+	// libseccomp, as the Makefile builds them (and without -race, which
+	// static cgo binaries do not support), with the Makefile's -trimpath, so
+	// that their packages compile once per make test. (The shim has no C:
+	// with cgo enabled, its net package would still link statically through
+	// -extldflags -static.)
+	shimArgs := []string{"build", "-trimpath", "-o", dir + "/", "-tags", ShimBuildTags, "-ldflags", "-extldflags -static", "./cmd/berth-shim", "./cmd/berth-shim-helper"}
 	for _, a := range [][]string{args, shimArgs} {
 		cmd := exec.Command(goTool(), a...)
 		cmd.Dir = root

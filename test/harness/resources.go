@@ -195,9 +195,18 @@ func OpenFDs(pid int) (int, error) {
 }
 
 // ShimPIDs lists the live berth-shim processes of this daemon: those
-// serving a pod folder under its state folder.
+// serving a pod folder under its state folder. A berth-shim-helper that
+// serves a shim's execs for a moment names the pod folder too, and is not
+// one.
 func (d *Daemon) ShimPIDs() []int {
-	return LiveProcessesWithArg(filepath.Join(d.State, "pods") + "/")
+	var shims []int
+	for _, pid := range LiveProcessesWithArg(filepath.Join(d.State, "pods") + "/") {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if filepath.Base(strings.SplitN(string(cmdline), "\x00", 2)[0]) == "berth-shim" {
+			shims = append(shims, pid)
+		}
+	}
+	return shims
 }
 
 // Bridge is the bridge of the pod network the harness gave this daemon

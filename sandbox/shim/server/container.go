@@ -9,11 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/cgroups"
-	"github.com/opencontainers/cgroups/manager"
-	"github.com/opencontainers/runc/libcontainer"
-	"github.com/opencontainers/runc/libcontainer/configs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -28,14 +23,18 @@ type ctr struct {
 	id     string
 	dir    string // containers/<id>: records
 	bundle string // holds config.json
-	lc     *libcontainer.Container
-	proc   *libcontainer.Process
+	init   *spawned
 	log    *crilog.Writer
 	io     *stdio
 	// stdinOnce closes the container's stdin when an attach with stdin ends.
 	stdinOnce bool
-	cg        cgroups.Manager // for the OOM kill count
+	cgroup    string // lists its processes (cgroup.procs, and its children's)
+	oomEvents string // its OOM kill count
 	oom0      uint64
+	// cgroupPaths are its cgroups, which delete removes itself unless
+	// deleteByHelper (see shim.HelperReply).
+	cgroupPaths    map[string]string
+	deleteByHelper bool
 
 	// startMu orders Create's setup and Start's started.json before the
 	// exit handling.
@@ -74,23 +73,11 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	if bundle == "" {
 		bundle = shim.ContainerDir(s.dir, req.ID)
 	}
-	spec, err := loadSpec(bundle)
+	tty, err := wantsTTY(bundle, req.TTY)
 	if err != nil {
 		return err
 	}
-	var cfg *configs.Config
-	if err := s.reaper.hold(func() (err error) {
-		cfg, err = lcConfig(req.ID, bundle, spec)
-		return err
-	}); err != nil {
-		return err
-	}
-	proc, err := lcProcess(spec.Process)
-	if err != nil {
-		return err
-	}
-	proc.Init = true
-	c := &ctr{id: req.ID, dir: shim.ContainerDir(s.dir, req.ID), bundle: bundle, proc: proc,
+	c := &ctr{id: req.ID, dir: shim.ContainerDir(s.dir, req.ID), bundle: bundle,
 		exited: make(chan struct{}), state: shim.State{ID: req.ID, Status: shim.StatusCreated}}
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return err
@@ -108,45 +95,34 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 		}
 	}()
 	c.stdinOnce = req.StdinOnce
-	tty := req.TTY || spec.Process.Terminal
-	if c.io, err = newStdio(proc, req.Stdin, tty); err != nil {
-		return err
-	}
-	c.lc, err = libcontainer.Create(s.lcRoot, req.ID, cfg)
-	if err != nil {
-		c.io.close()
+	if c.io, err = newStdio(req.Stdin, tty); err != nil {
 		return err
 	}
 	// startMu keeps onExit out until the bookkeeping below is done.
 	c.startMu.Lock()
-	// Start, not Run: init stops at the exec fifo ("created") until Exec.
-	pid, err := s.reaper.spawn(func() (int, error) {
-		if err := c.lc.Start(proc); err != nil {
-			return 0, err
-		}
-		return proc.Pid()
-	}, c.onExit(s))
+	// The init stops at the exec fifo ("created") until Start.
+	hreq := &shim.HelperRequest{Op: shim.HelperCreate, ID: req.ID, Bundle: bundle, Stdio: c.io.helperStdio()}
+	sp, r, err := s.spawn(hreq, c.io.child, c.onExit(s))
 	if err != nil {
 		c.startMu.Unlock()
 		c.io.close()
-		c.lc.Destroy()
 		return err
 	}
-	c.state.Pid = pid
-	if st, err := c.lc.State(); err == nil {
-		if c.cg, err = manager.NewWithPaths(cfg.Cgroups, st.CgroupPaths); err == nil {
-			c.oom0, _ = c.cg.OOMKillCount()
-		}
-	}
+	c.init = sp
+	c.state.Pid = sp.pid
+	c.cgroup, c.oomEvents = r.Cgroup, r.OOMEvents
+	c.cgroupPaths, c.deleteByHelper = r.CgroupPaths, r.DeleteByHelper || r.CgroupPaths == nil
+	c.oom0, _ = oomKills(c.oomEvents)
 	err = c.io.started(c.log, req.Stdin)
 	c.startMu.Unlock()
 	if err != nil {
-		c.proc.Signal(unix.SIGKILL)
+		c.init.signal(unix.SIGKILL)
 		select {
 		case <-c.exited:
 		case <-time.After(10 * time.Second):
 		}
-		c.lc.Destroy()
+		s.helper(&shim.HelperRequest{Op: shim.HelperDelete, ID: req.ID}, nil, nil)
+		c.init.close()
 		return err
 	}
 	s.mu.Lock()
@@ -167,10 +143,8 @@ func (c *ctr) onExit(s *Server) func(exit) {
 		c.log.Close()
 		code, sig := e.code()
 		rec := shim.ExitRecord{ExitCode: code, Signal: sig, FinishedAt: e.at}
-		if c.cg != nil {
-			if n, err := c.cg.OOMKillCount(); err == nil && n > c.oom0 {
-				rec.OOMKilled = true
-			}
+		if n, err := oomKills(c.oomEvents); err == nil && n > c.oom0 {
+			rec.OOMKilled = true
 		}
 		if err := shim.WriteJSONDurable(filepath.Join(c.dir, shim.ExitFile), rec); err != nil {
 			log.Printf("container %s: write exit record: %v", c.id, err)
@@ -198,7 +172,7 @@ func (s *Server) start(id string) (shim.State, error) {
 	if st != shim.StatusCreated {
 		return shim.State{}, fmt.Errorf("%w: %s is %s", shim.ErrNotCreated, id, st)
 	}
-	if err := c.lc.Exec(); err != nil {
+	if err := s.execFifo(c); err != nil {
 		return shim.State{}, err
 	}
 	rec := shim.StartRecord{Pid: c.state.Pid, StartedAt: time.Now()}
@@ -212,7 +186,6 @@ func (s *Server) start(id string) (shim.State, error) {
 		c.state.Status = shim.StatusRunning
 		s.emit(shim.EventStarted, c.state)
 	}
-	s.trimSoon() // what creating and starting it took
 	return c.state, nil
 }
 
@@ -229,31 +202,12 @@ func (s *Server) kill(req *shim.KillRequest) error {
 	stopped := c.state.Status == shim.StatusStopped
 	s.mu.Unlock()
 	if req.All {
-		return signalAll(c.lc, sig)
+		return signalCgroup(c.cgroup, sig)
 	}
 	if stopped {
 		return nil
 	}
-	// Process.Signal goes through a pidfd: never hits a recycled pid.
-	if err := c.proc.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
-	}
-	return nil
-}
-
-// signalAll signals every process in the container's cgroup (processes
-// that outlived init in a shared PID namespace included).
-func signalAll(lc *libcontainer.Container, sig unix.Signal) error {
-	pids, err := lc.Processes()
-	if err != nil {
-		return nil // no cgroup left: nothing to signal
-	}
-	for _, pid := range pids {
-		if err := unix.Kill(pid, sig); err != nil && err != unix.ESRCH {
-			return err
-		}
-	}
-	return nil
+	return c.init.signal(sig)
 }
 
 func (s *Server) state(id string) (shim.State, error) {
@@ -298,10 +252,16 @@ func (s *Server) delete(id string) error {
 	default:
 		return fmt.Errorf("%w: %s", shim.ErrNotStopped, id)
 	}
-	if err := c.lc.Destroy(); err != nil {
+	if c.deleteByHelper {
+		_, err = s.helper(&shim.HelperRequest{Op: shim.HelperDelete, ID: id}, nil, nil)
+	} else {
+		err = s.destroy(c)
+	}
+	if err != nil {
 		return err
 	}
 	c.io.close()
+	c.init.close()
 	s.mu.Lock()
 	delete(s.ctrs, id)
 	s.emit(shim.EventDeleted, c.state)
@@ -309,8 +269,8 @@ func (s *Server) delete(id string) error {
 	return nil
 }
 
-// update applies new limits through libcontainer, then rewrites the
-// bundle's spec so that status and a restarted shim see them.
+// update has a helper apply new limits and record them in the bundle's
+// spec, so that status and a restarted shim see them.
 func (s *Server) update(req *shim.UpdateRequest) error {
 	c, err := s.get(req.ID)
 	if err != nil {
@@ -321,26 +281,8 @@ func (s *Server) update(req *shim.UpdateRequest) error {
 		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
 	default:
 	}
-	spec, err := loadSpec(c.bundle)
-	if err != nil {
-		return err
-	}
-	if spec.Linux == nil {
-		spec.Linux = &specs.Linux{}
-	}
-	res := *req.Resources
-	if spec.Linux.Resources != nil {
-		res.Devices = spec.Linux.Resources.Devices
-	}
-	spec.Linux.Resources = &res
-	cfg, err := lcConfig(c.id, c.bundle, spec)
-	if err != nil {
-		return err
-	}
-	if err := c.lc.Set(*cfg); err != nil {
-		return fmt.Errorf("update %s: %w", c.id, err)
-	}
-	return shim.WriteJSONDurable(filepath.Join(c.bundle, "config.json"), spec)
+	_, err = s.helper(&shim.HelperRequest{Op: shim.HelperUpdate, ID: c.id, Bundle: c.bundle, Resources: req.Resources}, nil, nil)
+	return err
 }
 
 func (s *Server) reopenLog(id string) error {

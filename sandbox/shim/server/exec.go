@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -23,7 +22,6 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 	if err != nil {
 		return shim.ExecResponse{}, err
 	}
-	proc := execProcess(c, req)
 	limit := req.MaxOutput
 	if limit <= 0 {
 		limit = shim.DefaultMaxOutput
@@ -39,9 +37,11 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 		outW.Close()
 		return shim.ExecResponse{}, err
 	}
-	proc.Stdout, proc.Stderr = outW, errW
-	exited := make(chan exit, 1)
-	pid, err := s.spawnExec(c, proc, exited)
+	s.mu.Lock()
+	initPid := c.state.Pid
+	s.mu.Unlock()
+	sp, err := s.execViaHelper(&shim.HelperRequest{Op: shim.HelperExec, ID: c.id, Bundle: c.bundle, Pid: initPid,
+		Stdio: shim.HelperStdio{Stdout: true, Stderr: true}, Exec: req}, []*os.File{outW, errW})
 	outW.Close()
 	errW.Close()
 	if err != nil {
@@ -57,19 +57,20 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 		defer t.Stop()
 		timeout = t.C
 	}
+	defer sp.close()
 	var resp shim.ExecResponse
 	var e exit
 	select {
-	case e = <-exited:
+	case e = <-sp.exited:
 	case <-timeout:
 		resp.TimedOut = true
-		killTree(proc, pid)
-		e = <-exited
+		killTree(sp)
+		e = <-sp.exited
 	case <-cancelled:
 		// Nobody waits for the output: stop the command rather than keep
 		// buffering it until it ends.
-		killTree(proc, pid)
-		e = <-exited
+		killTree(sp)
+		e = <-sp.exited
 	}
 	out.finish(drainLimit)
 	if out.total > 1<<20 {
@@ -128,39 +129,11 @@ func (s *Server) runningCtr(id string, args []string) (*ctr, error) {
 	return c, nil
 }
 
-// spawnExec starts proc in c with the container's own setup; exited gets
-// its exit.
-func (s *Server) spawnExec(c *ctr, proc *libcontainer.Process, exited chan exit) (int, error) {
-	return s.reaper.spawn(func() (int, error) {
-		if err := c.lc.Run(proc); err != nil {
-			return 0, err
-		}
-		return proc.Pid()
-	}, func(e exit) { exited <- e })
-}
-
-// execProcess is the exec'd process: the container's own process settings
-// (env, cwd, user, rlimits, security labels) unless the request says.
-func execProcess(c *ctr, req *shim.ExecRequest) *libcontainer.Process {
-	p := c.proc
-	proc := &libcontainer.Process{
-		Args: req.Args, Env: p.Env, Cwd: p.Cwd, UID: p.UID, GID: p.GID,
-		AdditionalGroups: p.AdditionalGroups, Rlimits: p.Rlimits,
-		AppArmorProfile: p.AppArmorProfile, Label: p.Label, LogLevel: initLogLevel(),
-	}
-	if req.Env != nil {
-		proc.Env = req.Env
-	}
-	if req.Cwd != "" {
-		proc.Cwd = req.Cwd
-	}
-	if u := req.User; u != nil {
-		proc.UID, proc.GID, proc.AdditionalGroups = int(u.UID), int(u.GID), nil
-		for _, g := range u.AdditionalGids {
-			proc.AdditionalGroups = append(proc.AdditionalGroups, int(g))
-		}
-	}
-	return proc
+// spawnExec has a helper start req's command in c with the container's
+// own process settings, less what req changes, with files as its stdio.
+func (s *Server) spawnExec(c *ctr, req *shim.ExecRequest, stdio shim.HelperStdio, files []*os.File) (*spawned, error) {
+	sp, _, err := s.spawn(&shim.HelperRequest{Op: shim.HelperExec, ID: c.id, Bundle: c.bundle, Stdio: stdio, Exec: req}, files, nil)
+	return sp, err
 }
 
 // capture collects stdout and stderr up to a limit the two share. What
@@ -223,8 +196,9 @@ func (c *capture) finish(limit time.Duration) {
 // process found is stopped first so that it cannot fork while the tree is
 // walked, then all are killed. Signals go through pidfds opened while the
 // parent link was verified, so a recycled pid is never hit.
-func killTree(proc *libcontainer.Process, pid int) {
-	proc.Signal(unix.SIGSTOP)
+func killTree(sp *spawned) {
+	pid := sp.pid
+	sp.signal(unix.SIGSTOP)
 	fds := map[int]int{} // pid -> pidfd of stopped descendants
 	defer func() {
 		for _, fd := range fds {
@@ -253,7 +227,7 @@ func killTree(proc *libcontainer.Process, pid int) {
 			break
 		}
 	}
-	proc.Signal(unix.SIGKILL)
+	sp.signal(unix.SIGKILL)
 	for _, fd := range fds {
 		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 	}

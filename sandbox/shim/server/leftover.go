@@ -1,12 +1,9 @@
 package server
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"time"
 
-	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -15,7 +12,7 @@ import (
 // Leftovers are containers in this pod folder that this shim process did
 // not create: an earlier shim of the pod died. They are not its children,
 // so it cannot learn their exit code; it can still report, signal and
-// remove them through libcontainer's saved state.
+// remove them through libcontainer's saved state, which a helper reads.
 
 func (s *Server) leftoverState(id string) (shim.State, error) {
 	st, ex, err := shim.ReadRecords(shim.ContainerDir(s.dir, id))
@@ -26,28 +23,22 @@ func (s *Server) leftoverState(id string) (shim.State, error) {
 		return shim.StateFromRecords(id, st, ex), nil
 	}
 	state := shim.StateFromRecords(id, st, nil)
-	lc, err := libcontainer.Load(s.lcRoot, id)
+	r, err := s.helper(&shim.HelperRequest{Op: shim.HelperState, ID: id}, nil, nil)
 	if err != nil {
+		return shim.State{}, err
+	}
+	if r.NotFound {
 		if st == nil {
 			return shim.State{}, fmt.Errorf("%w: %s", shim.ErrNotFound, id)
 		}
 		state.Status, state.ExitCode = shim.StatusStopped, shim.UnknownExitCode
 		return state, nil
 	}
-	status, err := lc.Status()
-	if err != nil {
-		return shim.State{}, err
-	}
-	switch status {
-	case libcontainer.Created:
-		state.Status = shim.StatusCreated
-	case libcontainer.Stopped:
-		state.Status, state.ExitCode = shim.StatusStopped, shim.UnknownExitCode
-	default:
-		state.Status = shim.StatusRunning
-	}
-	if ls, err := lc.State(); err == nil && state.Status != shim.StatusStopped {
-		state.Pid = ls.InitProcessPid
+	state.Status = r.Status
+	if r.Status == shim.StatusStopped {
+		state.ExitCode = shim.UnknownExitCode
+	} else {
+		state.Pid = r.Pid
 	}
 	return state, nil
 }
@@ -69,38 +60,24 @@ func (s *Server) waitLeftover(id string, timeout <-chan time.Time) (shim.State, 
 	}
 }
 
-func (s *Server) loadLeftover(id string) (*libcontainer.Container, error) {
-	lc, err := libcontainer.Load(s.lcRoot, id)
-	if errors.Is(err, os.ErrNotExist) || errors.Is(err, libcontainer.ErrNotExist) {
-		if st, ex, _ := shim.ReadRecords(shim.ContainerDir(s.dir, id)); st != nil || ex != nil {
-			return nil, nil // known, already removed
-		}
-		return nil, fmt.Errorf("%w: %s", shim.ErrNotFound, id)
+// leftoverOp has a helper signal or delete a leftover. One that
+// libcontainer no longer knows is fine when its records say it existed
+// (it was removed already); else it is not found.
+func (s *Server) leftoverOp(req *shim.HelperRequest) error {
+	r, err := s.helper(req, nil, nil)
+	if err != nil || !r.NotFound {
+		return err
 	}
-	return lc, err
+	if st, ex, _ := shim.ReadRecords(shim.ContainerDir(s.dir, req.ID)); st != nil || ex != nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", shim.ErrNotFound, req.ID)
 }
 
 func (s *Server) killLeftover(id string, sig unix.Signal, all bool) error {
-	lc, err := s.loadLeftover(id)
-	if lc == nil || err != nil {
-		return err
-	}
-	if all {
-		return signalAll(lc, sig)
-	}
-	if err := lc.Signal(sig); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
-		return err
-	}
-	return nil
+	return s.leftoverOp(&shim.HelperRequest{Op: shim.HelperKill, ID: id, Signal: int(sig), All: all})
 }
 
 func (s *Server) deleteLeftover(id string) error {
-	lc, err := s.loadLeftover(id)
-	if lc == nil || err != nil {
-		return err
-	}
-	if st, err := lc.Status(); err != nil || st != libcontainer.Stopped {
-		return fmt.Errorf("%w: %s", shim.ErrNotStopped, id)
-	}
-	return lc.Destroy()
+	return s.leftoverOp(&shim.HelperRequest{Op: shim.HelperDelete, ID: id})
 }

@@ -25,17 +25,12 @@ func (e exit) code() (code, sig int) {
 }
 
 // reaper is the single place children are waited for. The shim is a
-// child subreaper, so container inits, exec'd processes and every orphan
-// below them end up here; wait4(-1) reaps them all and hands the status of
-// the ones registered to their owner.
-//
-// libcontainer waits for its own helper processes (runc init's stages)
-// while it spawns; a wait4(-1) at that moment would steal their status and
-// fail the spawn. So spawns hold gate shared and the reaper takes it
-// exclusively: it never runs during a spawn, and the spawned pid is
-// registered before the gate is released, so its exit cannot be missed.
+// child subreaper, so container inits, exec'd processes (once the helper
+// that started them exits), the helpers and every orphan below them end up
+// here; wait4(-1) reaps them all and hands the status of the ones
+// registered to their owner. A process is registered while the helper that
+// started it still lives (see Server.helper), so its exit cannot come first.
 type reaper struct {
-	gate    sync.RWMutex
 	mu      sync.Mutex
 	waiters map[int]func(exit)
 }
@@ -59,8 +54,6 @@ func (r *reaper) run() {
 }
 
 func (r *reaper) reap() {
-	r.gate.Lock()
-	defer r.gate.Unlock()
 	for {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
@@ -83,26 +76,21 @@ func (r *reaper) reap() {
 	}
 }
 
-// hold runs f with the reaper held off, for libcontainer calls that wait
-// for helper children of their own outside a spawn: specconv reads the
-// mappings of a user namespace it joins from a child.
-func (r *reaper) hold(f func() error) error {
-	r.gate.RLock()
-	defer r.gate.RUnlock()
-	return f()
+// deliver hands an exit that a serving helper reaped (its child) to the
+// pid's waiter, as reap does for the shim's own children.
+func (r *reaper) deliver(pid int, ws unix.WaitStatus) {
+	r.mu.Lock()
+	fn := r.waiters[pid]
+	delete(r.waiters, pid)
+	r.mu.Unlock()
+	if fn != nil {
+		go fn(exit{status: ws, at: time.Now()})
+	}
 }
 
-// spawn runs start (which starts a process through libcontainer and
-// returns its pid) with the reaper held off, and registers onExit for it.
-func (r *reaper) spawn(start func() (int, error), onExit func(exit)) (int, error) {
-	r.gate.RLock()
-	defer r.gate.RUnlock()
-	pid, err := start()
-	if err != nil {
-		return 0, err
-	}
+// register has onExit called when pid exits.
+func (r *reaper) register(pid int, onExit func(exit)) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.waiters[pid] = onExit
-	r.mu.Unlock()
-	return pid, nil
 }

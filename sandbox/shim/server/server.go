@@ -1,7 +1,11 @@
 // Package server is the berth-shim process: one per pod, the child
-// subreaper of the pod's containers, which it creates and runs with
-// libcontainer, whose output it writes to CRI log files and whose exits it
-// records durably. It serves the API of package shim (shim.ServeConn).
+// subreaper of the pod's containers, whose output it writes to CRI log
+// files, whose exits it records durably, and whose stdio it serves to
+// attach and exec streams. It serves the API of package shim
+// (shim.ServeConn). It never runs libcontainer itself: creating a
+// container, starting an exec, changing limits and deleting are each done
+// by a short-lived helper process (package helper), so that what
+// libcontainer leaves resident is not paid once per pod.
 package server
 
 import (
@@ -24,9 +28,10 @@ import (
 
 // Server is the state of one shim.
 type Server struct {
-	dir    string
-	lcRoot string
-	reaper *reaper
+	dir       string
+	lcRoot    string
+	helperBin string // berth-shim-helper
+	reaper    *reaper
 
 	mu       sync.Mutex
 	ctrs     map[string]*ctr
@@ -38,6 +43,9 @@ type Server struct {
 
 	trimMu sync.Mutex
 	trim   *time.Timer // pending trimSoon, nil when none
+
+	ehMu sync.Mutex
+	eh   *execHelper // the helper serving ExecSync, nil when none
 }
 
 // Run serves the pod folder dir until Shutdown (or SIGTERM/SIGINT while no
@@ -48,20 +56,26 @@ func Run(dir string, ready *os.File) error {
 	if err != nil {
 		return err
 	}
-	// Orphans below the shim (runc init's intermediate stages, a container
-	// init whose parent stage exited) are reparented to it, not to pid 1.
+	// Orphans below the shim (a container's init or an exec'd process once
+	// the helper that started it exits, runc init's intermediate stages)
+	// are reparented to it, not to pid 1.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("set child subreaper: %w", err)
 	}
+	helperBin, err := helperBinary()
+	if err != nil {
+		return err
+	}
 	s := &Server{
-		dir:      dir,
-		lcRoot:   filepath.Join(dir, shim.StateRoot),
-		reaper:   newReaper(),
-		ctrs:     map[string]*ctr{},
-		creating: map[string]bool{},
-		events:   newEventLog(),
-		execs:    map[string]chan struct{}{},
-		quit:     make(chan struct{}),
+		dir:       dir,
+		helperBin: helperBin,
+		lcRoot:    filepath.Join(dir, shim.StateRoot),
+		reaper:    newReaper(),
+		ctrs:      map[string]*ctr{},
+		creating:  map[string]bool{},
+		events:    newEventLog(),
+		execs:     map[string]chan struct{}{},
+		quit:      make(chan struct{}),
 	}
 	// The bundles below Containers must be reachable by a container's init
 	// in a user namespace (see berthd's state folder); libcontainer's state
@@ -105,11 +119,11 @@ func Run(dir string, ready *os.File) error {
 		ready.Write([]byte("ok\n"))
 		ready.Close()
 	}
-	go s.warm()
 	log.Printf("serving %s (pid %d)", dir, os.Getpid())
 	<-s.quit
 	l.Close()
 	sl.Close()
+	s.stopExecHelper()
 	log.Printf("shutting down")
 	return nil
 }

@@ -8,27 +8,25 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/shim/crilog"
 )
 
-// stdio is a container's side of its init's standard streams. Only
-// *os.File ends are handed to libcontainer: anything else would make
-// os/exec start copy goroutines that only its Wait ends, and the shim
-// never calls Wait (the reaper does the waiting).
+// stdio is a container's side of its init's standard streams; the other
+// ends (child) go to the helper that creates it.
 type stdio struct {
 	stdin   io.WriteCloser // kept open so the container sees an open stdin
 	out     *os.File       // stdout, or the pty master
 	err     *os.File       // stderr; nil with a tty
-	child   []*os.File     // the container's ends, closed once it has them
+	child   []*os.File     // the container's ends (shim.HelperStdio's order), closed once it has them
 	console *os.File       // our end of the console socket (tty)
 	done    chan struct{}  // closed when output copying ended
 	fan     fanout         // attached clients
 }
 
-func newStdio(p *libcontainer.Process, stdin, tty bool) (_ *stdio, err error) {
+func newStdio(stdin, tty bool) (_ *stdio, err error) {
 	s := &stdio{done: make(chan struct{})}
 	defer func() {
 		if err != nil {
@@ -43,7 +41,6 @@ func newStdio(p *libcontainer.Process, stdin, tty bool) (_ *stdio, err error) {
 		s.console = os.NewFile(uintptr(fds[0]), "console-p")
 		child := os.NewFile(uintptr(fds[1]), "console-c")
 		s.child = append(s.child, child)
-		p.ConsoleSocket = child
 		return s, nil
 	}
 	if stdin {
@@ -51,15 +48,14 @@ func newStdio(p *libcontainer.Process, stdin, tty bool) (_ *stdio, err error) {
 		if err != nil {
 			return nil, err
 		}
-		s.stdin, p.Stdin = w, r
+		s.stdin = w
 		s.child = append(s.child, r)
 	}
-	for _, dst := range []*io.Writer{&p.Stdout, &p.Stderr} {
+	for range 2 { // stdout, stderr
 		r, w, err := os.Pipe()
 		if err != nil {
 			return nil, err
 		}
-		*dst = w
 		s.child = append(s.child, w)
 		if s.out == nil {
 			s.out = r
@@ -68,6 +64,14 @@ func newStdio(p *libcontainer.Process, stdin, tty bool) (_ *stdio, err error) {
 		}
 	}
 	return s, nil
+}
+
+// helperStdio describes the child ends for the helper.
+func (s *stdio) helperStdio() shim.HelperStdio {
+	if s.console != nil {
+		return shim.HelperStdio{TTY: true}
+	}
+	return shim.HelperStdio{Stdin: s.stdin != nil, Stdout: true, Stderr: true}
 }
 
 // started runs after the spawn: drop the container's ends, receive the

@@ -6,8 +6,6 @@ import (
 	"net"
 	"os"
 
-	"github.com/opencontainers/runc/libcontainer"
-
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
@@ -42,7 +40,7 @@ func (s *Server) serveStream(conn *net.UnixConn) {
 		s.serveAttach(conn, &req, files)
 		return
 	}
-	proc, pty, exited, pid, err := s.startStream(&req, files)
+	sp, pty, err := s.startStream(&req, files)
 	for _, f := range files {
 		f.Close() // the child has its copies
 	}
@@ -58,9 +56,10 @@ func (s *Server) serveStream(conn *net.UnixConn) {
 	if pty != nil {
 		pty.Close()
 	}
+	defer sp.close()
 	if err != nil {
-		killTree(proc, pid)
-		<-exited
+		killTree(sp)
+		<-sp.exited
 		return
 	}
 	hangup := make(chan struct{})
@@ -71,10 +70,10 @@ func (s *Server) serveStream(conn *net.UnixConn) {
 	}()
 	var e exit
 	select {
-	case e = <-exited:
+	case e = <-sp.exited:
 	case <-hangup:
-		killTree(proc, pid)
-		e = <-exited
+		killTree(sp)
+		e = <-sp.exited
 	}
 	code, _ := e.code()
 	shim.WriteStreamMsg(conn, shim.StreamExited{ExitCode: code})
@@ -82,7 +81,7 @@ func (s *Server) serveStream(conn *net.UnixConn) {
 
 // startStream spawns the exec with the fds berthd sent, or on a new pty
 // whose master it returns.
-func (s *Server) startStream(req *shim.StreamRequest, files []*os.File) (proc *libcontainer.Process, pty *os.File, exited chan exit, pid int, err error) {
+func (s *Server) startStream(req *shim.StreamRequest, files []*os.File) (sp *spawned, pty *os.File, err error) {
 	want := 0
 	for _, b := range []bool{req.Stdin, req.Stdout, req.Stderr} {
 		if b && !req.TTY {
@@ -90,39 +89,24 @@ func (s *Server) startStream(req *shim.StreamRequest, files []*os.File) (proc *l
 		}
 	}
 	if len(files) != want {
-		return nil, nil, nil, 0, fmt.Errorf("exec stream: %d fds sent, %d expected", len(files), want)
+		return nil, nil, fmt.Errorf("exec stream: %d fds sent, %d expected", len(files), want)
 	}
 	c, err := s.runningCtr(req.Exec.ID, req.Exec.Args)
 	if err != nil {
-		return nil, nil, nil, 0, err
+		return nil, nil, err
 	}
-	proc = execProcess(c, &req.Exec)
+	hs := shim.HelperStdio{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr}
 	var io *stdio
 	if req.TTY {
-		if io, err = newStdio(proc, false, true); err != nil {
-			return nil, nil, nil, 0, err
+		if io, err = newStdio(false, true); err != nil {
+			return nil, nil, err
 		}
 		defer io.close()
-	} else {
-		next := files
-		for _, x := range []struct {
-			want bool
-			set  func(*os.File)
-		}{
-			{req.Stdin, func(f *os.File) { proc.Stdin = f }},
-			{req.Stdout, func(f *os.File) { proc.Stdout = f }},
-			{req.Stderr, func(f *os.File) { proc.Stderr = f }},
-		} {
-			if x.want {
-				x.set(next[0])
-				next = next[1:]
-			}
-		}
+		hs, files = io.helperStdio(), io.child
 	}
-	exited = make(chan exit, 1)
-	pid, err = s.spawnExec(c, proc, exited)
+	sp, err = s.spawnExec(c, &req.Exec, hs, files)
 	if err != nil {
-		return nil, nil, nil, 0, err
+		return nil, nil, err
 	}
 	if io != nil {
 		for _, f := range io.child {
@@ -130,10 +114,11 @@ func (s *Server) startStream(req *shim.StreamRequest, files []*os.File) (proc *l
 		}
 		io.child = nil
 		if pty, err = recvFile(io.console); err != nil {
-			killTree(proc, pid)
-			<-exited
-			return nil, nil, nil, 0, fmt.Errorf("receive pty: %w", err)
+			killTree(sp)
+			<-sp.exited
+			sp.close()
+			return nil, nil, fmt.Errorf("receive pty: %w", err)
 		}
 	}
-	return proc, pty, exited, pid, nil
+	return sp, pty, nil
 }

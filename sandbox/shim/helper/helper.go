@@ -1,0 +1,420 @@
+// Package helper is berth-shim-helper: a short-lived process that does one
+// libcontainer operation for a pod's shim (create, exec, update, delete, and
+// state and kill of containers an earlier shim left) and exits, so that the
+// shim, which stays for the pod's lifetime, never holds what running
+// libcontainer leaves resident. The exchange is package shim's
+// HelperRequest and HelperReply (see sandbox/shim/helper.go).
+package helper
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+)
+
+// Run reads the request on stdin, does it, writes the reply on stdout and
+// returns once the shim closes stdin: until then the process it started
+// stays its child, so the shim cannot reap it before it knows its pid.
+func Run() int {
+	in := json.NewDecoder(os.Stdin)
+	var req shim.HelperRequest
+	if err := in.Decode(&req); err != nil {
+		fmt.Fprintf(os.Stderr, "berth-shim-helper: request: %v\n", err)
+		return 2
+	}
+	files := stdioFiles(req.Stdio.Count())
+	reply := do(&req, files)
+	for _, f := range files {
+		f.Close()
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(reply); err != nil {
+		fmt.Fprintf(os.Stderr, "berth-shim-helper: reply: %v\n", err)
+		return 1
+	}
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// Serve serves execs on fd 3 (see shim.HelperServeArg) until the shim
+// hangs up. Processes still running then become the shim's children (it
+// registered them), and it reaps them.
+func Serve() int {
+	f := os.NewFile(3, "shim")
+	syscall.CloseOnExec(3)
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berth-shim-helper: serve: %v\n", err)
+		return 2
+	}
+	conn, ok := fc.(*net.UnixConn)
+	if !ok {
+		fmt.Fprintln(os.Stderr, "berth-shim-helper: serve: fd 3 is not a unix socket")
+		return 2
+	}
+	targets = map[string]target{}
+	var send sync.Mutex
+	reply := func(r shim.HelperReply) error {
+		send.Lock()
+		defer send.Unlock()
+		return shim.WriteStreamMsg(conn, r)
+	}
+	for {
+		var req shim.HelperRequest
+		files, err := shim.ReadStreamMsg(conn, &req)
+		if err != nil {
+			return 0 // the shim hung up
+		}
+		switch req.Op {
+		case shim.HelperRegistered:
+			go waitAndReport(req.Pid, reply)
+			continue
+		case shim.HelperExec:
+		default:
+			req.Op = "serve " + req.Op // unknown: do says so
+		}
+		r := do(&req, files)
+		for _, f := range files {
+			f.Close()
+		}
+		if reply(r) != nil {
+			return 0
+		}
+	}
+}
+
+// waitAndReport waits for a process this helper started and sends its
+// exit.
+func waitAndReport(pid int, reply func(shim.HelperReply) error) {
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return // not this helper's child: the shim reaps it
+		}
+		break
+	}
+	reply(shim.HelperReply{Exited: pid, WaitStatus: int(ws)})
+}
+
+// stdioFiles are the n fds the shim handed over from 3 on. They are made
+// close-on-exec: libcontainer passes each where it belongs, and no other
+// process it starts may inherit them.
+func stdioFiles(n int) []*os.File {
+	files := make([]*os.File, n)
+	for i := range files {
+		fd := 3 + i
+		syscall.CloseOnExec(fd)
+		files[i] = os.NewFile(uintptr(fd), fmt.Sprint("stdio-", i))
+	}
+	return files
+}
+
+func do(req *shim.HelperRequest, files []*os.File) shim.HelperReply {
+	var r shim.HelperReply
+	var err error
+	switch req.Op {
+	case shim.HelperCreate:
+		err = create(req, files, &r)
+	case shim.HelperExec:
+		err = execIn(req, files, &r)
+	case shim.HelperUpdate:
+		err = update(req)
+	case shim.HelperDelete:
+		err = remove(req, &r)
+	case shim.HelperState:
+		err = state(req, &r)
+	case shim.HelperKill:
+		err = kill(req, &r)
+	default:
+		err = fmt.Errorf("unknown helper operation %q", req.Op)
+	}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+// setStdio gives the process the fds of stdio, in HelperStdio's order.
+func setStdio(p *libcontainer.Process, stdio shim.HelperStdio, files []*os.File) {
+	if stdio.TTY {
+		p.ConsoleSocket = files[0]
+		return
+	}
+	next := files
+	take := func(want bool) *os.File {
+		if !want {
+			return nil
+		}
+		f := next[0]
+		next = next[1:]
+		return f
+	}
+	if f := take(stdio.Stdin); f != nil {
+		p.Stdin = f
+	}
+	if f := take(stdio.Stdout); f != nil {
+		p.Stdout = f
+	}
+	if f := take(stdio.Stderr); f != nil {
+		p.Stderr = f
+	}
+}
+
+// create makes the container and spawns its init, which stops at the exec
+// fifo ("created") until the shim opens it.
+func create(req *shim.HelperRequest, files []*os.File, r *shim.HelperReply) error {
+	spec, err := loadSpec(req.Bundle)
+	if err != nil {
+		return err
+	}
+	cfg, err := lcConfig(req.ID, req.Bundle, spec)
+	if err != nil {
+		return err
+	}
+	proc, err := lcProcess(spec.Process)
+	if err != nil {
+		return err
+	}
+	proc.Init = true
+	setStdio(proc, req.Stdio, files)
+	c, err := libcontainer.Create(req.Root, req.ID, cfg)
+	if err != nil {
+		return err
+	}
+	if err := c.Start(proc); err != nil {
+		c.Destroy()
+		return err
+	}
+	if r.Pid, err = proc.Pid(); err != nil {
+		proc.Signal(unix.SIGKILL)
+		c.Destroy()
+		return err
+	}
+	if st, err := c.State(); err == nil {
+		r.Cgroup, r.OOMEvents = cgroupFiles(st.CgroupPaths)
+		r.CgroupPaths = st.CgroupPaths
+	}
+	r.DeleteByHelper = cfg.Cgroups.Systemd || len(cfg.Hooks[configs.Poststop]) > 0 || cfg.IntelRdt != nil
+	return nil
+}
+
+// cgroupFiles picks, from a container's cgroup paths, the folder that lists
+// its processes and the file that counts its OOM kills: on cgroup v1 the
+// devices and memory hierarchies' (those libcontainer itself uses for its
+// process list and OOM count), else the unified hierarchy's. (On a hybrid
+// host the v1 paths include the unified one too, without controllers.)
+func cgroupFiles(paths map[string]string) (procs, oom string) {
+	if mem, ok := paths["memory"]; ok {
+		procs = paths["devices"]
+		if procs == "" {
+			procs = mem
+		}
+		return procs, filepath.Join(mem, "memory.oom_control")
+	}
+	if p, ok := paths[""]; ok {
+		return p, filepath.Join(p, "memory.events")
+	}
+	return "", ""
+}
+
+// execIn starts a process in the container with the container's own
+// process settings, less what the request changes.
+func execIn(req *shim.HelperRequest, files []*os.File, r *shim.HelperReply) error {
+	if req.Exec == nil || len(req.Exec.Args) == 0 {
+		return errors.New("exec: no command")
+	}
+	t, err := loadTarget(req)
+	if err != nil {
+		return err
+	}
+	proc := execProcess(t.base, req.Exec)
+	setStdio(proc, req.Stdio, files)
+	if err := t.c.Run(proc); err != nil {
+		return err
+	}
+	r.Pid, err = proc.Pid()
+	return err
+}
+
+// target is what an exec needs of its container: libcontainer's handle
+// (its state decoded) and the process settings of its spec.
+type target struct {
+	initPid int
+	c       *libcontainer.Container
+	base    *libcontainer.Process
+}
+
+// targets keeps, in a helper that serves execs, each container's target
+// between execs: decoding its spec and its libcontainer state (both carry
+// the seccomp profile) took a fifth of an exec's CPU. A container created
+// again under the same ID has another init, so the init's pid is part of
+// the key. (Update changes only the cgroup's limits, which an exec does
+// not apply.)
+var targets map[string]target
+
+func loadTarget(req *shim.HelperRequest) (target, error) {
+	if t, ok := targets[req.ID]; ok && req.Pid > 0 && t.initPid == req.Pid {
+		return t, nil
+	}
+	spec, err := loadSpec(req.Bundle)
+	if err != nil {
+		return target{}, err
+	}
+	base, err := lcProcess(spec.Process)
+	if err != nil {
+		return target{}, err
+	}
+	c, err := libcontainer.Load(req.Root, req.ID)
+	if err != nil {
+		return target{}, err
+	}
+	t := target{initPid: req.Pid, c: c, base: base}
+	if targets != nil && req.Pid > 0 {
+		targets[req.ID] = t
+	}
+	return t, nil
+}
+
+// execProcess is the exec'd process: the container's own process settings
+// (env, cwd, user, rlimits, security labels) unless the request says.
+func execProcess(p *libcontainer.Process, req *shim.ExecRequest) *libcontainer.Process {
+	proc := &libcontainer.Process{
+		Args: req.Args, Env: p.Env, Cwd: p.Cwd, UID: p.UID, GID: p.GID,
+		AdditionalGroups: p.AdditionalGroups, Rlimits: p.Rlimits,
+		AppArmorProfile: p.AppArmorProfile, Label: p.Label, LogLevel: initLogLevel(),
+	}
+	if req.Env != nil {
+		proc.Env = req.Env
+	}
+	if req.Cwd != "" {
+		proc.Cwd = req.Cwd
+	}
+	if u := req.User; u != nil {
+		proc.UID, proc.GID, proc.AdditionalGroups = int(u.UID), int(u.GID), nil
+		for _, g := range u.AdditionalGids {
+			proc.AdditionalGroups = append(proc.AdditionalGroups, int(g))
+		}
+	}
+	return proc
+}
+
+// update applies new limits through libcontainer, then rewrites the
+// bundle's spec so that status and a restarted shim see them. Device rules
+// stay as the container was created with.
+func update(req *shim.HelperRequest) error {
+	if req.Resources == nil {
+		return errors.New("update: no resources")
+	}
+	spec, err := loadSpec(req.Bundle)
+	if err != nil {
+		return err
+	}
+	if spec.Linux == nil {
+		spec.Linux = &specs.Linux{}
+	}
+	res := *req.Resources
+	if spec.Linux.Resources != nil {
+		res.Devices = spec.Linux.Resources.Devices
+	}
+	spec.Linux.Resources = &res
+	cfg, err := lcConfig(req.ID, req.Bundle, spec)
+	if err != nil {
+		return err
+	}
+	c, err := libcontainer.Load(req.Root, req.ID)
+	if err != nil {
+		return err
+	}
+	if err := c.Set(*cfg); err != nil {
+		return fmt.Errorf("update %s: %w", req.ID, err)
+	}
+	return shim.WriteJSONDurable(filepath.Join(req.Bundle, shim.ConfigFile), spec)
+}
+
+// load is the container's libcontainer state; r.NotFound when there is
+// none.
+func load(req *shim.HelperRequest, r *shim.HelperReply) (*libcontainer.Container, error) {
+	c, err := libcontainer.Load(req.Root, req.ID)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, libcontainer.ErrNotExist) {
+		r.NotFound = true
+		return nil, nil
+	}
+	return c, err
+}
+
+// remove destroys a stopped container: its cgroup, its state, and what is
+// left in its cgroup when it shared the pod's PID namespace.
+func remove(req *shim.HelperRequest, r *shim.HelperReply) error {
+	c, err := load(req, r)
+	if c == nil || err != nil {
+		return err
+	}
+	if st, err := c.Status(); err != nil || st != libcontainer.Stopped {
+		return fmt.Errorf("%w: %s", shim.ErrNotStopped, req.ID)
+	}
+	return c.Destroy()
+}
+
+func state(req *shim.HelperRequest, r *shim.HelperReply) error {
+	c, err := load(req, r)
+	if c == nil || err != nil {
+		return err
+	}
+	status, err := c.Status()
+	if err != nil {
+		return err
+	}
+	switch status {
+	case libcontainer.Created:
+		r.Status = shim.StatusCreated
+	case libcontainer.Stopped:
+		r.Status = shim.StatusStopped
+	default:
+		r.Status = shim.StatusRunning
+	}
+	if ls, err := c.State(); err == nil && r.Status != shim.StatusStopped {
+		r.Pid = ls.InitProcessPid
+	}
+	return nil
+}
+
+func kill(req *shim.HelperRequest, r *shim.HelperReply) error {
+	c, err := load(req, r)
+	if c == nil || err != nil {
+		return err
+	}
+	sig := unix.Signal(req.Signal)
+	if req.All {
+		pids, err := c.Processes()
+		if err != nil {
+			return nil // no cgroup left: nothing to signal
+		}
+		for _, pid := range pids {
+			if err := unix.Kill(pid, sig); err != nil && err != unix.ESRCH {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := c.Signal(sig); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+		return err
+	}
+	return nil
+}

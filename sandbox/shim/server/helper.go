@@ -1,0 +1,118 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/sandbox/shim"
+)
+
+// helperBinary is berth-shim-helper, installed beside the shim's binary.
+func helperBinary() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(filepath.Dir(self), shim.HelperBinary)
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("%s not found beside the shim: %w", shim.HelperBinary, err)
+	}
+	return bin, nil
+}
+
+// helper runs one helper process for req, with files as its stdio (see
+// shim.HelperStdio), and returns its reply. When the helper started a
+// process, took runs with its pid before the helper is let go: until then
+// the process is the helper's child, so its exit cannot be reaped before
+// took has registered it. A failure the helper reports is returned as its
+// text, which keeps the prefix of shim's errors for berthd's client.
+func (s *Server) helper(req *shim.HelperRequest, files []*os.File, took func(pid int)) (shim.HelperReply, error) {
+	req.Root = s.lcRoot
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		return shim.HelperReply{}, err
+	}
+	defer reqW.Close() // lets the helper exit
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		reqR.Close()
+		return shim.HelperReply{}, err
+	}
+	defer repR.Close()
+	p, err := os.StartProcess(s.helperBin, []string{s.helperBin, shim.HelperArg},
+		&os.ProcAttr{Files: append([]*os.File{reqR, repW, os.Stderr}, files...)})
+	reqR.Close()
+	repW.Close()
+	if err != nil {
+		return shim.HelperReply{}, fmt.Errorf("start %s: %w", shim.HelperBinary, err)
+	}
+	p.Release() // the reaper reaps it (wait4(-1))
+	if err := json.NewEncoder(reqW).Encode(req); err != nil {
+		return shim.HelperReply{}, fmt.Errorf("%s %s: request: %w", shim.HelperBinary, req.Op, err)
+	}
+	var r shim.HelperReply
+	if err := json.NewDecoder(repR).Decode(&r); err != nil {
+		return shim.HelperReply{}, fmt.Errorf("%s %s exited without a reply (see shim.log): %w", shim.HelperBinary, req.Op, err)
+	}
+	if r.Error != "" {
+		return r, errors.New(r.Error)
+	}
+	if r.Pid > 0 && took != nil {
+		took(r.Pid)
+	}
+	return r, nil
+}
+
+// spawned is a process a helper started for the shim: its pid, a pidfd to
+// signal it by (never a recycled pid), and its exit.
+type spawned struct {
+	pid    int
+	pidfd  int
+	exited chan exit
+}
+
+// spawn has a helper start a process (create or exec) and registers it
+// with the reaper; onExit, if set, runs at its exit besides.
+func (s *Server) spawn(req *shim.HelperRequest, files []*os.File, onExit func(exit)) (*spawned, shim.HelperReply, error) {
+	sp := &spawned{pidfd: -1, exited: make(chan exit, 1)}
+	r, err := s.helper(req, files, func(pid int) {
+		sp.pid = pid
+		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+			sp.pidfd = fd
+		}
+		s.reaper.register(pid, func(e exit) {
+			if onExit != nil {
+				onExit(e)
+			}
+			sp.exited <- e
+		})
+	})
+	if err != nil {
+		return nil, r, err
+	}
+	return sp, r, nil
+}
+
+// signal sends sig to the process; one that has exited is not an error.
+func (sp *spawned) signal(sig unix.Signal) error {
+	if sp.pidfd < 0 {
+		return fmt.Errorf("no pidfd for process %d", sp.pid)
+	}
+	err := unix.PidfdSendSignal(sp.pidfd, sig, nil, 0)
+	if err == unix.ESRCH {
+		return nil
+	}
+	return err
+}
+
+func (sp *spawned) close() {
+	if sp.pidfd >= 0 {
+		unix.Close(sp.pidfd)
+		sp.pidfd = -1
+	}
+}
