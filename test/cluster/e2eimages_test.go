@@ -32,9 +32,13 @@ import (
 // Secret "consumable via the environment" specs run `sh -c env`) and says
 // "/bin/sh: can't create /file: ..." (the read-only root filesystem spec
 // runs /bin/sh); Debian's busybox 1.35 drops such variables, and no shell
-// of Debian's does both. So /bin/sh is busybox's and the sh that PATH
-// finds first is Debian's bash-static, in /usr/bin: the specs that run
-// /bin/sh get busybox's messages, those that run sh keep every variable.
+// of Debian's does both. So the sh that PATH finds first is Debian's
+// bash-static, in /usr/bin, and /bin/sh is busybox's in the busybox-like
+// images: the specs that run /bin/sh there get busybox's messages, those
+// that run sh keep every variable. Debian's busybox shell runs its own
+// applets before the programs PATH names (nc, without -u, before
+// OpenBSD's), unlike upstream's Alpine one, so in agnhost's images, where
+// the specs run /bin/sh -c "... | nc -u ...", /bin/sh is bash-static too.
 // nc is OpenBSD's, which speaks UDP (`nc -u`); agnhost's images have curl.
 
 // e2eRegistries are the registries of manifest.go's RegistryList mapped to
@@ -74,18 +78,18 @@ func (e *env) pushE2EImages(t *testing.T) string {
 		e.reg.PushImage(t, repoTag, b.entries, p)
 	}
 
-	busybox := newImageBase(t, "", "")
+	busybox := newImageBase(t, busyboxSh, "", "")
 	push("e2e-test-images/busybox:1.37.0-2", busybox, kubeenv.Process{Cmd: []string{"sh"}})
 
-	nonroot := newImageBase(t, "", "")
+	nonroot := newImageBase(t, busyboxSh, "", "")
 	push("e2e-test-images/nonroot:1.5", nonroot, kubeenv.Process{Cmd: []string{"sh"}, User: "1234"})
 
-	nnp := newImageBase(t, "", "")
+	nnp := newImageBase(t, busyboxSh, "", "")
 	nnp.hostProgram(t, e.bin("nonewprivs"), "usr/local/bin/nnp")
 	nnp.setuid("usr/local/bin/nnp")
 	push("e2e-test-images/nonewprivs:1.4", nnp, kubeenv.Process{Cmd: []string{"nnp"}})
 
-	ipc := newImageBase(t, "", "")
+	ipc := newImageBase(t, busyboxSh, "", "")
 	ipc.hostProgram(t, "/usr/bin/ipcmk", "usr/bin/ipcmk")
 	ipc.hostProgram(t, "/usr/bin/ipcs", "usr/bin/ipcs")
 	ipc.hostProgram(t, "/usr/bin/ipcrm", "usr/bin/ipcrm")
@@ -96,7 +100,7 @@ func (e *env) pushE2EImages(t *testing.T) string {
 	agnhostUsers := "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n"
 	agnhostGroups := "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"
 	newAgnhost := func() *imageBase {
-		b := newImageBase(t, agnhostUsers, agnhostGroups)
+		b := newImageBase(t, bashSh, agnhostUsers, agnhostGroups)
 		b.hostProgram(t, e.bin("agnhost"), "agnhost")
 		b.link("agnhost-2", "agnhost")
 		// The specs' hooks and probes of the network call curl in agnhost.
@@ -123,14 +127,14 @@ func (e *env) pushE2EImages(t *testing.T) string {
 		push("e2e-test-images/"+name+":1.8", b, kubeenv.Process{Entrypoint: []string{"/agnhost"}, Cmd: []string{"test-webserver"}})
 	}
 	// pause: agnhost's pause, which ends on SIGTERM as upstream's pause does.
-	pauseImage := newImageBase(t, "", "")
+	pauseImage := newImageBase(t, busyboxSh, "", "")
 	pauseImage.hostProgram(t, e.bin("agnhost"), "agnhost")
 	push("pause:3.10.2", pauseImage, pause)
 
 	// nginx: Debian's nginx-light serving /usr/share/nginx/html on port 80,
 	// in the foreground, its logs on the container's output.
 	for _, version := range []string{"1.27.0-2", "1.28.0-2"} {
-		b := newImageBase(t, "", "")
+		b := newImageBase(t, busyboxSh, "", "")
 		b.hostProgram(t, "/usr/sbin/nginx", "usr/sbin/nginx")
 		b.file("etc/nginx/mime.types", 0o644, []byte(readFile(t, "/etc/nginx/mime.types")))
 		b.file("etc/nginx/nginx.conf", 0o644, []byte(nginxConf))
@@ -142,7 +146,7 @@ func (e *env) pushE2EImages(t *testing.T) string {
 	}
 
 	// glibc-dns-testing: glibc's resolver behind hostname -f.
-	dns := newImageBase(t, "", "")
+	dns := newImageBase(t, busyboxSh, "", "")
 	dns.hostProgram(t, "/bin/hostname", "usr/bin/hostname") // before busybox's in PATH
 	push("e2e-test-images/glibc-dns-testing:2.1.1", dns, kubeenv.Process{Cmd: []string{"sh"}})
 
@@ -172,10 +176,18 @@ http {
 }
 `
 
+// shell is what an image's /bin/sh is.
+type shell int
+
+const (
+	busyboxSh shell = iota // busybox's ash, as upstream's busybox image has
+	bashSh                 // bash-static, so that the programs PATH names run
+)
+
 // newImageBase starts an image's entries: busybox's applets, bash-static
 // as sh and bash in /usr/bin (see above), OpenBSD's nc, and users and groups (root, www-data,
 // nobody, and the passwd and group lines given).
-func newImageBase(t *testing.T, users, groups string) *imageBase {
+func newImageBase(t *testing.T, sh shell, users, groups string) *imageBase {
 	t.Helper()
 	b := &imageBase{seen: map[string]bool{".": true}}
 	b.file("bin/busybox", 0o755, []byte(readFile(t, "/bin/busybox")))
@@ -187,11 +199,18 @@ func newImageBase(t *testing.T, users, groups string) *imageBase {
 		switch applet {
 		case "nc", "busybox":
 			continue
+		case "sh":
+			if sh == bashSh {
+				continue
+			}
 		}
 		b.link("bin/"+applet, "busybox")
 	}
 	b.file("usr/bin/sh", 0o755, []byte(readFile(t, "/bin/bash-static")))
 	b.link("usr/bin/bash", "sh")
+	if sh == bashSh {
+		b.link("bin/sh", "../usr/bin/sh")
+	}
 	b.hostProgram(t, "/bin/nc.openbsd", "bin/nc")
 	passwd := "root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/bin/false\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" + users
 	group := "root:x:0:\nwww-data:x:33:\nnogroup:x:65534:\n" + groups
