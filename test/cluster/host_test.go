@@ -48,16 +48,18 @@ func checkHost(t *testing.T) {
 	}
 }
 
-// addNodeLink makes the link that holds the node's address, and routes
-// the whole test range to it: an address of the range no pod or Service
-// holds goes nowhere, never out of the host.
+// addNodeLink makes the link that holds the control plane's address, to
+// which the nodes' veths are joined, and routes the whole test range to
+// it: an address of the range no node, pod or Service holds goes nowhere,
+// never out of the host. The host forwards between the nodes (it routes
+// each node's pod CIDR to it): ip_forward on, restored at the end.
 func (e *env) addNodeLink() {
 	t := e.t
 	t.Helper()
 	link := fmt.Sprintf("bcn%d", os.Getpid()%100000)
 	for i, args := range [][]string{
 		{"link", "add", link, "type", "bridge"},
-		{"addr", "add", nodeIP + "/32", "dev", link},
+		{"addr", "add", hostIP + "/32", "dev", link},
 		{"link", "set", link, "up"},
 		{"route", "add", testRange, "dev", link},
 	} {
@@ -68,9 +70,13 @@ func (e *env) addNodeLink() {
 			e.link = link
 		}
 	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
-// restoreHost removes the node link, kube-proxy's tables, the kubelet's host
+// restoreHost removes the node link, kube-proxy's tables (a leak: the
+// nodes' kube-proxies make theirs in their namespaces), the kubelet's host
 // files, and sets back the sysctls that changed.
 func (e *env) restoreHost() {
 	t := e.t
@@ -81,6 +87,7 @@ func (e *env) restoreHost() {
 	}
 	for _, family := range []string{"ip", "ip6"} {
 		if exec.Command("nft", "list", "table", family, "kube-proxy").Run() == nil {
+			t.Errorf("teardown: the host has a kube-proxy table %s (deleted now)", family)
 			if out, err := exec.Command("nft", "delete", "table", family, "kube-proxy").CombinedOutput(); err != nil {
 				t.Errorf("teardown: nft delete table %s kube-proxy: %v %s", family, err, out)
 			}
