@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ensureBridge creates the bridge if needed and gives it the gateway
-// address; it returns the bridge.
+// ensureBridge creates the bridge if needed and returns it; configureBridge
+// gives it its gateways.
 func (n *Network) ensureBridge() (netlink.Link, error) {
 	name := n.cfg.Bridge
 	link, err := netlink.LinkByName(name)
@@ -39,15 +39,49 @@ func (n *Network) ensureBridge() (netlink.Link, error) {
 	if link.Type() != "bridge" {
 		return nil, fmt.Errorf("network: %s exists and is a %s, not a bridge", name, link.Type())
 	}
-	for _, addr := range n.gatewayAddrs() {
-		if err := netlink.AddrReplace(link, addr); err != nil {
-			return nil, fmt.Errorf("network: address %s on %s: %w", addr.IPNet, name, err)
+	return link, nil
+}
+
+// configureBridge gives the bridge its gateway addresses, takes off those
+// of former pod subnets (a changed subnet, subnet6 or pod CIDR), and brings
+// it up. It comes after setSysctls: the kernel refuses an IPv6 address on
+// a link whose disable_ipv6 is 1, as a new bridge's is on a node whose
+// net.ipv6.conf.default.disable_ipv6 is.
+func (n *Network) configureBridge(br netlink.Link) error {
+	gateways := n.gatewayAddrs()
+	for _, addr := range gateways {
+		if err := netlink.AddrReplace(br, addr); err != nil {
+			return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, n.cfg.Bridge, err)
 		}
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("network: bring %s up: %w", name, err)
+	if err := n.dropFormerGateways(br, gateways); err != nil {
+		return err
 	}
-	return link, nil
+	if err := netlink.LinkSetUp(br); err != nil {
+		return fmt.Errorf("network: bring %s up: %w", n.cfg.Bridge, err)
+	}
+	return nil
+}
+
+// dropFormerGateways takes every address but gateways and the IPv6
+// link-local one off the bridge, of either family: the bridge is berth's,
+// and any other address is the gateway of a former pod subnet, which would
+// keep routing the old subnet to the bridge.
+func (n *Network) dropFormerGateways(br netlink.Link, gateways []*netlink.Addr) error {
+	addrs, err := netlink.AddrList(br, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("network: addresses of %s: %w", n.cfg.Bridge, err)
+	}
+	for _, addr := range addrs {
+		if addr.IP.IsLinkLocalUnicast() || slices.ContainsFunc(gateways, func(g *netlink.Addr) bool { return g.Equal(addr) }) {
+			continue
+		}
+		if err := netlink.AddrDel(br, &addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("network: remove former gateway %s from %s: %w", addr.IPNet, n.cfg.Bridge, err)
+		}
+		n.log.Info("removed the gateway of a former pod subnet from the bridge", "bridge", n.cfg.Bridge, "address", addr.IPNet)
+	}
+	return nil
 }
 
 // gatewayAddrs are the bridge's addresses, a gateway in each pod subnet.
@@ -63,24 +97,6 @@ func (n *Network) gatewayAddrs() []*netlink.Addr {
 		addrs = append(addrs, addr)
 	}
 	return addrs
-}
-
-// dropGateways takes the current gateway addresses off the bridge, before
-// the subnets change; a bridge that is not there has none.
-func (n *Network) dropGateways() error {
-	link, err := netlink.LinkByName(n.cfg.Bridge)
-	if errors.As(err, new(netlink.LinkNotFoundError)) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("network: bridge %s: %w", n.cfg.Bridge, err)
-	}
-	for _, addr := range n.gatewayAddrs() {
-		if err := netlink.AddrDel(link, addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			return fmt.Errorf("network: remove gateway %s from %s: %w", addr.IPNet, n.cfg.Bridge, err)
-		}
-	}
-	return nil
 }
 
 // reattach repairs the leases' host veths: it puts them back on the
@@ -191,11 +207,6 @@ func (n *Network) setSysctls() error {
 		n.log.Info("set sysctl for the pod network", "sysctl", strings.ReplaceAll(s.key, "/", "."), "value", s.value)
 	}
 	return err
-}
-
-// hasIPv6 says whether pods get IPv6 addresses.
-func (n *Network) hasIPv6() bool {
-	return slices.ContainsFunc(n.subnets, func(p netip.Prefix) bool { return p.Addr().Is6() })
 }
 
 // sysctl is a key under /proc/sys and its value.

@@ -3,6 +3,9 @@ package network
 import (
 	"net"
 	"net/netip"
+	"os"
+
+	"github.com/berth-runtime/berth/cri/errkind"
 
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -58,6 +61,36 @@ func (n *Network) subnet4() (netip.Prefix, bool) { return n.subnetOf4or6(true) }
 
 // subnet6 is the IPv6 pod subnet, if pods get IPv6.
 func (n *Network) subnet6() (netip.Prefix, bool) { return n.subnetOf4or6(false) }
+
+// kernelHasIPv6 says whether the kernel has IPv6: not when it was booted
+// with ipv6.disable=1 (or without the ipv6 module), which takes
+// /proc/sys/net/ipv6 away. A variable: tests stand for such a kernel.
+var kernelHasIPv6 = kernelHasIPv6Proc
+
+func kernelHasIPv6Proc() bool {
+	_, err := os.Stat("/proc/sys/net/ipv6")
+	return err == nil
+}
+
+// checkKernelIPv6 refuses an IPv6 pod subnet on a kernel without IPv6: the
+// network is not ready and pods fail, with an error naming the cause, as
+// containerd with the bridge plugin fails them on its IPv6 sysctl. Pods
+// with IPv4 alone would quietly lack the addresses the pod CIDR promises.
+func (n *Network) checkKernelIPv6() error {
+	s, ok := n.subnet6()
+	if !ok || kernelHasIPv6() {
+		return nil
+	}
+	return errkind.Errorf(errkind.FailedPrecondition,
+		"network: pod subnet %s is IPv6, but the kernel has no IPv6 (no /proc/sys/net/ipv6: booted with ipv6.disable=1?); enable IPv6, or drop subnet6 or the pod CIDR's IPv6 range", s)
+}
+
+// hasIPv6 says whether pods get IPv6 addresses: the one question behind
+// every IPv6 setting, table and rule of the node's side.
+func (n *Network) hasIPv6() bool {
+	_, ok := n.subnet6()
+	return ok
+}
 
 func (n *Network) subnetOf4or6(v4 bool) (netip.Prefix, bool) {
 	for _, s := range n.subnets {

@@ -154,7 +154,7 @@ func configuredSubnets(cfg Config) ([]netip.Prefix, error) {
 			err = fmt.Errorf("not an %s network", c.family)
 		}
 		if err == nil {
-			err = checkSubnet(p)
+			err = CheckSubnet(p)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("network: subnet %s: %w", c.s, err)
@@ -208,9 +208,6 @@ func (n *Network) SetPodCIDR(cidr string) error {
 	if err := SavePodCIDR(n.cfg.StateDir, cidr); err != nil {
 		return err
 	}
-	if err := n.dropGateways(); err != nil {
-		return err
-	}
 	n.log.Info("pod subnets set from the kubelet's pod CIDR", "subnets", p, "was", n.subnets)
 	n.useSubnets(p)
 	return n.setupLocked()
@@ -238,11 +235,17 @@ func (n *Network) setupLocked() error {
 }
 
 func (n *Network) setup() error {
+	if err := n.checkKernelIPv6(); err != nil {
+		return err
+	}
 	br, err := n.ensureBridge()
 	if err != nil {
 		return err
 	}
 	if err := n.setSysctls(); err != nil {
+		return err
+	}
+	if err := n.configureBridge(br); err != nil {
 		return err
 	}
 	all, err := n.leases.all()
@@ -325,9 +328,6 @@ func (n *Network) Attach(ctx context.Context, pod PodInfo, netnsPath string, por
 		return nil, err
 	}
 	if err := n.addVeth(l, netnsPath); err != nil {
-		return nil, err
-	}
-	if err := n.addElements(l); err != nil {
 		return nil, err
 	}
 	n.log.Debug("pod attached", "pod", podID, "ip", l.IP, "veth", l.Veth, "ports", len(l.Ports), "took", time.Since(start))

@@ -31,7 +31,7 @@ func ParsePodCIDR(s string) ([]netip.Prefix, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w %q: %v", ErrBadPodCIDR, s, err)
 		}
-		if err := checkSubnet(p); err != nil {
+		if err := CheckSubnet(p); err != nil {
 			return nil, fmt.Errorf("%w %q: %v", ErrBadPodCIDR, s, err)
 		}
 		for _, q := range out {
@@ -44,19 +44,44 @@ func ParsePodCIDR(s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// checkSubnet accepts a pod subnet: a network address with room for the
-// network address, the gateway, a pod and (IPv4) the broadcast address.
-func checkSubnet(p netip.Prefix) error {
+// CheckSubnet accepts a pod subnet, configured (network.subnet, subnet6:
+// berthd's configuration checks them with it) or the kubelet's pod CIDR: a
+// network address of unicast addresses, at least a /29 (IPv4) or a /120
+// (IPv6), which leaves room for the gateway and a few pods.
+func CheckSubnet(p netip.Prefix) error {
 	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
 		return fmt.Errorf("%s is not a plain IPv4 or IPv6 network", p)
 	}
 	if p != p.Masked() {
 		return fmt.Errorf("%s is not a network address (%s?)", p, p.Masked())
 	}
-	if p.Bits() > p.Addr().BitLen()-2 {
-		return fmt.Errorf("%s is too small (at most /%d)", p, p.Addr().BitLen()-2)
+	smallest := 29
+	if p.Addr().Is6() {
+		smallest = 120
+	}
+	if p.Bits() > smallest {
+		return fmt.Errorf("%s is too small (at most /%d)", p, smallest)
+	}
+	for _, r := range notForPods {
+		if p.Overlaps(r.prefix) {
+			return fmt.Errorf("%s overlaps %s (%s): pods need unicast addresses", p, r.prefix, r.what)
+		}
 	}
 	return nil
+}
+
+// notForPods are the ranges whose addresses are not a pod's to hold.
+var notForPods = []struct {
+	prefix netip.Prefix
+	what   string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "this network"},
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("224.0.0.0/3"), "multicast and reserved"},
+	{netip.MustParsePrefix("::/127"), "unspecified and loopback"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	{netip.MustParsePrefix("ff00::/8"), "multicast"},
 }
 
 // SavePodCIDR keeps the kubelet's pod CIDR in dir across restarts (the

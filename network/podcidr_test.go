@@ -97,3 +97,34 @@ func TestPodInterfaceStats(t *testing.T) {
 		t.Errorf("stats of %s's interfaces = %+v, want eth0 with traffic", a.IP, stats)
 	}
 }
+
+// TestOneSubnetCheck: the configured subnets and the kubelet's pod CIDR
+// pass the one check (CheckSubnet, which berthd's configuration uses too):
+// the same smallest sizes, and no link-local, loopback or multicast range.
+func TestOneSubnetCheck(t *testing.T) {
+	for s, want := range map[string]string{
+		"10.89.0.0/29": "", "fd00:89::/120": "",
+		"10.89.0.0/30": "too small", "fd00:89::/121": "too small",
+		"169.254.0.0/16": "unicast", "fe80::/64": "unicast", "fe80::/10": "unicast",
+		"127.0.0.0/8": "unicast", "::/0": "unicast", "224.0.0.0/4": "unicast", "ff00::/8": "unicast",
+		"160.0.0.0/3": "link-local", "fe00::/7": "unicast",
+	} {
+		p := netip.MustParsePrefix(s)
+		cfg := Config{Subnet: "10.90.0.0/16", StateDir: t.TempDir()}
+		if p.Addr().Is4() {
+			cfg.Subnet = s
+		} else {
+			cfg.Subnet6 = s
+		}
+		_, newErr := New(cfg, nil)
+		_, podErr := ParsePodCIDR(s)
+		for what, err := range map[string]error{"configured subnet": newErr, "pod CIDR": podErr} {
+			if want == "" && err != nil {
+				t.Errorf("%s %s: %v, want it accepted", what, s, err)
+			}
+			if want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+				t.Errorf("%s %s: %v, want an error saying %q", what, s, err, want)
+			}
+		}
+	}
+}

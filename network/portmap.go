@@ -177,7 +177,7 @@ func (n *Network) table(f ipFamily) *nftables.Table {
 // portFamilies are the families with a host port table: IPv4 always (its
 // table also guards the node's loopback), IPv6 with an IPv6 pod subnet.
 func (n *Network) portFamilies() []ipFamily {
-	if _, ok := n.subnet6(); ok {
+	if n.hasIPv6() {
 		return []ipFamily{ipv4, ipv6}
 	}
 	return []ipFamily{ipv4}
@@ -247,15 +247,27 @@ func (n *Network) writeTables(all map[string]*lease) error {
 			return err
 		}
 	}
-	if _, ok := n.subnet6(); !ok {
-		c, err := replaceTable(n.table(ipv6))
-		if err != nil {
-			return err
-		}
-		c.DelTable(n.table(ipv6))
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("network: delete nftables table ip6 %s: %w", n.cfg.TableName, err)
-		}
+	if !n.hasIPv6() {
+		return n.dropIPv6Table()
+	}
+	return nil
+}
+
+// dropIPv6Table deletes the ip6 table an IPv6 subnet before left. It looks
+// first: an IPv4-only node's start adds and deletes nothing of IPv6.
+func (n *Network) dropIPv6Table() error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	if _, err := c.ListTableOfFamily(n.cfg.TableName, ipv6.table); errors.Is(err, unix.ENOENT) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("network: look up nftables table ip6 %s: %w", n.cfg.TableName, err)
+	}
+	c.DelTable(n.table(ipv6))
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("network: delete nftables table ip6 %s: %w", n.cfg.TableName, err)
 	}
 	return nil
 }

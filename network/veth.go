@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -29,7 +28,8 @@ func vethName(podID string) string {
 
 // addVeth creates the pair with its pod end directly in the pod's
 // namespace (named eth0, so nothing is renamed or moved later), puts the
-// host end on the bridge, then configures the pod end from inside.
+// host end on the bridge, adds the pod's guard chain and host ports, then
+// configures the pod end from inside.
 func (n *Network) addVeth(l *lease, netnsPath string) error {
 	podNS, err := ns.GetNS(netnsPath) // fails unless it is a network namespace
 	if err != nil {
@@ -61,6 +61,12 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 	if err != nil {
 		return fmt.Errorf("network: create veth %s (%s in %s): %w", l.Veth, podIfName, netnsPath, err)
 	}
+	// The guard hooks the host veth, so it can come no sooner, and no
+	// later: once eth0 is up the pod (the kernel itself, with its address
+	// probes) can send.
+	if err := n.addElements(l); err != nil {
+		return err
+	}
 	// Hairpin lets a pod's packet DNATed back to itself (its own host
 	// port) leave through the port it came in on.
 	if err := netlink.LinkSetHairpin(veth, true); err != nil {
@@ -80,7 +86,8 @@ func (n *Network) addVeth(l *lease, netnsPath string) error {
 		}
 		addrs = append(addrs, podAddr{netip.PrefixFrom(ip, subnet.Bits()), gatewayOf(subnet)})
 	}
-	return podNS.Do(func(ns.NetNS) error { return configurePodEnd(addrs) })
+	ipv6 := n.hasIPv6()
+	return podNS.Do(func(ns.NetNS) error { return configurePodEnd(addrs, ipv6) })
 }
 
 // podAddr is one of a pod's addresses, with its subnet's length, and the
@@ -93,17 +100,18 @@ type podAddr struct {
 // configurePodEnd runs in the pod's namespace. The pod takes no router
 // advertisement: its routes are the ones set here, whatever another pod
 // announces (the bridge drops RAs from pods too; this holds if it did not).
-// With an IPv6 address, its link-local address is made of its MAC (the
-// guard lets it send from that one), whatever the node's default; the
-// addresses skip duplicate address detection: they are the pod's by its
-// lease, and the guard keeps other pods from answering for them.
-func configurePodEnd(addrs []podAddr) error {
+// With IPv6 (ipv6: the node's pods get an IPv6 address, hasIPv6), its
+// link-local address is made of its MAC (the guard lets it send from that
+// one), whatever the node's default; the addresses skip duplicate address
+// detection: they are the pod's by its lease, and the guard keeps other
+// pods from answering for them.
+func configurePodEnd(addrs []podAddr, ipv6 bool) error {
 	link, err := netlink.LinkByName(podIfName)
 	if err != nil {
 		return fmt.Errorf("network: %s in pod: %w", podIfName, err)
 	}
 	settings := []sysctl{{"net/ipv6/conf/default/accept_ra", "0"}, {"net/ipv6/conf/" + podIfName + "/accept_ra", "0"}}
-	if slices.ContainsFunc(addrs, func(a podAddr) bool { return a.addr.Addr().Is6() }) {
+	if ipv6 {
 		settings = append(settings, sysctl{"net/ipv6/conf/" + podIfName + "/disable_ipv6", "0"},
 			sysctl{"net/ipv6/conf/" + podIfName + "/addr_gen_mode", "0"})
 	}

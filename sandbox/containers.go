@@ -100,6 +100,16 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 			return nil, errkind.Errorf(errkind.Invalid, "config.stop_signal: %v", err)
 		}
 	}
+	// Checked before anything is made: a refusal here costs the kubelet's
+	// retries no record, folder or mount.
+	volumeImages, err := m.imageVolumeImages(cfg)
+	if err != nil {
+		return nil, err
+	}
+	specResources, err := cgroups.SpecResources(cfg.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
+	if err != nil {
+		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
+	}
 	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
 		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now(), LayerRoot: m.opts.ContainerRoot}
 	c.ImageName, c.RepoDigest = img.Names(cmp.Or(cfg.Image.UserSpecifiedImage, cfg.Image.Image))
@@ -136,7 +146,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}
 	u.add("unmount rootfs", func() error { return rootfs.Unmount(l) })
 	t.step("rootfs")
-	imageVolumes, err := m.mountImageVolumes(u, pod, c)
+	imageVolumes, err := m.mountImageVolumes(u, pod, c, volumeImages)
 	if err != nil {
 		return nil, err
 	}
@@ -144,10 +154,6 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		t.step("image volumes")
 	}
 
-	specResources, err := cgroups.SpecResources(cfg.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
-	if err != nil {
-		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
-	}
 	s, err := m.spec(pod, c, img, l.Target, imageVolumes, pidNS, specResources)
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Image volumes (Mount.image): each is its image's layers, leased for as
@@ -36,55 +37,72 @@ func (m *Manager) imageVolumesDir(podID, containerID string) string {
 	return filepath.Join(m.bundleDir(podID, containerID), "image-volumes")
 }
 
-// mountImageVolumes leases and mounts the image of each of c's image mounts
-// and returns where, by mount index. What it did is undone through u.
-func (m *Manager) mountImageVolumes(u *undo, pod *Pod, c *Container) (map[int]string, error) {
-	volumes := map[int]string{}
-	for i, mnt := range c.Config.GetMounts() {
+// imageVolumeImages looks up the image of each of cfg's image mounts, by
+// mount index. It has no side effect, so CreateContainer asks it before it
+// makes anything: a kubelet retrying while a volume's image is still being
+// pulled costs a lookup, not a rootfs mounted and unmounted.
+func (m *Manager) imageVolumeImages(cfg *runtimeapi.ContainerConfig) (map[int]*image.Image, error) {
+	images := map[int]*image.Image{}
+	for i, mnt := range cfg.GetMounts() {
 		ref := mnt.GetImage().GetImage()
 		if ref == "" {
 			continue
 		}
-		if len(volumes) == 0 {
-			dir := m.imageVolumesDir(pod.ID, c.ID)
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				return nil, err
-			}
-			u.add("remove image volumes folder", func() error { return os.Remove(dir) })
-			// The runtime binds the volumes as the pod's root.
-			if err := openToPodRoot(dir, pod); err != nil {
-				return nil, err
-			}
+		// The same lookup as the container's own image: the kubelet sends
+		// the reference PullImage answered (the image ID), or a name.
+		img, err := m.opts.Images.Get(ref)
+		if errors.Is(err, image.ErrNotFound) {
+			return nil, errkind.Errorf(errkind.NotFound, "mount %s: image %q: pull it first", mnt.GetContainerPath(), ref)
 		}
-		target, err := m.mountImageVolume(u, pod, c, i, ref)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("mount %s: image %q: %w", mnt.GetContainerPath(), ref, err)
 		}
-		volumes[i] = target
+		if len(img.ChainIDs) == 0 {
+			return nil, errkind.Errorf(errkind.Invalid, "mount %s: image %q has no layers to mount", mnt.GetContainerPath(), ref)
+		}
+		images[i] = img
+	}
+	return images, nil
+}
+
+// mountImageVolumes leases and mounts images, those of c's image mounts by
+// mount index (imageVolumeImages), and returns where, by mount index. What
+// it did is undone through u.
+func (m *Manager) mountImageVolumes(u *undo, pod *Pod, c *Container, images map[int]*image.Image) (map[int]string, error) {
+	volumes := map[int]string{}
+	if len(images) == 0 {
+		return volumes, nil
+	}
+	dir := m.imageVolumesDir(pod.ID, c.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	u.add("remove image volumes folder", func() error { return os.Remove(dir) })
+	// The runtime binds the volumes as the pod's root.
+	if err := openToPodRoot(dir, pod); err != nil {
+		return nil, err
+	}
+	// In mount order, as the undo's steps are named by the step reached.
+	for i := range c.Config.GetMounts() {
+		if img := images[i]; img != nil {
+			target, err := m.mountImageVolume(u, pod, c, i, img)
+			if err != nil {
+				return nil, err
+			}
+			volumes[i] = target
+		}
 	}
 	return volumes, nil
 }
 
-func (m *Manager) mountImageVolume(u *undo, pod *Pod, c *Container, i int, ref string) (string, error) {
-	dst := c.Config.Mounts[i].GetContainerPath()
-	// The same lookup as the container's own image: the kubelet sends the
-	// reference PullImage answered (the image ID), or a name.
-	img, err := m.opts.Images.Get(ref)
-	if errors.Is(err, image.ErrNotFound) {
-		return "", errkind.Errorf(errkind.NotFound, "mount %s: image %q: pull it first", dst, ref)
-	}
-	if err != nil {
-		return "", fmt.Errorf("mount %s: image %q: %w", dst, ref, err)
-	}
+func (m *Manager) mountImageVolume(u *undo, pod *Pod, c *Container, i int, img *image.Image) (string, error) {
+	dst, ref := c.Config.Mounts[i].GetContainerPath(), c.Config.Mounts[i].GetImage().GetImage()
 	owner := imageVolumeOwner(c.ID, i)
 	lowers, err := m.opts.Images.Lease(owner, img)
 	if err != nil {
 		return "", fmt.Errorf("mount %s: %w", dst, err)
 	}
 	u.add("release image volume layers", func() error { return m.opts.Images.Release(owner) })
-	if len(lowers) == 0 {
-		return "", errkind.Errorf(errkind.Invalid, "mount %s: image %q has no layers to mount", dst, ref)
-	}
 	target := filepath.Join(m.imageVolumesDir(pod.ID, c.ID), strconv.Itoa(i))
 	if err := rootfs.MountImage(lowers, target, pod.Pins[string(podns.User)]); err != nil {
 		return "", fmt.Errorf("mount %s: image %q: %w", dst, ref, err)

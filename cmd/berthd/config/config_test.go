@@ -182,6 +182,7 @@ func TestBadFiles(t *testing.T) {
 		{"IPv4 subnet6", "[network]\nsubnet6 = \"10.0.0.0/16\"", []string{`network.subnet6 = "10.0.0.0/16"`, "IPv6"}},
 		{"host bits in subnet6", "[network]\nsubnet6 = \"fd00::1/64\"", []string{`network.subnet6`, "IPv6 network"}},
 		{"tiny subnet6", "[network]\nsubnet6 = \"fd00::/124\"", []string{`network.subnet6`, "too small"}},
+		{"link-local subnet6", "[network]\nsubnet = \"10.89.0.0/16\"\nsubnet6 = \"fe80::/64\"", []string{`network.subnet6 = "fe80::/64"`, "link-local"}},
 		{"subnet6 alone", "[network]\nsubnet6 = \"fd00::/64\"", []string{`network.subnet6`, "needs network.subnet"}},
 		{"mtu under IPv6's", "[network]\nsubnet = \"10.89.0.0/16\"\nsubnet6 = \"fd00::/64\"\nmtu = 1000", []string{`network.mtu = "1000"`, "1280"}},
 		{"bad mtu", "[network]\nmtu = 100", []string{`network.mtu = "100"`}},

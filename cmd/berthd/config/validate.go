@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/berth-runtime/berth/image/registry"
+	"github.com/berth-runtime/berth/network"
 )
 
 // maxSocketPath is sun_path (108 bytes) minus the terminating NUL: a longer
@@ -335,11 +337,11 @@ func (n Network) validate(p *problems) {
 	if n.Bridge == "" || len(n.Bridge) > 15 || strings.ContainsAny(n.Bridge, "/ :") {
 		p.add(badValue("network.bridge", n.Bridge, errors.New("must be an interface name of 1 to 15 characters")))
 	}
-	ip, subnet, err := net.ParseCIDR(n.Subnet)
-	if err != nil || ip.To4() == nil {
+	// The network's own check, which the kubelet's pod CIDR passes too.
+	if subnet, err := netip.ParsePrefix(n.Subnet); err != nil || !subnet.Addr().Is4() {
 		p.add(badValue("network.subnet", n.Subnet, errors.New("must be an IPv4 CIDR such as 10.89.0.0/16")))
-	} else if ones, _ := subnet.Mask.Size(); ones > 29 {
-		p.add(badValue("network.subnet", n.Subnet, errors.New("is too small: a pod subnet needs at least a /29")))
+	} else if err := network.CheckSubnet(subnet); err != nil {
+		p.add(badValue("network.subnet", n.Subnet, err))
 	}
 	if n.Subnet6 != "" {
 		if !n.subnet4Set {
@@ -350,11 +352,10 @@ func (n Network) validate(p *problems) {
 		if n.MTU < 1280 {
 			p.add(badValue("network.mtu", strconv.Itoa(n.MTU), errors.New("must be at least 1280 with an IPv6 subnet (IPv6's minimum)")))
 		}
-		ip, subnet, err := net.ParseCIDR(n.Subnet6)
-		if err != nil || ip.To4() != nil || !ip.Equal(subnet.IP) {
+		if subnet, err := netip.ParsePrefix(n.Subnet6); err != nil || !subnet.Addr().Is6() || subnet != subnet.Masked() {
 			p.add(badValue("network.subnet6", n.Subnet6, errors.New("must be an IPv6 network such as fd00:89::/64")))
-		} else if ones, _ := subnet.Mask.Size(); ones > 120 {
-			p.add(badValue("network.subnet6", n.Subnet6, errors.New("is too small: a pod subnet needs at least a /120")))
+		} else if err := network.CheckSubnet(subnet); err != nil {
+			p.add(badValue("network.subnet6", n.Subnet6, err))
 		}
 	}
 	if n.MTU < 576 || n.MTU > 65535 {
