@@ -46,6 +46,7 @@ func TestCluster(t *testing.T) {
 	e.applyPods(t)
 	step("PodIPs", e.podIPs)
 	step("ClusterIPService", e.service)
+	step("DualStack", e.dualStack)
 	step("Logs", e.logs)
 	step("ExecCpAttachPortForward", e.streams)
 	step("Volumes", e.volumes)

@@ -36,11 +36,24 @@ const (
 	testRange   = "172.29.0.0/16"
 )
 
+// The cluster is dual-stack, IPv4 first: its IPv6 half is in the ULA range
+// fd29:29::/32 (which the tier checks no route of the host touches, as for
+// testRange): the control plane's IPv6 address on the same link, the pod
+// range the controller-manager cuts each node's /64 from, and the IPv6
+// service range.
+const (
+	hostIP6      = "fd29:29:ff::1"
+	clusterCIDR6 = "fd29:29::/56"
+	serviceCIDR6 = "fd29:29:1::/112"
+	testRange6   = "fd29:29::/32"
+)
+
 // hostSysctls are the kernel settings the kubelet (protectKernelDefaults:
 // false), kube-proxy and berth's network may change; they are restored at
 // the end.
 var hostSysctls = append(slices.Clone(kubeenv.KubeletSysctls),
-	"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "net/netfilter/nf_conntrack_max")
+	"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "net/netfilter/nf_conntrack_max",
+	"net/ipv6/conf/all/forwarding")
 
 // env is one run of the tier: a loopback registry, etcd and the control
 // plane on the host, on folders of this run under work, and the nodes.
@@ -168,7 +181,7 @@ func (e *env) startControlPlane() {
 		"--kubelet-certificate-authority", p.caFile, "--kubelet-preferred-address-types", "InternalIP",
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
-		"--service-cluster-ip-range", serviceCIDR,
+		"--service-cluster-ip-range", serviceCIDR+","+serviceCIDR6,
 		"--cert-dir", e.path("apiserver-certs"),
 		// lifecycle.stopSignal (alpha in 1.37); the kubelet's gate is in kubeletConfig.
 		"--feature-gates", "ContainerStopSignals=true")
@@ -180,8 +193,9 @@ func (e *env) startControlPlane() {
 	e.controllers = kubeenv.Start(t, "kube-controller-manager", e.path("kube-controller-manager.log"), e.bin("kube-controller-manager"),
 		"--kubeconfig", cmConfig, "--authentication-kubeconfig", cmConfig, "--authorization-kubeconfig", cmConfig,
 		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(kubeenv.FreePort(t)), "--leader-elect=false",
-		"--allocate-node-cidrs", "--cluster-cidr", clusterCIDR, "--node-cidr-mask-size", "24",
-		"--service-cluster-ip-range", serviceCIDR, "--configure-cloud-routes=false",
+		"--allocate-node-cidrs", "--cluster-cidr", clusterCIDR+","+clusterCIDR6,
+		"--node-cidr-mask-size-ipv4", "24", "--node-cidr-mask-size-ipv6", "64",
+		"--service-cluster-ip-range", serviceCIDR+","+serviceCIDR6, "--configure-cloud-routes=false",
 		"--service-account-private-key-file", saKey, "--root-ca-file", p.caFile, "--use-service-account-credentials",
 		"--cluster-signing-cert-file", p.caFile, "--cluster-signing-key-file", filepath.Join(p.dir, "ca.key"),
 		"--cert-dir", e.path("controller-manager-certs"))
@@ -232,9 +246,10 @@ func answersVersion(socket string) func() error {
 }
 
 // kubeletArgs writes the configuration of a node's kubelet below w (its
-// root folder w/kubelet) and returns its command line and healthz port,
-// which listens on the node's ip.
-func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip string, cgroups *kubeenv.Cgroups, socket string) ([]string, int) {
+// root folder w/kubelet) and returns its command line and healthz port.
+// The node's addresses are ip and ip6, IPv4 first (the cluster is
+// dual-stack); the kubelet and its healthz listen on ip.
+func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, cgroups *kubeenv.Cgroups, socket string) ([]string, int) {
 	t.Helper()
 	root := w.Path("kubelet")
 	kubeenv.Mkdirs(t, root, w.Path("pod-logs"))
@@ -244,7 +259,7 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip string, cgroup
 	}
 	server := fmt.Sprintf("https://%s:%d", hostIP, e.apiPort)
 	kubeconfig := e.pki.kubeconfig(t, "kubelet-"+name, server, e.pki.issue(t, "kubelet-"+name, "system:node:"+name, []string{"system:nodes"}))
-	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, name)
+	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, ip6, name)
 	healthz := kubeenv.FreePort(t)
 	config := fmt.Sprintf(kubeletConfig, ip, kubeenv.FreePort(t), ip, healthz, serving.cert, serving.key, e.pki.caFile,
 		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket)
@@ -254,7 +269,7 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip string, cgroup
 	}
 	return []string{e.bin("kubelet"), "--config", configPath, "--kubeconfig", kubeconfig,
 		"--root-dir", root, "--cert-dir", filepath.Join(root, "pki"),
-		"--hostname-override", name, "--node-ip", ip, "--v", "2"}, healthz
+		"--hostname-override", name, "--node-ip", ip + "," + ip6, "--v", "2"}, healthz
 }
 
 // kubeletConfig is the node's KubeletConfiguration; the run fills in its
@@ -319,9 +334,9 @@ featureGates:
 `
 
 // kubeProxyConfig writes the configuration of a node's kube-proxy below w
-// and returns its path and healthz port (on listenIP): nftables mode, and
-// conntrack settings zero, so that it leaves the host's conntrack table
-// sizes and timeouts alone.
+// and returns its path and healthz port (on listenIP): nftables mode (both
+// families: the cluster is dual-stack), and conntrack settings zero, so
+// that it leaves the host's conntrack table sizes and timeouts alone.
 func (e *env) kubeProxyConfig(t *testing.T, w *kubeenv.Work, name, listenIP string) (string, int) {
 	t.Helper()
 	server := fmt.Sprintf("https://%s:%d", hostIP, e.apiPort)
@@ -343,7 +358,7 @@ conntrack:
   tcpCloseWaitTimeout: 0s
   udpTimeout: 0s
   udpStreamTimeout: 0s
-`, kubeconfig, name, clusterCIDR, net.JoinHostPort(listenIP, fmt.Sprint(healthz)), net.JoinHostPort(listenIP, fmt.Sprint(kubeenv.FreePort(t))))
+`, kubeconfig, name, clusterCIDR+","+clusterCIDR6, net.JoinHostPort(listenIP, fmt.Sprint(healthz)), net.JoinHostPort(listenIP, fmt.Sprint(kubeenv.FreePort(t))))
 	path := w.Path("kube-proxy.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)

@@ -24,8 +24,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// The nodes, both schedulable: node i (from 1) holds 172.29.255.(1+i), on
-// its end of a veth pair from the host's node link (which holds hostIP).
+// The nodes, both schedulable: node i (from 1) holds 172.29.255.(1+i) and
+// fd29:29:ff::(1+i), on its end of a veth pair from the host's node link
+// (which holds hostIP and hostIP6).
 var nodeNames = []string{"berth-node", "berth-node-2"}
 
 // node is one node of the cluster, in network and mount namespaces of its
@@ -38,12 +39,12 @@ var nodeNames = []string{"berth-node", "berth-node-2"}
 type node struct {
 	e        *env
 	name     string
-	ip       string
+	ip, ip6  string
 	work     *kubeenv.Work // the node's own folder, /tmp/bcN-*
 	netns    string        // its name in /run/netns
 	enter    []string      // nsenter into the node's mount and network namespaces
-	hostVeth string        // on the node link; its peer in the netns holds ip
-	podCIDR  string        // routed by the host to ip
+	hostVeth string        // on the node link; its peer in the netns holds ip and ip6
+	podCIDRs []string      // routed by the host to ip and ip6, IPv4 first
 	holder   *kubeenv.Proc // holds the mount namespace
 
 	berthd *kubeenv.Berthd
@@ -81,7 +82,7 @@ func (e *env) startNode(index int, name string) *node {
 	t.Helper()
 	pid := os.Getpid() % 100000
 	suffix := fmt.Sprintf("%dn%d", pid, index)
-	n := &node{e: e, name: name, ip: fmt.Sprintf("172.29.255.%d", 1+index),
+	n := &node{e: e, name: name, ip: fmt.Sprintf("172.29.255.%d", 1+index), ip6: fmt.Sprintf("fd29:29:ff::%d", 1+index),
 		netns: "bc" + suffix, hostVeth: "bcv" + suffix}
 	n.work = kubeenv.NewWork(t, fmt.Sprintf("bc%d-", index), "BERTH_CLUSTER_NODE_LOGS")
 	t.Cleanup(func() {
@@ -110,20 +111,22 @@ func (e *env) startNode(index int, name string) *node {
 	t.Cleanup(n.stop)
 	n.kubeletRoot = n.work.Path("kubelet")
 	n.cgroups = kubeenv.MakeCgroupRoot(t, fmt.Sprintf("/berth-cluster-%d-%d", os.Getpid(), index))
-	n.kubeletArgs, n.healthz = e.kubeletArgs(t, n.work, n.name, n.ip, n.cgroups, n.berthd.Socket)
+	n.kubeletArgs, n.healthz = e.kubeletArgs(t, n.work, n.name, n.ip, n.ip6, n.cgroups, n.berthd.Socket)
 	n.launchKubelet()
 	return n
 }
 
-// join waits until the node is Ready with a pod CIDR, routes that CIDR to
+// join waits until the node is Ready with its pod CIDRs, routes them to
 // the node and starts its kube-proxy.
 func (n *node) join() {
 	t, e := n.e.t, n.e
 	t.Helper()
-	n.podCIDR = e.waitNodeReady(t, n.name, 2*time.Minute).Spec.PodCIDR
-	// The host's way to the node's pods; the node's way back is its route
-	// of the whole test range to the host.
-	ipCmd(t, "route", "add", n.podCIDR, "via", n.ip, "dev", e.link)
+	// The host's way to the node's pods, in each family; the node's way
+	// back is its route of the whole test ranges to the host.
+	for _, cidr := range e.waitNodeReady(t, n.name, 2*time.Minute).Spec.PodCIDRs {
+		ipCmd(t, "route", "add", cidr, "via", n.via(cidr), "dev", e.link)
+		n.podCIDRs = append(n.podCIDRs, cidr)
+	}
 
 	config, healthz := e.kubeProxyConfig(t, n.work, n.name, n.ip)
 	n.kubeProxy = kubeenv.Start(t, "kube-proxy "+n.name, n.work.Path("kube-proxy.log"),
@@ -132,8 +135,19 @@ func (n *node) join() {
 		if _, err := kubeenv.Get(fmt.Sprintf("http://%s/healthz", net.JoinHostPort(n.ip, fmt.Sprint(healthz)))); err != nil {
 			return err
 		}
-		return n.command("nft", "list", "table", "ip", "kube-proxy").Run()
+		if err := n.command("nft", "list", "table", "ip", "kube-proxy").Run(); err != nil {
+			return err
+		}
+		return n.command("nft", "list", "table", "ip6", "kube-proxy").Run()
 	})
+}
+
+// via is the node's address in the family of cidr.
+func (n *node) via(cidr string) string {
+	if strings.Contains(cidr, ":") {
+		return n.ip6
+	}
+	return n.ip
 }
 
 // launchBerthd starts the node's berthd (again, after a kill) and waits
@@ -178,9 +192,10 @@ func ipCmd(t *testing.T, args ...string) {
 }
 
 // addNetwork makes the node's network namespace and a veth pair from the
-// node link into it: the node's address on its end, which routes the test
-// range (the control plane on hostIP, the other node's pods, the Services)
-// to the host, and forwards to its pods.
+// node link into it: the node's addresses on its end, which routes the test
+// ranges (the control plane on hostIP, the other node's pods, the Services)
+// to the host, and forwards to its pods. The IPv6 address skips duplicate
+// address detection, as the host's hostIP6 does.
 func (n *node) addNetwork() {
 	t := n.e.t
 	t.Helper()
@@ -191,24 +206,27 @@ func (n *node) addNetwork() {
 	for _, args := range [][]string{
 		{"link", "set", "lo", "up"},
 		{"addr", "add", n.ip + "/32", "dev", inner},
+		{"addr", "add", n.ip6 + "/128", "dev", inner, "nodad"},
 		{"link", "set", inner, "up"},
 		{"route", "add", hostIP, "dev", inner},
 		{"route", "add", testRange, "via", hostIP, "dev", inner, "src", n.ip},
+		{"route", "add", hostIP6, "dev", inner},
+		{"route", "add", testRange6, "via", hostIP6, "dev", inner, "src", n.ip6},
 	} {
 		ipCmd(t, append([]string{"-n", n.netns}, args...)...)
 	}
-	if out, err := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
-		t.Fatalf("ip_forward in %s: %v %s", n.netns, err, out)
+	if out, err := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1").CombinedOutput(); err != nil {
+		t.Fatalf("forwarding in %s: %v %s", n.netns, err, out)
 	}
 }
 
-// removeNetwork removes the route to the node's pods and its namespace
+// removeNetwork removes the routes to the node's pods and its namespace
 // (with its end of the veth pair, and so the host's).
 func (n *node) removeNetwork() {
 	t := n.e.t
-	if n.podCIDR != "" {
-		if out, err := exec.Command("ip", "route", "del", n.podCIDR, "via", n.ip).CombinedOutput(); err != nil {
-			t.Errorf("teardown: ip route del %s: %v %s", n.podCIDR, err, out)
+	for _, cidr := range n.podCIDRs {
+		if out, err := exec.Command("ip", "route", "del", cidr, "via", n.via(cidr)).CombinedOutput(); err != nil {
+			t.Errorf("teardown: ip route del %s: %v %s", cidr, err, out)
 		}
 	}
 	if out, err := exec.Command("ip", "netns", "del", n.netns).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {

@@ -67,10 +67,12 @@ func (e *env) twoNodes(t *testing.T) {
 	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/spread", "--timeout", startTimeout.String())
 	t.Logf("spread Deployment Ready in %s", time.Since(start).Round(100*time.Millisecond))
 	byNode := map[string][]string{} // node → pod names
-	ips := map[string]string{}      // pod → IP
+	ips := map[string][]string{}    // pod → its IPs, IPv4 first
 	for _, p := range e.pods(t, ns, "app=spread") {
 		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], p.Name)
-		ips[p.Name] = p.Status.PodIP
+		for _, ip := range p.Status.PodIPs {
+			ips[p.Name] = append(ips[p.Name], ip.IP)
+		}
 	}
 	if len(byNode[n1.name]) != 2 || len(byNode[n2.name]) != 2 {
 		t.Fatalf("replicas by node %v, want 2 on each of %s and %s", byNode, n1.name, n2.name)
@@ -80,31 +82,40 @@ func (e *env) twoNodes(t *testing.T) {
 	}
 	e.isolated(t)
 
-	// A pod on each node reaches a pod on the other by its IP: routed by
-	// the host, no address translation (berth masquerades nothing here, so
-	// the server sees the pod's own address... and answers it).
+	// A pod on each node reaches a pod on the other by each of its IPs
+	// (IPv4 and IPv6): routed by the host, no address translation (berth
+	// masquerades nothing here, so the server sees the pod's own
+	// address... and answers it).
 	for _, pair := range [][2]string{{byNode[n1.name][0], byNode[n2.name][0]}, {byNode[n2.name][1], byNode[n1.name][1]}} {
 		from, to := pair[0], pair[1]
-		url := fmt.Sprintf("http://%s/", net.JoinHostPort(ips[to], "8080"))
-		if got, want := e.exec(t, ns, from, "/bin/web", "get", url), "v1 "+to+"\n"; got != want {
-			t.Errorf("GET %s from pod %s: %q, want %q", url, from, got, want)
+		if len(ips[to]) != 2 {
+			t.Errorf("pod %s has IPs %v, want an IPv4 and an IPv6", to, ips[to])
+		}
+		for _, ip := range ips[to] {
+			url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "8080"))
+			if got, want := e.exec(t, ns, from, "/bin/web", "get", url), "v1 "+to+"\n"; got != want {
+				t.Errorf("GET %s from pod %s: %q, want %q", url, from, got, want)
+			}
 		}
 	}
 	e.spreadService(t, byNode)
 
+	// Each berth stops the spread pods of its node (the kubelets remove
+	// their sandboxes a minute later; the Delete step sees that).
 	e.kubectl(t, "delete", "-n", ns, "deployment/spread", "service/spread", "--wait=false")
 	start = time.Now()
 	for _, n := range e.nodes {
-		kubeenv.WaitFor(t, 3*time.Minute, n.name+"'s berth without spread pods", func() (bool, string) {
+		kubeenv.WaitFor(t, 2*time.Minute, n.name+"'s berth without running spread pods", func() (bool, string) {
 			sbs, err := n.rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{
-				Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{"app": "spread"}}})
+				Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{"app": "spread"},
+					State: &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY}}})
 			if err != nil {
 				return false, err.Error()
 			}
-			return len(sbs.Items) == 0, fmt.Sprintf("%d spread pods", len(sbs.Items))
+			return len(sbs.Items) == 0, fmt.Sprintf("%d READY spread pods", len(sbs.Items))
 		})
 	}
-	t.Logf("both berths without the spread pods %s after the delete", time.Since(start).Round(100*time.Millisecond))
+	t.Logf("both berths stopped the spread pods %s after the delete", time.Since(start).Round(100*time.Millisecond))
 }
 
 // ownsSpreadPods: the node's berth runs exactly the spread pods scheduled
@@ -147,16 +158,18 @@ func (e *env) isolated(t *testing.T) {
 		tables, _ := p.run("nft", "list", "tables").Output()
 		for _, n := range e.nodes {
 			bridge := n.berthd.Bridge
-			has := hasField(string(links), bridge+":") || hasTable(string(tables), "ip", bridge) || hasTable(string(tables), "netdev", bridge)
-			if n == p.own && !(hasField(string(links), bridge+":") && hasTable(string(tables), "ip", bridge)) {
-				t.Errorf("%s lacks its berth's bridge or table %s:\n%s\n%s", p.where, bridge, links, tables)
+			has := hasField(string(links), bridge+":") || hasTable(string(tables), "ip", bridge) || hasTable(string(tables), "ip6", bridge) || hasTable(string(tables), "netdev", bridge)
+			if n == p.own && !(hasField(string(links), bridge+":") && hasTable(string(tables), "ip", bridge) && hasTable(string(tables), "ip6", bridge)) {
+				t.Errorf("%s lacks its berth's bridge or tables (ip, ip6) %s:\n%s\n%s", p.where, bridge, links, tables)
 			}
 			if n != p.own && has {
 				t.Errorf("%s holds %s's berth bridge or table %s:\n%s\n%s", p.where, n.name, bridge, links, tables)
 			}
 		}
-		if kp := hasTable(string(tables), "ip", "kube-proxy"); kp != (p.own != nil) {
-			t.Errorf("%s: a kube-proxy table %v, want one only in a node's namespace:\n%s", p.where, kp, tables)
+		for _, family := range []string{"ip", "ip6"} {
+			if kp := hasTable(string(tables), family, "kube-proxy"); kp != (p.own != nil) {
+				t.Errorf("%s: a kube-proxy table %s %v, want one only in a node's namespace:\n%s", p.where, family, kp, tables)
+			}
 		}
 	}
 	for _, n := range e.nodes {
