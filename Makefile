@@ -17,7 +17,7 @@ PREFIX    ?= /usr/local
 BERTH_GOFLAGS := -trimpath -tags=netgo,osusergo
 BERTH_GO  := GOFLAGS='$(BERTH_GOFLAGS)' $(GO)
 
-.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration soak test-soak deps-vm test-vm test-vm-systemd test-kubelet test-cluster k8s-bins kubelet-bins cluster-bins lint run bench bench-compare install start clean
+.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration soak test-soak deps-vm test-vm test-vm-systemd test-kubelet test-cluster test-e2e test-conformance deps-e2e k8s-bins kubelet-bins cluster-bins e2e-bins lint run bench bench-compare install start clean
 
 # The shim is linked statically: it needs no libc on the node (nor in the
 # VM tier). The seccomp tag links libcontainer's seccomp support with Debian's static
@@ -43,14 +43,14 @@ deps:
 # test is the README's test command and what CI runs: the host tiers, the
 # privileged suite (less the tests no kernel changes, see test/vm/run.sh) in
 # a VM on unified cgroup v2 (with busybox, then systemd, as init), a stock
-# kubelet, then a one-node cluster; each tier's
+# kubelet, a cluster, then Kubernetes' e2e suite on it; each tier's
 # time is printed at the end (CI's budget is 40 minutes on 2 cores).
 # test/tiers.sh builds the Kubernetes binaries (k8s-bins) in the background,
 # at the lowest priority, while the host and VM tiers run, and runs the VM
 # tier in the background beside the kubelet and cluster tiers. Every tier's
 # packages are installed first, so that no two tiers run apt at once.
-TEST_TIERS := test-host test-vm test-kubelet test-cluster
-test: deps deps-vm
+TEST_TIERS := test-host test-vm test-kubelet test-cluster test-e2e
+test: deps deps-vm deps-e2e
 	@MAKE="$(MAKE)" BIN=$(BIN) test/tiers.sh $(TEST_TIERS)
 
 test-host: deps lint test-unit test-fuzz test-integration test-soak
@@ -135,11 +135,52 @@ $(CLUSTER_BINS) &: test/cluster/go.mod test/cluster/go.sum
 	cd test/cluster && $(GO) build -trimpath -ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(CLUSTER_K8S_VERSION)' \
 		-o $(CURDIR)/$(BIN)/cluster/ $(addprefix k8s.io/kubernetes/cmd/,$(CLUSTER_CMDS))
 
-# k8s-bins: every Kubernetes and etcd binary the kubelet and cluster tiers run;
-# kubelet-bins and cluster-bins: each tier's.
-k8s-bins: kubelet-bins cluster-bins
+# The e2e tier (privileged, issue #23): Kubernetes' own e2e suite (e2e.test,
+# run by ginkgo) against the cluster tier's cluster, here of two nodes, with
+# the suite's images built offline (agnhost and nnp from the kubernetes
+# module, the rest from Debian packages) and served by its loopback
+# registry. SIG Node's Conformance specs and the NodeConformance ones, less
+# those in test/cluster/conformance-skips.txt (each with its reason), on 2
+# ginkgo processes; it prints what ran, passed, failed and was skipped, the
+# time, and where the reports (JUnit, ginkgo's JSON, the output) are kept
+# (BERTH_E2E_REPORT, else /tmp/berth-e2e-TIME). test-e2e, in make test, leaves
+# out the Serial, Slow, Flaky and Disruptive specs; test-conformance runs them
+# too, the Serial ones one at a time after the others.
+#
+# deps-e2e installs the Debian packages the e2e images are built of.
+E2E_IMAGE_DEBS := bash-static netcat-openbsd curl nginx-light hostname util-linux
+deps-e2e:
+	test/deps.sh $(E2E_IMAGE_DEBS)
+
+E2E_GO = cd test/cluster && BERTH_CONFORMANCE=$(1) BERTH_CLUSTER=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) \
+	CLUSTER_BIN_DIR=$(CURDIR)/$(BIN)/cluster BERTH_E2E_REPORT=$(CURDIR)/$(BIN)/e2e-report \
+	$(GO) test -count=1 -v -timeout $(2) -run '^TestConformance$$' .
+test-e2e: deps deps-e2e build e2e-bins
+	rm -rf $(BIN)/e2e-report
+	$(call E2E_GO,1,150m)
+
+test-conformance: deps deps-e2e build e2e-bins
+	rm -rf $(BIN)/e2e-report
+	$(call E2E_GO,full,300m)
+
+# e2e.test is a test binary of the kubernetes module (test/cluster/e2etools.go
+# keeps its requirements in go.mod); ginkgo, agnhost and nnp are tools of
+# test/cluster's go.mod, built with cgo as the cluster's binaries are, so
+# that they compile from the packages those left in the build cache.
+E2E_TOOLS := $(addprefix $(BIN)/cluster/,ginkgo agnhost nonewprivs)
+$(BIN)/cluster/e2e.test: test/cluster/go.mod test/cluster/go.sum
+	cd test/cluster && $(GO) test -c -vet=off -trimpath -ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(CLUSTER_K8S_VERSION)' \
+		-o $(CURDIR)/$@ k8s.io/kubernetes/test/e2e
+$(E2E_TOOLS) &: test/cluster/go.mod test/cluster/go.sum
+	cd test/cluster && $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(BIN)/cluster/ \
+		github.com/onsi/ginkgo/v2/ginkgo k8s.io/kubernetes/test/images/agnhost k8s.io/kubernetes/test/images/nonewprivs
+
+# k8s-bins: every Kubernetes and etcd binary the kubelet, cluster and e2e
+# tiers run; kubelet-bins, cluster-bins and e2e-bins: each tier's.
+k8s-bins: kubelet-bins cluster-bins e2e-bins
 kubelet-bins: $(BIN)/kubelet
 cluster-bins: $(CLUSTER_BINS) $(BIN)/cluster/etcd
+e2e-bins: cluster-bins $(BIN)/cluster/e2e.test $(E2E_TOOLS)
 
 $(BIN)/cluster/etcd: test/cluster/etcd/go.mod test/cluster/etcd/go.sum
 	cd test/cluster/etcd && $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(BIN)/cluster/etcd go.etcd.io/etcd/server/v3

@@ -2,8 +2,8 @@
 # Runs make test's tiers (arguments: make targets) and prints each one's
 # time at the end. On a fresh 2-core machine make test is bound by CPU, so
 # the tiers are laid out to leave as little of it idle as they can:
-# - The Kubernetes and etcd binaries that the kubelet and cluster tiers run
-#   (make k8s-bins, about a third of a cold run's CPU) build in the
+# - The Kubernetes and etcd binaries that the kubelet, cluster and e2e tiers
+#   run (make k8s-bins, about a third of a cold run's CPU) build in the
 #   background from the start, at the lowest CPU and I/O priority, in the
 #   time the host tiers leave idle (tests waiting on processes). A tier that
 #   runs them waits only for its own (the kubelet tier's kubelet is built
@@ -19,8 +19,9 @@ bin=${BIN:-bin}
 log=$bin/k8s-build.log
 # The make target that builds what each Kubernetes tier runs, in the order
 # the background build makes them: the kubelet tier starts as soon as its
-# kubelet is built, beside the build of the cluster's binaries.
-declare -A k8s_target=([test-kubelet]=kubelet-bins [test-cluster]=cluster-bins)
+# kubelet is built, beside the build of the cluster's binaries, and the
+# cluster tier beside the build of the e2e tier's (e2e.test, ginkgo, agnhost).
+declare -A k8s_target=([test-kubelet]=kubelet-bins [test-cluster]=cluster-bins [test-e2e]=e2e-bins)
 background_tiers=" test-vm "
 
 mkdir -p "$bin"

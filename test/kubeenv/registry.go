@@ -1,9 +1,6 @@
 package kubeenv
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -54,81 +51,23 @@ func busyboxImage(t *testing.T, files []File) (manifest, config, layer blob) {
 	if err != nil {
 		t.Fatalf("the test image needs Debian's busybox-static (make deps): %v", err)
 	}
-	var tarBuf bytes.Buffer
-	tw := tar.NewWriter(&tarBuf)
-	add := func(h *tar.Header, content []byte) {
-		h.ModTime, h.Format = fixedTime, tar.FormatPAX
-		if h.Typeflag == tar.TypeReg {
-			h.Size = int64(len(content))
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if len(content) > 0 {
-			if _, err := tw.Write(content); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	dir := func(name string, mode int64) {
-		add(&tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: mode}, nil)
-	}
-	file := func(name, content string) {
-		add(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644}, []byte(content))
-	}
-	dir("bin", 0o755)
-	add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755}, bb)
+	entries := []Entry{{Name: "bin", Dir: true, Mode: 0o755}, {Name: "bin/busybox", Mode: 0o755, Data: bb}}
 	for _, a := range applets {
-		add(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
+		entries = append(entries, Entry{Name: "bin/" + a, Link: "busybox", Mode: 0o777})
 	}
-	dir("etc", 0o755)
-	file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
-	file("etc/group", "root:x:0:\nnogroup:x:65534:\n")
-	dir("root", 0o700)
-	dir("tmp", 0o1777)
+	entries = append(entries,
+		Entry{Name: "etc", Dir: true, Mode: 0o755},
+		Entry{Name: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")},
+		Entry{Name: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+		Entry{Name: "root", Dir: true, Mode: 0o700},
+		Entry{Name: "tmp", Dir: true, Mode: 0o1777})
 	for _, f := range files {
-		add(&tar.Header{Name: f.Name, Typeflag: tar.TypeReg, Mode: f.Mode}, f.Data)
+		entries = append(entries, Entry{Name: f.Name, Mode: f.Mode, Data: f.Data})
 	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	diffID := digestOf(tarBuf.Bytes())
-
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	if _, err := zw.Write(tarBuf.Bytes()); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	layer = blob{"application/vnd.oci.image.layer.v1.tar+gzip", gz.Bytes()}
-
-	cfg, err := json.Marshal(map[string]any{
-		"created":      fixedTime.Format(time.RFC3339),
-		"architecture": "amd64",
-		"os":           "linux",
-		"config": map[string]any{
-			"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			"Cmd": []string{"/bin/sh"},
-		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+	return oneLayerImage(t, entries, Process{
+		Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Cmd: []string{"/bin/sh"},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	config = blob{"application/vnd.oci.image.config.v1+json", cfg}
-
-	m, err := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        map[string]any{"mediaType": config.mediaType, "digest": digestOf(config.data), "size": len(config.data)},
-		"layers":        []any{map[string]any{"mediaType": layer.mediaType, "digest": digestOf(layer.data), "size": len(layer.data)}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return blob{"application/vnd.oci.image.manifest.v1+json", m}, config, layer
 }
 
 // Registry is a read-only OCI distribution endpoint on loopback: enough of

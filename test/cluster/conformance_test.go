@@ -1,0 +1,288 @@
+package cluster
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-runtime/berth/test/kubeenv"
+)
+
+// conformanceEnv selects the e2e tier: "1" runs the specs make test runs,
+// "full" every one (make test-conformance).
+const conformanceEnv = "BERTH_CONFORMANCE"
+
+// The specs the tier runs: SIG Node's Conformance specs and the node
+// conformance ones, whatever their SIG.
+const conformanceFocus = `\[sig-node\].*\[Conformance\]|\[NodeConformance\]`
+
+// quickSkips are the kinds of spec make test leaves to make
+// test-conformance: Serial ones (they cannot share the cluster, so they
+// run one at a time after the others), and flaky, disruptive and slow ones.
+const quickSkips = `\[Serial\]|\[Flaky\]|\[Disruptive\]|\[Slow\]`
+
+// conformanceSkips is the one list of specs the tier skips, each with the
+// reason: what the spec needs that this machine lacks. A spec that fails
+// because of berth is never in it.
+const conformanceSkips = "conformance-skips.txt"
+
+// TestConformance runs Kubernetes' own e2e suite (e2e.test, with ginkgo,
+// both of the release in go.mod) against the tier's cluster of two nodes,
+// with the suite's images built offline (e2eimages_test.go): the specs of
+// conformanceFocus not in the skip list, on 2 ginkgo processes, then (in
+// the full run) the Serial ones one at a time. It prints what ran, passed,
+// failed and was skipped, and the time; any failure fails it. The suite's
+// reports (JUnit and ginkgo's JSON) and output are kept in a folder of
+// their own, BERTH_E2E_REPORT or /tmp/berth-e2e-TIME.
+func TestConformance(t *testing.T) {
+	requireTier(t)
+	mode := os.Getenv(conformanceEnv)
+	switch mode {
+	case "":
+		t.Skipf("the e2e tier runs with %s=1 (make test) or %s=full (make test-conformance)", conformanceEnv, conformanceEnv)
+	case "1", "full":
+	default:
+		t.Fatalf("%s=%q: want 1 or full", conformanceEnv, mode)
+	}
+	skips := readSkipList(t, conformanceSkips)
+	begin := time.Now()
+	e := newEnv(t)
+	kubeenv.NeedFiles(t, "`make test-conformance` (or set CLUSTER_BIN_DIR)",
+		e.bin("e2e.test"), e.bin("ginkgo"), e.bin("agnhost"), e.bin("nonewprivs"))
+	repoList := e.pushE2EImages(t)
+	t.Cleanup(func() { e.deleteE2ENamespaces(t) })
+	t.Logf("cluster of two nodes and the e2e images up in %s", time.Since(begin).Round(time.Second))
+
+	report := kubeenv.EnvOr("BERTH_E2E_REPORT", filepath.Join(os.TempDir(), "berth-e2e-"+time.Now().Format("20060102-150405")))
+	skip := strings.Join(skips, "|")
+	// BERTH_E2E_FOCUS narrows the run to some specs (a regular expression),
+	// as when looking into a failure; BERTH_E2E_PROCS sets the number of
+	// ginkgo processes of the parallel pass.
+	focus := conformanceFocus
+	if f := os.Getenv("BERTH_E2E_FOCUS"); f != "" {
+		focus = "(" + f + ").*(" + conformanceFocus + ")|(" + conformanceFocus + ").*(" + f + ")"
+	}
+	procs := 2
+	if n, err := strconv.Atoi(os.Getenv("BERTH_E2E_PROCS")); err == nil && n > 0 {
+		procs = n
+	}
+	passes := []e2ePass{{name: "parallel", procs: procs, focus: focus, labels: "!Serial", skip: skip}}
+	if mode == "1" {
+		passes[0].skip = quickSkips + "|" + skip
+	} else {
+		passes = append(passes, e2ePass{name: "serial", procs: 1, focus: focus, labels: "Serial", skip: skip})
+	}
+	var total e2eCounts
+	for _, p := range passes {
+		start := time.Now()
+		c := e.runE2E(t, p, filepath.Join(report, p.name), repoList)
+		t.Logf("e2e %s: %s in %s", p.name, c, time.Since(start).Round(time.Second))
+		total.add(c)
+	}
+	for _, s := range total.suiteSkips {
+		t.Logf("skipped by the suite: %s", s)
+	}
+	t.Logf("e2e (%s): %s in %s; reports (JUnit, ginkgo JSON, output) in %s", mode, total, time.Since(begin).Round(time.Second), report)
+	for _, f := range total.failed {
+		t.Errorf("failed: %s", f)
+	}
+}
+
+// deleteE2ENamespaces deletes the namespaces the suite left (it deletes
+// its own without waiting) and waits until no pod is left on either node,
+// so that the nodes' teardowns find berth holding nothing.
+func (e *env) deleteE2ENamespaces(t *testing.T) {
+	if out, err := e.kubectlErr("delete", "namespace", "-l", "e2e-run", "--wait=false"); err != nil {
+		t.Errorf("teardown: %v %s", err, out)
+	}
+	kubeenv.WaitFor(t, 5*time.Minute, "no pod left of the e2e suite", func() (bool, string) {
+		out, err := e.kubectlErr("get", "pods", "--all-namespaces", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", fmt.Sprint(out, err)
+	})
+}
+
+// readSkipList reads the skip list: a spec's regular expression and,
+// after " # ", why it is skipped, on each line that is neither blank nor a
+// comment. A line without a reason, or whose expression does not compile,
+// fails t.
+func readSkipList(t *testing.T, name string) []string {
+	t.Helper()
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var skips []string
+	s := bufio.NewScanner(f)
+	for n := 1; s.Scan(); n++ {
+		line := strings.TrimSpace(s.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		spec, reason, _ := strings.Cut(line, " # ")
+		spec = strings.TrimSpace(spec)
+		if strings.TrimSpace(reason) == "" {
+			t.Fatalf("%s:%d: %q has no reason (SPEC # REASON)", name, n, line)
+		}
+		if _, err := regexp.Compile(spec); err != nil {
+			t.Fatalf("%s:%d: %v", name, n, err)
+		}
+		skips = append(skips, spec)
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return skips
+}
+
+// e2ePass is one ginkgo run of the suite.
+type e2ePass struct {
+	name   string
+	procs  int
+	focus  string // the specs run (a regular expression)
+	labels string // ginkgo's label filter
+	skip   string // specs (regular expressions) left out
+}
+
+// runE2E runs pass p of the suite with ginkgo against the cluster, its
+// reports and output in dir, and counts its specs.
+func (e *env) runE2E(t *testing.T, p e2ePass, dir, repoList string) e2eCounts {
+	t.Helper()
+	kubeenv.Mkdirs(t, dir)
+	output := filepath.Join(dir, "ginkgo.log")
+	out, err := os.Create(output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd := exec.Command(e.bin("ginkgo"),
+		fmt.Sprintf("--procs=%d", p.procs), "--focus="+p.focus, "--skip="+p.skip, "--label-filter="+p.labels,
+		"--timeout=4h", "--no-color", "--output-dir="+dir, "--junit-report=junit.xml", "--json-report=report.json",
+		e.bin("e2e.test"), "--",
+		"--kubeconfig="+e.admin, "--provider=skeleton", "--kube-test-repo-list="+repoList,
+		"--kubectl-path="+e.bin("kubectl"), "--disable-log-dump", "--e2e-output-dir="+dir,
+		// The suite names one runtime endpoint: the first node's berth.
+		"--container-runtime-endpoint=unix://"+e.nodes[0].berthd.Socket, "--container-runtime-process-name=berthd")
+	cmd.Env = append(os.Environ(), "KUBE_TEST_REPO_LIST="+repoList, "KUBECONFIG="+e.admin)
+	cmd.Stdout, cmd.Stderr = out, out
+	t.Logf("e2e %s: %s (output: %s)", p.name, strings.Join(cmd.Args, " "), output)
+	runErr := cmd.Run()
+	c, err := countE2E(filepath.Join(dir, "report.json"), p)
+	if err != nil {
+		t.Fatalf("e2e %s: %v (ginkgo: %v); the end of its output:\n%s", p.name, err, runErr, tailFile(output, 60))
+	}
+	if runErr != nil && len(c.failed) == 0 {
+		t.Errorf("e2e %s: ginkgo: %v, with no spec failed; the end of its output:\n%s", p.name, runErr, tailFile(output, 60))
+	}
+	return c
+}
+
+// e2eCounts are a run's specs: those run (passed or failed), those of the
+// focus left out (the skip list, make test's quickSkips), those the suite
+// skipped itself (what the cluster lacks, as the spec says), and the failures.
+type e2eCounts struct {
+	ran, passed, listed, skippedBySuite int
+	failed                              []string
+	suiteSkips                          []string
+}
+
+func (c e2eCounts) String() string {
+	return fmt.Sprintf("%d ran, %d passed, %d failed, %d skipped (%d by the skip lists, %d by the suite)",
+		c.ran, c.passed, len(c.failed), c.listed+c.skippedBySuite, c.listed, c.skippedBySuite)
+}
+
+func (c *e2eCounts) add(o e2eCounts) {
+	c.ran += o.ran
+	c.passed += o.passed
+	c.listed += o.listed
+	c.skippedBySuite += o.skippedBySuite
+	c.failed = append(c.failed, o.failed...)
+	c.suiteSkips = append(c.suiteSkips, o.suiteSkips...)
+}
+
+// ginkgoReport is what the counts need of ginkgo's JSON report.
+type ginkgoReport []struct {
+	SpecReports []struct {
+		ContainerHierarchyTexts  []string
+		ContainerHierarchyLabels [][]string
+		LeafNodeType             string
+		LeafNodeText             string
+		LeafNodeLabels           []string
+		State                    string
+		Failure                  struct {
+			Message  string
+			Location struct {
+				FileName   string
+				LineNumber int
+			}
+		}
+	}
+}
+
+// countE2E counts pass p's specs in its ginkgo JSON report.
+func countE2E(path string, p e2ePass) (e2eCounts, error) {
+	var c e2eCounts
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, err
+	}
+	var r ginkgoReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		return c, fmt.Errorf("%s: %v", path, err)
+	}
+	focus, skip := regexp.MustCompile(p.focus), regexp.MustCompile(p.skip)
+	for _, suite := range r {
+		for _, s := range suite.SpecReports {
+			text := strings.Join(append(slices.Clone(s.ContainerHierarchyTexts), s.LeafNodeText), " ")
+			failure := fmt.Sprintf("%s: %s (%s:%d)", text, firstLine(s.Failure.Message), s.Failure.Location.FileName, s.Failure.Location.LineNumber)
+			if s.LeafNodeType != "It" {
+				// The suite's own nodes (setup, reports): only a failure counts.
+				if s.State != "passed" && s.State != "skipped" {
+					c.failed = append(c.failed, s.LeafNodeType+" "+failure)
+				}
+				continue
+			}
+			switch s.State {
+			case "passed":
+				c.ran++
+				c.passed++
+			case "skipped", "pending":
+				labels := slices.Concat(append(slices.Clone(s.ContainerHierarchyLabels), s.LeafNodeLabels)...)
+				if !focus.MatchString(text) || slices.Contains(labels, "Serial") != (p.labels == "Serial") {
+					continue // not of this pass
+				}
+				if s.Failure.Message != "" {
+					c.skippedBySuite++
+					c.suiteSkips = append(c.suiteSkips, text+": "+firstLine(s.Failure.Message))
+				} else if skip.MatchString(text) {
+					c.listed++
+				}
+			default: // failed, panicked, timedout, interrupted, aborted
+				c.ran++
+				c.failed = append(c.failed, s.State+" "+failure)
+			}
+		}
+	}
+	return c, nil
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return line
+}
+
+// tailFile is the last n lines of the file at path.
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
