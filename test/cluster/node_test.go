@@ -84,7 +84,7 @@ func (e *env) startNode(index int, name string) *node {
 	suffix := fmt.Sprintf("%dn%d", pid, index)
 	n := &node{e: e, name: name, ip: fmt.Sprintf("172.29.255.%d", 1+index), ip6: fmt.Sprintf("fd29:29:ff::%d", 1+index),
 		netns: "bc" + suffix, hostVeth: "bcv" + suffix}
-	n.work = kubeenv.NewWork(t, fmt.Sprintf("bc%d-", index), "BERTH_CLUSTER_NODE_LOGS")
+	n.work = kubeenv.NewWork(t, fmt.Sprintf("bc%d-", index), "") // its logs go with the run's (keepLogs)
 	t.Cleanup(func() {
 		n.keepLogs()
 		n.work.Remove(t)
