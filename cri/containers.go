@@ -123,8 +123,8 @@ func containerStatus(c *sandbox.ContainerStatus) *runtimeapi.ContainerStatus {
 		st.User = containerUser(*c.User)
 	}
 	_, st.StopSignal = c.SignalInForce()
-	if c.Resources != nil {
-		st.Resources = &runtimeapi.ContainerResources{Linux: c.Resources}
+	if r := c.AppliedResources(); r != nil {
+		st.Resources = &runtimeapi.ContainerResources{Linux: r}
 	}
 	return st
 }

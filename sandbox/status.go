@@ -24,9 +24,6 @@ type ContainerStatus struct {
 	Reason     string      // Completed, Error, OOMKilled
 	Message    string      // the reason in words, where berth knows more than the exit code
 	Spec       *specs.Spec // only from ContainerStatus
-	// Resources are the limits in force in CRI form, made with the status
-	// from the record's; nil when the record has none.
-	Resources *runtimeapi.LinuxContainerResources
 	// Memo is new with each status: the view makes one each time the
 	// container's record or state changes, and lists share it until then,
 	// so what a caller makes of it and keeps there (cri: the container's
@@ -91,6 +88,14 @@ func (m *Manager) readSpec(c *Container) (*specs.Spec, error) {
 	return &s, json.Unmarshal(b, &s)
 }
 
+// AppliedResources are the limits in force in CRI form, made from the
+// record's when asked (appliedResources): only a container's own status
+// and its pod's show them, not the lists the view rebuilds at each change.
+// Nil when the record has none.
+func (s *ContainerStatus) AppliedResources() *runtimeapi.LinuxContainerResources {
+	return appliedResources(s.Container)
+}
+
 // appliedResources are the CRI resources c's record says are in force:
 // the inverse of cgroups.SpecResources, so what the host could not honour
 // (swap, hugetlb without their controllers) is not shown as applied. The
@@ -126,7 +131,7 @@ func deref[T any](p *T) T {
 // statusOf is a container's status from its live state.
 func statusOf(c *Container, st shim.State) *ContainerStatus {
 	cs := &ContainerStatus{Container: c, Pid: st.Pid, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, ExitCode: int32(st.ExitCode),
-		Resources: appliedResources(c), Memo: &Memo{}}
+		Memo: &Memo{}}
 	switch st.Status {
 	case shim.StatusCreated:
 		cs.State = runtimeapi.ContainerState_CONTAINER_CREATED

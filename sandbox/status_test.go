@@ -12,7 +12,8 @@ import (
 
 // TestAppliedResourcesInvertSpecResources: the resources status shows are
 // those the record's limits were made from, with the config's OOM score,
-// and every status the view makes (lists, PodSandboxStatus) carries them.
+// and every status the view makes (ContainerStatus, PodSandboxStatus) gives
+// them when asked.
 func TestAppliedResourcesInvertSpecResources(t *testing.T) {
 	want := &runtimeapi.LinuxContainerResources{
 		CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 64 << 20,
@@ -27,7 +28,7 @@ func TestAppliedResourcesInvertSpecResources(t *testing.T) {
 	if got := appliedResources(c); !proto.Equal(got, want) {
 		t.Errorf("applied resources:\n%v\nwant\n%v", got, want)
 	}
-	if got := statusOf(c, shim.State{Status: shim.StatusRunning}).Resources; !proto.Equal(got, want) {
+	if got := statusOf(c, shim.State{Status: shim.StatusRunning}).AppliedResources(); !proto.Equal(got, want) {
 		t.Errorf("status resources:\n%v\nwant\n%v", got, want)
 	}
 	if got := appliedResources(&Container{ID: "c"}); got != nil {
