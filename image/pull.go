@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/berth-runtime/berth/image/reference"
@@ -134,7 +135,7 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 		if ep.PullOnly && r.Digest == "" {
 			continue // may not resolve tags (hosts.toml capabilities)
 		}
-		repo, desc, img, err := s.fetchManifest(ctx, ep, r, watch)
+		repo, tr, desc, img, err := s.fetchManifest(ctx, ep, r, watch)
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil {
 				return nil, cause
@@ -155,7 +156,7 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 		if err != nil {
 			return nil, err
 		}
-		stored, err := s.store(ctx, img, n, [][]byte{desc.Manifest, manifest}, s.remoteLayers(ctx, ep, repo, watch), watch)
+		stored, err := s.store(ctx, img, n, [][]byte{desc.Manifest, manifest}, s.remoteLayers(registry.NewBlobs(tr, repo), watch), watch)
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil {
 				return nil, cause
@@ -169,11 +170,18 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 }
 
 // fetchManifest resolves r at one endpoint to the image for this node's
-// platform, and the descriptor of what the reference names (maybe an index).
-func (s *Service) fetchManifest(ctx context.Context, ep registry.Endpoint, r reference.Ref, watch *progressWatch) (name.Repository, *remote.Descriptor, v1.Image, error) {
+// platform, and the descriptor of what the reference names (maybe an
+// index). It returns the repository's transport too, authorized once for
+// the manifests, the config and the layers: a registry that fails that
+// handshake fails here, and the pull tries the next endpoint.
+func (s *Service) fetchManifest(ctx context.Context, ep registry.Endpoint, r reference.Ref, watch *progressWatch) (name.Repository, http.RoundTripper, *remote.Descriptor, v1.Image, error) {
 	repo, err := ep.Repository(r.Path)
 	if err != nil {
-		return repo, nil, nil, err
+		return repo, nil, nil, nil, err
+	}
+	tr, err := ep.RepoTransport(ctx, repo, watch.transport)
+	if err != nil {
+		return repo, nil, nil, nil, err
 	}
 	var ref name.Reference = repo.Tag(r.Tag)
 	if r.Digest != "" {
@@ -181,17 +189,16 @@ func (s *Service) fetchManifest(ctx context.Context, ep registry.Endpoint, r ref
 	}
 	desc, err := remote.Get(ref,
 		remote.WithContext(ctx),
-		remote.WithTransport(watch.transport(ep.Transport)),
-		remote.WithAuth(ep.Auth),
+		remote.WithTransport(tr),
 		remote.WithPlatform(s.platform))
 	if err != nil {
-		return repo, nil, nil, err
+		return repo, nil, nil, nil, err
 	}
 	img, err := desc.Image()
 	if err != nil {
-		return repo, nil, nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+		return repo, nil, nil, nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
-	return repo, desc, img, nil
+	return repo, tr, desc, img, nil
 }
 
 // pullError sums up why no endpoint served the image: unauthorized wins over

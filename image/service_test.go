@@ -247,3 +247,30 @@ func TestSharedPullStopsWhenAllCallersLeft(t *testing.T) {
 	}
 	waitCollected(t, s, root, 0, 0)
 }
+
+// TestPullAuthorizesOnce: a pull makes the registry handshake (the /v2/
+// ping and, where asked, the token request) once for the manifest, the
+// config and the layers, so a registry that fails it fails the endpoint
+// before anything is fetched, and the pull goes on to the next one.
+func TestPullAuthorizesOnce(t *testing.T) {
+	s, _ := newTestService(t)
+	var pings atomic.Int32
+	inner := ggcrregistry.New()
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v2/" {
+			pings.Add(1)
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	id := pushRandom(t, host, "app:v1", 3)
+	pings.Store(0)
+	img, err := s.Pull(context.Background(), host+"/app:v1", nil)
+	if err != nil || img.ID != id {
+		t.Fatalf("Pull = %v, %v; want ID %s", img, err, id)
+	}
+	if n := pings.Load(); n != 1 {
+		t.Errorf("the pull pinged the registry %d times, want once", n)
+	}
+}

@@ -15,7 +15,6 @@ import (
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/unpack"
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -23,6 +22,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 )
 
 // parallelLayers bounds the layers one pull fetches and unpacks at once.
@@ -87,10 +87,14 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	}
 	defer s.hold(append(blobs, chainIDs...)...)()
 
+	// Every layer waits in its own goroutine, in order, for one of the
+	// slots; a layer gives its slot back once its stream is verified, so the
+	// next one downloads and unpacks while this one's commit waits for its
+	// files to reach the disk.
+	slots := semaphore.NewWeighted(parallelLayers)
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(parallelLayers)
 	for i, l := range layers {
-		g.Go(func() error { return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], open, watch) })
+		g.Go(func() error { return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], open, slots, watch) })
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -148,7 +152,7 @@ func decodeConfig(raw []byte, layers int) (ocispec.Image, []string, error) {
 // Concurrent callers for one chain ID share one unpack: the first does it,
 // the others wait for its result (and pause their own progress watch, since
 // the first pull's watch covers the transfer).
-func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, watch *progressWatch) error {
+func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, slots *semaphore.Weighted, watch *progressWatch) error {
 	if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
 		if ok {
 			s.metrics.layer("reused")
@@ -172,7 +176,7 @@ func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, d
 	s.inflight[chainID] = f
 	s.inflightMu.Unlock()
 
-	f.err = s.unpackLayer(ctx, l, chainID, diffID, open)
+	f.err = s.unpackLayer(ctx, l, chainID, diffID, open, slots)
 	if f.err == nil {
 		s.metrics.layer("unpacked")
 	}
@@ -189,13 +193,21 @@ type layerFlight struct {
 	err  error
 }
 
-func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener) (err error) {
+// unpackLayer fetches and unpacks l into a new snapshot while it holds one
+// of the slots, and commits the snapshot once it gave the slot back.
+func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, slots *semaphore.Weighted) (err error) {
+	if err := slots.Acquire(ctx, 1); err != nil {
+		return err
+	}
+	releaseSlot := sync.OnceFunc(func() { slots.Release(1) })
+	defer releaseSlot()
 	start := time.Now()
 	rc, check, err := open(ctx, l)
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", diffID, err)
 	}
-	defer rc.Close()
+	closeStream := sync.OnceValue(rc.Close)
+	defer closeStream()
 	dir, err := s.snaps.Prepare()
 	if err != nil {
 		return err
@@ -227,23 +239,25 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	if got := digest.NewDigest(digest.SHA256, h); got != diffID {
 		return fmt.Errorf("layer %s: uncompressed content has digest %s (diff ID mismatch)", diffID, got)
 	}
+	// The blob is verified and unpacked: its download file goes now, before
+	// the commit's syncfs would write it out only to delete it after.
+	closeStream()
+	releaseSlot()
+	unpacked := time.Now()
 	if _, err := s.snaps.Commit(chainID, dir, stats.Bytes, stats.Inodes); err != nil {
 		return err
 	}
 	crashpoint.Hit("pull", "layer stored")
-	s.log.Debug("unpacked layer", "diffID", diffID, "bytes", stats.Bytes, "duration", time.Since(start))
+	s.log.Debug("unpacked layer", "diffID", diffID, "bytes", stats.Bytes, "inodes", stats.Inodes,
+		"unpack", unpacked.Sub(start), "commit", time.Since(unpacked))
 	return nil
 }
 
-// remoteLayers opens the layers of a pull from the endpoint ep's repo:
-// each downloads into its partial file, resuming where an earlier attempt
-// stopped (download.go), and streams through the decompressor its first
-// bytes call for (gzip, zstd or none). The blob client (and the token
-// request it may make) is set up for the first layer that needs fetching.
-func (s *Service) remoteLayers(pullCtx context.Context, ep registry.Endpoint, repo name.Repository, watch *progressWatch) layerOpener {
-	blobs := sync.OnceValues(func() (*registry.Blobs, error) {
-		return ep.Blobs(pullCtx, repo, watch.transport)
-	})
+// remoteLayers opens the layers of a pull from blobs: each downloads into
+// its partial file, resuming where an earlier attempt stopped
+// (download.go), and streams through the decompressor its first bytes call
+// for (gzip, zstd or none).
+func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) layerOpener {
 	return func(ctx context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
 		d, err := l.Digest()
 		if err != nil {
@@ -253,11 +267,7 @@ func (s *Service) remoteLayers(pullCtx context.Context, ep registry.Endpoint, re
 		if err != nil {
 			return nil, nil, err
 		}
-		b, err := blobs()
-		if err != nil {
-			return nil, nil, err
-		}
-		rc, err := s.fetchBlob(ctx, b, digest.Digest(d.String()), size, watch)
+		rc, err := s.fetchBlob(ctx, blobs, digest.Digest(d.String()), size, watch)
 		if err != nil {
 			return nil, nil, err
 		}

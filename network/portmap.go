@@ -225,7 +225,7 @@ func port(p int32) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
 // adding then deleting it first makes the delete succeed whether or not it
 // existed. The caller adds the content and flushes.
 func replaceTable(t *nftables.Table) (*nftables.Conn, error) {
-	c, err := nftables.New()
+	c, err := newBatchConn()
 	if err != nil {
 		return nil, err
 	}

@@ -26,15 +26,21 @@ type Blobs struct {
 	repo   name.Repository
 }
 
-// Blobs returns the blob fetcher of repo at e; wrap may add to the
-// endpoint's transport (the pull's progress count).
-func (e Endpoint) Blobs(ctx context.Context, repo name.Repository, wrap func(http.RoundTripper) http.RoundTripper) (*Blobs, error) {
+// RepoTransport is the transport of every request of a pull of repo at e
+// (manifests, config, blobs): go-containerregistry's auth (basic, or the
+// bearer token flow, whose handshake it makes here, once) over the
+// endpoint's own transport with retries; wrap may add to the endpoint's
+// transport (the pull's progress count). It is a transport.Wrapper, which
+// go-containerregistry's remote uses as it is, without a handshake of its
+// own.
+func (e Endpoint) RepoTransport(ctx context.Context, repo name.Repository, wrap func(http.RoundTripper) http.RoundTripper) (http.RoundTripper, error) {
 	retrying := transport.NewRetry(wrap(e.Transport), transport.WithRetryBackoff(retryBackoff), transport.WithRetryStatusCodes(retryStatuses...))
-	tr, err := transport.NewWithContext(ctx, repo.Registry, e.Auth, retrying, []string{repo.Scope(transport.PullScope)})
-	if err != nil {
-		return nil, err
-	}
-	return &Blobs{client: &http.Client{Transport: tr, CheckRedirect: refuseRedirectToPrivate}, repo: repo}, nil
+	return transport.NewWithContext(ctx, repo.Registry, e.Auth, retrying, []string{repo.Scope(transport.PullScope)})
+}
+
+// NewBlobs returns the blob fetcher of repo over tr, its RepoTransport.
+func NewBlobs(tr http.RoundTripper, repo name.Repository) *Blobs {
+	return &Blobs{client: &http.Client{Transport: tr, CheckRedirect: refuseRedirectToPrivate}, repo: repo}
 }
 
 // A request that fails before its body (a network error, or a status that

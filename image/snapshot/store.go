@@ -5,7 +5,6 @@ package snapshot
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sys/unix"
 )
 
 var bucket = []byte("snapshots")
@@ -33,13 +31,14 @@ type Snapshot struct {
 type Store struct {
 	root string
 	db   *bolt.DB
+	sync *fsSyncer
 }
 
 // Open prepares root and reconciles it with the records in db: unfinished
 // unpacks, folders without a record and records without a folder (a crash
 // between the two steps of Commit or Remove) are dropped.
 func Open(root string, db *bolt.DB) (*Store, error) {
-	s := &Store{root: root, db: db}
+	s := &Store{root: root, db: db, sync: newFSSyncer(root)}
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, err
 	}
@@ -137,13 +136,14 @@ func (s *Store) Prepare() (string, error) {
 func (s *Store) Abort(fsDir string) error { return os.RemoveAll(filepath.Dir(fsDir)) }
 
 // Commit makes a prepared folder the snapshot for chainID: its data is
-// synced, the folder renamed to its short name, then recorded.
+// synced (by a syncfs of the store's filesystem, which commits at the same
+// time share), the folder renamed to its short name, then recorded.
 func (s *Store) Commit(chainID, fsDir string, size, inodes int64) (Snapshot, error) {
 	tmp := filepath.Dir(fsDir)
 	if !strings.HasPrefix(filepath.Base(tmp), tmpPrefix) || filepath.Dir(tmp) != s.root {
 		return Snapshot{}, fmt.Errorf("snapshot: %s was not prepared by this store", fsDir)
 	}
-	if err := syncFS(fsDir); err != nil {
+	if err := s.sync.sync(); err != nil {
 		return Snapshot{}, err
 	}
 	snap := Snapshot{ChainID: chainID, Size: size, Inodes: inodes}
@@ -194,18 +194,4 @@ func (s *Store) Remove(chainID string) error {
 	}
 	crashpoint.Hit("collect image garbage", "snapshot record deleted")
 	return os.RemoveAll(filepath.Join(s.root, snap.Name))
-}
-
-// syncFS flushes the filesystem holding dir once, instead of one fsync per
-// unpacked file.
-func syncFS(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return errors.Join(errors.New("syncfs "+dir), err)
-	}
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -30,6 +31,9 @@ type criRuntime struct {
 	// overheadPIDs are the runtime's own processes: the daemon and its
 	// per-pod processes outside the pods' cgroups (shims).
 	overheadPIDs func() []int
+	// layersStored counts the unpacked layers and blobs the runtime keeps
+	// on disk: 0 once a removed image's layers are gone.
+	layersStored func() int
 }
 
 // measures are the rows of the comparison, in the order printed, with the
@@ -38,22 +42,29 @@ var measures = []struct {
 	name   string
 	unit   string
 	target float64
+	pull   bool // measured with BERTH_BENCH_ROWS=pull
 }{
-	{"pod start p50, sequential (run + create + start)", "ms", 0.25},
-	{"teardown p50 (stop + remove pod)", "ms", 0.25},
-	{"ExecSync(true) p50", "ms", 0.33},
-	{"50 pods, 5 in flight: wall", "s", 0.25},
-	{"memory per pod, 50 pods held: PSS of runtime processes / 50", "MiB", 0.5},
-	{"the same, RSS", "MiB", 0.5},
-	{"the same with the containers' own memory, PSS", "MiB", 0.5},
-	{"cold pull, 20 layers, 100 MiB gzip", "s", 0.33},
+	{"pod start p50, sequential (run + create + start)", "ms", 0.25, false},
+	{"teardown p50 (stop + remove pod)", "ms", 0.25, false},
+	{"ExecSync(true) p50", "ms", 0.33, false},
+	{"50 pods, 5 in flight: wall", "s", 0.25, false},
+	{"memory per pod, 50 pods held: PSS of runtime processes / 50", "MiB", 0.5, false},
+	{"the same, RSS", "MiB", 0.5, false},
+	{"the same with the containers' own memory, PSS", "MiB", 0.5, false},
+	{"cold pull, 20 layers, 100 MiB gzip", "s", 0.33, true},
+	{"cold pull, 20 layers of host files (after RemoveImage)", "s", 0.33, true},
 }
+
+// pullRowsOnly is BERTH_BENCH_ROWS=pull: the runtimes only pull, for work
+// on the pull path.
+func pullRowsOnly() bool { return os.Getenv("BERTH_BENCH_ROWS") == "pull" }
 
 // TestCompareContainerd (make bench-compare) runs one workload against berth
 // (built-in network) and against Debian's containerd 1.6 (runc, CNI bridge
 // and portmap), each on fresh folders, alternating, one warm-up round and
 // three counted ones, and prints each measure's medians and their ratio. It
 // asserts nothing: the numbers are for people and commit messages.
+// BERTH_BENCH_ROWS=pull runs the cold pull rows alone.
 func TestCompareContainerd(t *testing.T) {
 	harness.RequireEnv(t, "BERTH_BENCH_COMPARE")
 	reg := harness.NewRegistry(t)
@@ -62,6 +73,14 @@ func TestCompareContainerd(t *testing.T) {
 	pause := reg.Push(t, "bench/pause:1", harness.BusyboxImage(t, harness.ImageSpec{
 		Config: v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}}))
 	big := reg.Push(t, "bench/pull:1", harness.NewImage(t, harness.ImageSpec{Layers: randomLayers(20, 5<<20)}))
+	begin := time.Now()
+	hostTree := harness.NewImage(t, harness.ImageSpec{Layers: hostTreeLayers(t, 20, 244<<20)})
+	compressed := 0
+	for _, d := range harness.LayerDigests(t, hostTree) {
+		compressed += int(harness.BlobSize(t, hostTree, d))
+	}
+	real := reg.Push(t, "bench/hosttree:1", hostTree)
+	t.Logf("host tree image: 20 layers, %.1f MiB gzip, built in %s", float64(compressed)/(1<<20), time.Since(begin).Round(time.Second))
 
 	results := map[string][][]float64{} // runtime → measure → one value per round
 	for round := 0; round <= rounds; round++ {
@@ -74,14 +93,18 @@ func TestCompareContainerd(t *testing.T) {
 					d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
 					// berthd and its shims all name the state folder in their arguments.
 					rt = criRuntime{name: name, runtime: d.Runtime, images: d.Images,
-						overheadPIDs: func() []int { return pidsWithArg(d.State) }}
+						overheadPIDs: func() []int { return pidsWithArg(d.State) },
+						layersStored: func() int {
+							return countEntries(filepath.Join(d.Root, "snapshots"), filepath.Join(d.Root, "content", "blobs", "sha256"))
+						}}
 				} else {
 					bridge := fmt.Sprintf("bcni%d", round)
 					subnet := fmt.Sprintf("10.196.%d.0/24", round)
 					c := startContainerd(t, reg.Host(), pause.Name, bridge, subnet)
-					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs}
+					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs,
+						layersStored: c.layersStored}
 				}
-				values := runWorkload(t, rt, parent, busybox.Name, big.Name)
+				values := runWorkload(t, rt, parent, busybox.Name, big.Name, real.Name)
 				if round > 0 {
 					for i, v := range values {
 						if len(results[name]) <= i {
@@ -98,6 +121,10 @@ func TestCompareContainerd(t *testing.T) {
 	}
 	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", "measure (medians of 3 rounds)", "containerd", "berth", "ratio", "target")
 	for i, m := range measures {
+		if pullRowsOnly() && !m.pull {
+			continue
+		}
+		t.Logf("%s: containerd %v, berth %v", m.name, rounded(results["containerd"][i]), rounded(results["berth"][i]))
 		c, b := median(results["containerd"][i]), median(results["berth"][i])
 		fmt.Printf("compare %-62s %9.2f %-3s %8.2f %-3s %6.2f %s %.2f\n", m.name, c, m.unit, b, m.unit, b/c, verdict(b/c, m.target), m.target)
 	}
@@ -111,17 +138,29 @@ func verdict(ratio, target float64) string {
 }
 
 // runWorkload measures one freshly started runtime, in the order of
-// measures (the cold pull first: the root is empty).
-func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage string) []float64 {
+// measures (the cold pull first: the root is empty), and returns the
+// values in that order (NaN for rows BERTH_BENCH_ROWS leaves out).
+func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage string) []float64 {
 	ctx := t.Context()
-	pullStart := time.Now()
-	if _, err := rt.images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: bigImage}}); err != nil {
-		t.Fatalf("%s: cold pull: %v", rt.name, err)
+	coldPull := timePull(t, rt, bigImage)
+	// The host tree image: pulled, removed, and pulled again once its
+	// layers and blobs are gone, as a node pulls an image its GC removed.
+	stored := rt.layersStored()
+	timePull(t, rt, realImage)
+	if _, err := rt.images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: realImage}}); err != nil {
+		t.Fatalf("%s: RemoveImage: %v", rt.name, err)
 	}
-	coldPull := time.Since(pullStart)
-	if _, err := rt.images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
-		t.Fatalf("%s: pull: %v", rt.name, err)
+	waitLayersGone(t, rt, stored)
+	realPull := timePull(t, rt, realImage)
+	if pullRowsOnly() {
+		values := make([]float64, len(measures))
+		for i := range values {
+			values[i] = math.NaN()
+		}
+		values[len(values)-2], values[len(values)-1] = coldPull.Seconds(), realPull.Seconds()
+		return values
 	}
+	timePull(t, rt, image)
 
 	var starts []time.Duration
 	ids := make([]string, pods)
@@ -164,7 +203,38 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage string) []
 	}
 	perPod := func(kb int) float64 { return float64(kb) / 1024 / float64(pods) }
 	return []float64{ms(pct(starts, 50)), ms(pct(teardowns, 50)), ms(pct(execs, 50)), wall.Seconds(),
-		perPod(pss), perPod(rss), perPod(withContainers), coldPull.Seconds()}
+		perPod(pss), perPod(rss), perPod(withContainers), coldPull.Seconds(), realPull.Seconds()}
+}
+
+func timePull(t *testing.T, rt criRuntime, image string) time.Duration {
+	begin := time.Now()
+	if _, err := rt.images.PullImage(t.Context(), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
+		t.Fatalf("%s: pull %s: %v", rt.name, image, err)
+	}
+	return time.Since(begin)
+}
+
+// waitLayersGone waits until the runtime holds no more layers and blobs
+// than the want it held before the removed image was pulled.
+func waitLayersGone(t *testing.T, rt criRuntime, want int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for rt.layersStored() > want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d layers and blobs still stored a minute after RemoveImage", rt.name, rt.layersStored())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// countEntries counts the entries of the folders (a missing one has none).
+func countEntries(dirs ...string) int {
+	n := 0
+	for _, d := range dirs {
+		ents, _ := os.ReadDir(d)
+		n += len(ents)
+	}
+	return n
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -333,6 +403,15 @@ func pidsWithArg(s string) []int {
 		if strings.Contains(cmdline(pid), s) {
 			out = append(out, pid)
 		}
+	}
+	return out
+}
+
+// rounded is each round's value to 3 digits, for the log.
+func rounded(v []float64) []string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = strconv.FormatFloat(x, 'g', 3, 64)
 	}
 	return out
 }

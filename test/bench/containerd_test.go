@@ -66,6 +66,7 @@ const cniConfig = `{"cniVersion": "1.0.0", "name": "bench", "plugins": [
 // containerd is one containerd started by startContainerd.
 type containerd struct {
 	cmd    *exec.Cmd
+	root   string // containerd's root folder
 	socket string
 	conn   *grpc.ClientConn
 }
@@ -90,8 +91,8 @@ func startContainerd(t *testing.T, registryHost, pauseImage, bridge, subnet stri
 	if err := os.WriteFile(filepath.Join(cniDir, "10-bench.conflist"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := &containerd{socket: filepath.Join(dir, "containerd.sock")}
-	cfg := fmt.Sprintf(containerdConfig, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.socket,
+	c := &containerd{root: filepath.Join(dir, "root"), socket: filepath.Join(dir, "containerd.sock")}
+	cfg := fmt.Sprintf(containerdConfig, c.root, filepath.Join(dir, "state"), c.socket,
 		filepath.Join(dir, "opt"), pauseImage, cniBinDir, cniDir, registryHost)
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
@@ -201,4 +202,10 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// layersStored counts containerd's overlay snapshots and content blobs.
+func (c *containerd) layersStored() int {
+	return countEntries(filepath.Join(c.root, "io.containerd.snapshotter.v1.overlayfs", "snapshots"),
+		filepath.Join(c.root, "io.containerd.content.v1.content", "blobs", "sha256"))
 }
