@@ -152,7 +152,10 @@ E2E_IMAGE_DEBS := bash-static netcat-openbsd curl nginx-light hostname util-linu
 deps-e2e:
 	test/deps.sh $(E2E_IMAGE_DEBS)
 
-E2E_GO = cd test/cluster && BERTH_CONFORMANCE=$(1) BERTH_CLUSTER=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) \
+# E2E_PROCS: the ginkgo processes of the parallel pass (the specs mostly
+# wait on timers: 276 specs took 125 minutes of spec time, 33 on 4 processes).
+E2E_PROCS ?= 2
+E2E_GO = cd test/cluster && BERTH_CONFORMANCE=$(1) BERTH_E2E_PROCS=$(E2E_PROCS) BERTH_CLUSTER=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) \
 	CLUSTER_BIN_DIR=$(CURDIR)/$(BIN)/cluster BERTH_E2E_REPORT=$(CURDIR)/$(BIN)/e2e-report \
 	$(GO) test -count=1 -v -timeout $(2) -run '^TestConformance$$' .
 test-e2e: deps deps-e2e build e2e-bins

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,8 @@ type criRuntime struct {
 	// layersStored counts the unpacked layers and blobs the runtime keeps
 	// on disk: 0 once a removed image's layers are gone.
 	layersStored func() int
+	// daemon is the daemon's PID: pulls and unpacks run in it.
+	daemon int
 }
 
 // measures are the rows of the comparison, in the order printed, with the
@@ -93,7 +96,7 @@ func TestCompareContainerd(t *testing.T) {
 					d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
 					// berthd and its shims all name the state folder in their arguments.
 					rt = criRuntime{name: name, runtime: d.Runtime, images: d.Images,
-						overheadPIDs: func() []int { return pidsWithArg(d.State) },
+						overheadPIDs: func() []int { return pidsWithArg(d.State) }, daemon: d.PID(),
 						layersStored: func() int {
 							return countEntries(filepath.Join(d.Root, "snapshots"), filepath.Join(d.Root, "content", "blobs", "sha256"))
 						}}
@@ -102,7 +105,7 @@ func TestCompareContainerd(t *testing.T) {
 					subnet := fmt.Sprintf("10.196.%d.0/24", round)
 					c := startContainerd(t, reg.Host(), pause.Name, bridge, subnet)
 					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs,
-						layersStored: c.layersStored}
+						layersStored: c.layersStored, daemon: c.cmd.Process.Pid}
 				}
 				values := runWorkload(t, rt, parent, busybox.Name, big.Name, real.Name)
 				if round > 0 {
@@ -151,7 +154,11 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 		t.Fatalf("%s: RemoveImage: %v", rt.name, err)
 	}
 	waitLayersGone(t, rt, stored)
+	cpu := cpuSeconds(rt.daemon)
 	realPull := timePull(t, rt, realImage)
+	// The CPU the pull took moves less with the machine's load than its
+	// wall time: on a loaded machine the wall time follows it.
+	t.Logf("%s: host tree pull %.2f s, the daemon's CPU %.2f s", rt.name, realPull.Seconds(), cpuSeconds(rt.daemon)-cpu)
 	if pullRowsOnly() {
 		values := make([]float64, len(measures))
 		for i := range values {
@@ -226,6 +233,23 @@ func waitLayersGone(t *testing.T, rt criRuntime, want int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// cpuSeconds is the user and system CPU time of process pid so far.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command, which is in parentheses and may hold
+	// spaces: utime and stime are the 14th and 15th of the line.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux.
+const clockTicks = 100
 
 // countEntries counts the entries of the folders (a missing one has none).
 func countEntries(dirs ...string) int {

@@ -77,7 +77,7 @@ func TestConformance(t *testing.T) {
 	}
 	passes := []e2ePass{{name: "parallel", procs: procs, focus: focus, labels: "!Serial", skip: skip}}
 	if mode == "1" {
-		passes[0].skip = quickSkips + "|" + skip
+		passes[0].deferred = quickSkips
 	} else {
 		passes = append(passes, e2ePass{name: "serial", procs: 1, focus: focus, labels: "Serial", skip: skip})
 	}
@@ -146,11 +146,20 @@ func readSkipList(t *testing.T, name string) []string {
 
 // e2ePass is one ginkgo run of the suite.
 type e2ePass struct {
-	name   string
-	procs  int
-	focus  string // the specs run (a regular expression)
-	labels string // ginkgo's label filter
-	skip   string // specs (regular expressions) left out
+	name     string
+	procs    int
+	focus    string // the specs run (a regular expression)
+	labels   string // ginkgo's label filter
+	skip     string // the skip list's specs (regular expressions)
+	deferred string // the kinds of spec left to make test-conformance, if any
+}
+
+// skips is every spec pass p leaves out, as one regular expression.
+func (p e2ePass) skips() string {
+	if p.deferred == "" {
+		return p.skip
+	}
+	return p.deferred + "|" + p.skip
 }
 
 // runE2E runs pass p of the suite with ginkgo against the cluster, its
@@ -165,7 +174,7 @@ func (e *env) runE2E(t *testing.T, p e2ePass, dir, repoList string) e2eCounts {
 	}
 	defer out.Close()
 	cmd := exec.Command(e.bin("ginkgo"),
-		fmt.Sprintf("--procs=%d", p.procs), "--focus="+p.focus, "--skip="+p.skip, "--label-filter="+p.labels,
+		fmt.Sprintf("--procs=%d", p.procs), "--focus="+p.focus, "--skip="+p.skips(), "--label-filter="+p.labels,
 		"--timeout=4h", "--no-color", "--output-dir="+dir, "--junit-report=junit.xml", "--json-report=report.json",
 		e.bin("e2e.test"), "--",
 		"--kubeconfig="+e.admin, "--provider=skeleton", "--kube-test-repo-list="+repoList,
@@ -187,23 +196,25 @@ func (e *env) runE2E(t *testing.T, p e2ePass, dir, repoList string) e2eCounts {
 }
 
 // e2eCounts are a run's specs: those run (passed or failed), those of the
-// focus left out (the skip list, make test's quickSkips), those the suite
-// skipped itself (what the cluster lacks, as the spec says), and the failures.
+// focus left out (by the skip list, or left to make test-conformance),
+// those the suite skipped itself (what the cluster lacks, as the spec
+// says), and the failures.
 type e2eCounts struct {
-	ran, passed, listed, skippedBySuite int
-	failed                              []string
-	suiteSkips                          []string
+	ran, passed, listed, deferred, skippedBySuite int
+	failed                                        []string
+	suiteSkips                                    []string
 }
 
 func (c e2eCounts) String() string {
-	return fmt.Sprintf("%d ran, %d passed, %d failed, %d skipped (%d by the skip lists, %d by the suite)",
-		c.ran, c.passed, len(c.failed), c.listed+c.skippedBySuite, c.listed, c.skippedBySuite)
+	return fmt.Sprintf("%d ran, %d passed, %d failed, %d skipped (%d by %s, %d by the suite), %d left to make test-conformance",
+		c.ran, c.passed, len(c.failed), c.listed+c.skippedBySuite, c.listed, conformanceSkips, c.skippedBySuite, c.deferred)
 }
 
 func (c *e2eCounts) add(o e2eCounts) {
 	c.ran += o.ran
 	c.passed += o.passed
 	c.listed += o.listed
+	c.deferred += o.deferred
 	c.skippedBySuite += o.skippedBySuite
 	c.failed = append(c.failed, o.failed...)
 	c.suiteSkips = append(c.suiteSkips, o.suiteSkips...)
@@ -239,7 +250,7 @@ func countE2E(path string, p e2ePass) (e2eCounts, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return c, fmt.Errorf("%s: %v", path, err)
 	}
-	focus, skip := regexp.MustCompile(p.focus), regexp.MustCompile(p.skip)
+	focus, skip, deferred := regexp.MustCompile(p.focus), regexp.MustCompile(p.skip), regexp.MustCompile(p.deferred)
 	for _, suite := range r {
 		for _, s := range suite.SpecReports {
 			text := strings.Join(append(slices.Clone(s.ContainerHierarchyTexts), s.LeafNodeText), " ")
@@ -263,6 +274,8 @@ func countE2E(path string, p e2ePass) (e2eCounts, error) {
 				if s.Failure.Message != "" {
 					c.skippedBySuite++
 					c.suiteSkips = append(c.suiteSkips, text+": "+firstLine(s.Failure.Message))
+				} else if p.deferred != "" && deferred.MatchString(text) {
+					c.deferred++
 				} else if skip.MatchString(text) {
 					c.listed++
 				}

@@ -26,11 +26,16 @@ import (
 // shared libraries ldd names for them; agnhost and nnp are built from their
 // source in the kubernetes module (make test-conformance).
 //
-// Upstream's images differ where the specs cannot tell, except in two ways
-// the specs can, which these keep: /bin/sh is Debian's bash-static, as
-// busybox's static shell drops environment variables whose names are not
-// identifiers (the ConfigMap and Secret "consumable via the environment"
-// specs run `sh -c env`), and nc is OpenBSD's, which speaks UDP (`nc -u`).
+// Upstream's images differ where the specs cannot tell. Where they can,
+// these do as upstream's do. Upstream's busybox shell both keeps
+// environment variables whose names are not identifiers (the ConfigMap and
+// Secret "consumable via the environment" specs run `sh -c env`) and says
+// "/bin/sh: can't create /file: ..." (the read-only root filesystem spec
+// runs /bin/sh); Debian's busybox 1.35 drops such variables, and no shell
+// of Debian's does both. So /bin/sh is busybox's and the sh that PATH
+// finds first is Debian's bash-static, in /usr/bin: the specs that run
+// /bin/sh get busybox's messages, those that run sh keep every variable.
+// nc is OpenBSD's, which speaks UDP (`nc -u`); agnhost's images have curl.
 
 // e2eRegistries are the registries of manifest.go's RegistryList mapped to
 // the loopback registry: each one's YAML key and its path there.
@@ -96,6 +101,10 @@ func (e *env) pushE2EImages(t *testing.T) string {
 		b.link("agnhost-2", "agnhost")
 		// The specs' hooks and probes of the network call curl in agnhost.
 		b.hostProgram(t, "/usr/bin/curl", "usr/bin/curl")
+		// Upstream's agnhost is built on Alpine, whose os-release the
+		// ImageVolume specs read through kitten's volume: this one names it,
+		// and says what this image is.
+		b.file("etc/os-release", 0o644, []byte("NAME=\"Alpine Linux\"\nID=alpine\nPRETTY_NAME=\"Alpine Linux (berth's offline stand-in for agnhost's base: Debian programs)\"\n"))
 		b.dir("uploads", 0o755)
 		b.file("localhost.crt", 0o644, []byte(readFile(t, filepath.Join(k8sSrc, "test/images/agnhost/porter/localhost.crt"))))
 		b.file("localhost.key", 0o644, []byte(readFile(t, filepath.Join(k8sSrc, "test/images/agnhost/porter/localhost.key"))))
@@ -164,7 +173,7 @@ http {
 `
 
 // newImageBase starts an image's entries: busybox's applets, bash-static
-// as sh and bash, OpenBSD's nc, and users and groups (root, www-data,
+// as sh and bash in /usr/bin (see above), OpenBSD's nc, and users and groups (root, www-data,
 // nobody, and the passwd and group lines given).
 func newImageBase(t *testing.T, users, groups string) *imageBase {
 	t.Helper()
@@ -176,13 +185,13 @@ func newImageBase(t *testing.T, users, groups string) *imageBase {
 	}
 	for _, applet := range strings.Fields(string(out)) {
 		switch applet {
-		case "sh", "nc", "busybox":
+		case "nc", "busybox":
 			continue
 		}
 		b.link("bin/"+applet, "busybox")
 	}
-	b.file("bin/sh", 0o755, []byte(readFile(t, "/bin/bash-static")))
-	b.link("bin/bash", "sh")
+	b.file("usr/bin/sh", 0o755, []byte(readFile(t, "/bin/bash-static")))
+	b.link("usr/bin/bash", "sh")
 	b.hostProgram(t, "/bin/nc.openbsd", "bin/nc")
 	passwd := "root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/bin/false\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" + users
 	group := "root:x:0:\nwww-data:x:33:\nnogroup:x:65534:\n" + groups
