@@ -1,10 +1,11 @@
 // Package cluster is berth's whole-flow tier: etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, a kubelet and kube-proxy of the
 // current Kubernetes release (built into bin/cluster by `make test-cluster`)
-// run a one-node cluster with berth as its runtime, which a second node, in
-// network and mount namespaces of its own, joins for the TwoNodes step
-// (twonode_test.go); every scenario is what a user does with kubectl,
-// checked from kubectl's view and berth's.
+// run a cluster of two nodes with berth as their runtime, each node in
+// network and mount namespaces of its own with its own berthd, kubelet and
+// kube-proxy (node_test.go), the control plane on the host; every scenario
+// is what a user does with kubectl, checked from kubectl's view and from
+// berth's on the node where the pod runs.
 //
 // It runs only with BERTH_CLUSTER=1, as root; see `make test-cluster`.
 package cluster
@@ -14,7 +15,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -69,26 +69,34 @@ func TestCluster(t *testing.T) {
 	t.Logf("scenarios done in %s (then the teardown)", time.Since(begin).Round(time.Second))
 }
 
-// node checks the node as kubectl shows it: Ready, berth's semantic version,
-// the pod CIDR the controller-manager gave it, which berth now hands out.
+// node checks each node as kubectl shows it: Ready, berth's semantic
+// version, a pod CIDR of its own from the controller-manager, which the
+// node's berth now hands out on its bridge.
 func (e *env) node(t *testing.T) {
-	n := e.waitNodeReady(t, time.Minute)
-	if v := n.Status.NodeInfo.ContainerRuntimeVersion; !strings.HasPrefix(v, "berth://0.") {
-		t.Errorf("node runtime version %q, want berth://<semantic version>", v)
-	}
-	cidr, err := netip.ParsePrefix(n.Spec.PodCIDR)
-	if err != nil || !netip.MustParsePrefix(clusterCIDR).Overlaps(cidr) {
-		t.Fatalf("node pod CIDR %q (%v), want a /24 of %s", n.Spec.PodCIDR, err, clusterCIDR)
-	}
-	kubeenv.WaitFor(t, time.Minute, "berth's bridge in the node's pod CIDR", func() (bool, string) {
-		out, _ := exec.Command("ip", "-o", "-4", "addr", "show", "dev", e.berthd.Bridge).CombinedOutput()
-		for _, f := range strings.Fields(string(out)) {
-			if p, err := netip.ParsePrefix(f); err == nil && cidr.Contains(p.Addr()) {
-				return true, ""
-			}
+	cidrs := map[netip.Prefix]string{}
+	for _, n := range e.nodes {
+		k := e.waitNodeReady(t, n.name, time.Minute)
+		if v := k.Status.NodeInfo.ContainerRuntimeVersion; !strings.HasPrefix(v, "berth://0.") {
+			t.Errorf("%s: runtime version %q, want berth://<semantic version>", n.name, v)
 		}
-		return false, string(out)
-	})
+		cidr, err := netip.ParsePrefix(k.Spec.PodCIDR)
+		if err != nil || !netip.MustParsePrefix(clusterCIDR).Overlaps(cidr) {
+			t.Fatalf("%s: pod CIDR %q (%v), want a /24 of %s", n.name, k.Spec.PodCIDR, err, clusterCIDR)
+		}
+		if other, ok := cidrs[cidr]; ok {
+			t.Errorf("%s and %s have the same pod CIDR %s", other, n.name, cidr)
+		}
+		cidrs[cidr] = n.name
+		kubeenv.WaitFor(t, time.Minute, n.name+"'s berth bridge in its pod CIDR", func() (bool, string) {
+			out, _ := n.command("ip", "-o", "-4", "addr", "show", "dev", n.berthd.Bridge).CombinedOutput()
+			for _, f := range strings.Fields(string(out)) {
+				if p, err := netip.ParsePrefix(f); err == nil && cidr.Contains(p.Addr()) {
+					return true, ""
+				}
+			}
+			return false, string(out)
+		})
+	}
 	e.apply(t, namespace)
 	kubeenv.WaitFor(t, time.Minute, "the default service account of "+ns, func() (bool, string) {
 		_, err := e.kubectlErr("get", "serviceaccount", "default", "-n", ns)
@@ -96,14 +104,8 @@ func (e *env) node(t *testing.T) {
 	})
 }
 
-// waitNodeReady waits until the node is registered and Ready, with a pod CIDR.
-func (e *env) waitNodeReady(t *testing.T, timeout time.Duration) *corev1.Node {
-	t.Helper()
-	return e.waitNamedNodeReady(t, nodeName, timeout)
-}
-
-// waitNamedNodeReady waits until node name is registered and Ready, with a pod CIDR.
-func (e *env) waitNamedNodeReady(t *testing.T, name string, timeout time.Duration) *corev1.Node {
+// waitNodeReady waits until node name is registered and Ready, with a pod CIDR.
+func (e *env) waitNodeReady(t *testing.T, name string, timeout time.Duration) *corev1.Node {
 	t.Helper()
 	var n corev1.Node
 	kubeenv.WaitFor(t, timeout, "node "+name+" Ready with a pod CIDR", func() (bool, string) {
@@ -189,8 +191,9 @@ func (e *env) deployment(t *testing.T) {
 	}
 }
 
-// podIPs: each replica answers on its own pod IP, from the node, and the
-// kubelet's summary API counts that traffic in the pod's network stats.
+// podIPs: each replica answers on its own pod IP, from the host (which
+// routes each node's pod CIDR to it), and the summary API of the kubelet of
+// its node counts that traffic in the pod's network stats.
 func (e *env) podIPs(t *testing.T) {
 	pods := e.pods(t, ns, "app=web")
 	if len(pods) != 3 {
@@ -202,37 +205,48 @@ func (e *env) podIPs(t *testing.T) {
 			t.Errorf("GET %s:8080 (%s): %q %v, want %q", p.Status.PodIP, p.Name, body, err, want)
 		}
 	}
-	kubeenv.WaitFor(t, time.Minute, "network stats of the web pods in the kubelet's summary", func() (bool, string) {
-		out, err := e.kubectlErr("get", "--raw", "/api/v1/nodes/"+nodeName+"/proxy/stats/summary")
-		if err != nil {
-			return false, err.Error()
-		}
-		var summary struct {
-			Pods []struct {
-				PodRef struct {
-					Name, Namespace string
-				} `json:"podRef"`
-				Network *struct {
-					RxBytes, TxBytes uint64
-				} `json:"network"`
-			} `json:"pods"`
-		}
-		if err := json.Unmarshal([]byte(out), &summary); err != nil {
-			return false, err.Error()
-		}
+	kubeenv.WaitFor(t, time.Minute, "network stats of the web pods in their kubelets' summaries", func() (bool, string) {
 		counted := map[string]bool{}
-		for _, p := range summary.Pods {
-			if n := p.Network; p.PodRef.Namespace == ns && n != nil && n.RxBytes > 0 && n.TxBytes > 0 {
-				counted[p.PodRef.Name] = true
+		for _, n := range e.nodes {
+			if err := e.countNetworkStats(n.name, counted); err != nil {
+				return false, err.Error()
 			}
 		}
 		for _, p := range pods {
 			if !counted[p.Name] {
-				return false, fmt.Sprintf("no rx/tx bytes for %s in %.600s", p.Name, out)
+				return false, fmt.Sprintf("no rx/tx bytes for %s (on %s) in its node's summary", p.Name, p.Spec.NodeName)
 			}
 		}
 		return true, ""
 	})
+}
+
+// countNetworkStats marks in counted the pods of ns with received and sent
+// bytes in node's kubelet's summary.
+func (e *env) countNetworkStats(node string, counted map[string]bool) error {
+	out, err := e.kubectlErr("get", "--raw", "/api/v1/nodes/"+node+"/proxy/stats/summary")
+	if err != nil {
+		return err
+	}
+	var summary struct {
+		Pods []struct {
+			PodRef struct {
+				Name, Namespace string
+			} `json:"podRef"`
+			Network *struct {
+				RxBytes, TxBytes uint64
+			} `json:"network"`
+		} `json:"pods"`
+	}
+	if err := json.Unmarshal([]byte(out), &summary); err != nil {
+		return err
+	}
+	for _, p := range summary.Pods {
+		if n := p.Network; p.PodRef.Namespace == ns && n != nil && n.RxBytes > 0 && n.TxBytes > 0 {
+			counted[p.PodRef.Name] = true
+		}
+	}
+	return nil
 }
 
 const webService = `apiVersion: v1
@@ -258,7 +272,7 @@ spec:
 `
 
 // service: a ClusterIP Service reaches the replicas through kube-proxy's
-// nftables rules, from the node and from another pod.
+// nftables rules, from each node and from another pod.
 func (e *env) service(t *testing.T) {
 	e.apply(t, webService)
 	ip := strings.TrimSpace(e.kubectl(t, "get", "service", "-n", ns, "web", "-o", "jsonpath={.spec.clusterIP}"))
@@ -266,8 +280,7 @@ func (e *env) service(t *testing.T) {
 	for _, p := range e.pods(t, ns, "app=web") {
 		names[p.Name] = true
 	}
-	seen := map[string]bool{}
-	check := func(from, body string) {
+	check := func(from, body string, seen map[string]bool) {
 		name, ok := strings.CutPrefix(strings.TrimSpace(body), "v1 ")
 		if !ok || !names[name] {
 			t.Errorf("GET %s from %s: %q, not a replica of web (%v)", ip, from, body, names)
@@ -275,30 +288,35 @@ func (e *env) service(t *testing.T) {
 		seen[name] = true
 	}
 	url := "http://" + ip + "/"
-	// Each request is a connection of its own (kubeenv.Get). kube-proxy may
+	// Each request is a connection of its own (web get). kube-proxy may
 	// program the replicas one by one as they become ready endpoints
-	// (slowly on a loaded machine): wait until the node's requests have
+	// (slowly on a loaded machine): wait until each node's requests have
 	// reached two of them, which shows the load balancing.
-	kubeenv.WaitFor(t, time.Minute, "the Service from the node reaching two replicas", func() (bool, string) {
-		body, err := kubeenv.Get(url)
-		if err != nil {
-			return false, err.Error()
-		}
-		check("the node", body)
-		return len(seen) >= 2, fmt.Sprintf("replicas reached: %v", seen)
-	})
+	for _, n := range e.nodes {
+		seen := map[string]bool{}
+		kubeenv.WaitFor(t, time.Minute, "the Service from "+n.name+" reaching two replicas", func() (bool, string) {
+			body, err := n.get(url)
+			if err != nil {
+				return false, err.Error()
+			}
+			check(n.name, body, seen)
+			return len(seen) >= 2, fmt.Sprintf("replicas reached: %v", seen)
+		})
+	}
 	e.waitPod(t, ns, "client", startTimeout, "Running", running)
 	for range 5 {
-		check("pod client", e.exec(t, ns, "client", "/bin/web", "get", url))
+		check("pod client", e.exec(t, ns, "client", "/bin/web", "get", url), map[string]bool{})
 	}
 }
 
 // noUnimplemented: nothing the kubelet asked of berth during the run was
 // answered Unimplemented (berthd logs those at WARN).
 func (e *env) noUnimplemented(t *testing.T) {
-	for _, l := range strings.Split(readFile(t, e.berthd.Log), "\n") {
-		if strings.Contains(l, "code=Unimplemented") {
-			t.Errorf("berthd: %s", l)
+	for _, n := range e.nodes {
+		for _, l := range strings.Split(readFile(t, n.berthd.Log), "\n") {
+			if strings.Contains(l, "code=Unimplemented") {
+				t.Errorf("%s's berthd: %s", n.name, l)
+			}
 		}
 	}
 }

@@ -59,7 +59,6 @@ func TestConformance(t *testing.T) {
 	kubeenv.NeedFiles(t, "`make test-conformance` (or set CLUSTER_BIN_DIR)",
 		e.bin("e2e.test"), e.bin("ginkgo"), e.bin("agnhost"), e.bin("nonewprivs"))
 	repoList := e.pushE2EImages(t)
-	e.startSecondNode(t)
 	t.Cleanup(func() { e.deleteE2ENamespaces(t) })
 	t.Logf("cluster of two nodes and the e2e images up in %s", time.Since(begin).Round(time.Second))
 
@@ -180,7 +179,8 @@ func (e *env) runE2E(t *testing.T, p e2ePass, dir, repoList string) e2eCounts {
 		e.bin("e2e.test"), "--",
 		"--kubeconfig="+e.admin, "--provider=skeleton", "--kube-test-repo-list="+repoList,
 		"--kubectl-path="+e.bin("kubectl"), "--disable-log-dump", "--e2e-output-dir="+dir,
-		"--container-runtime-endpoint=unix://"+e.berthd.Socket, "--container-runtime-process-name=berthd")
+		// The suite names one runtime endpoint: the first node's berth.
+		"--container-runtime-endpoint=unix://"+e.nodes[0].berthd.Socket, "--container-runtime-process-name=berthd")
 	cmd.Env = append(os.Environ(), "KUBE_TEST_REPO_LIST="+repoList, "KUBECONFIG="+e.admin)
 	cmd.Stdout, cmd.Stderr = out, out
 	t.Logf("e2e %s: %s (output: %s)", p.name, strings.Join(cmd.Args, " "), output)

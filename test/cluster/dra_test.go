@@ -121,17 +121,18 @@ func (d *draDriverImpl) WatchHealthStatus(context.Context, chan<- kubeletplugin.
 	return kubeletplugin.ErrHealthNotSupported
 }
 
-// startDRADriver runs the driver in the test process: it registers with
-// the kubelet through the kubelet's plugin registration folder, serves the
-// DRA calls on a socket in its own folder under the kubelet's root, and
-// publishes one device in a ResourceSlice of the node.
-func (e *env) startDRADriver(t *testing.T) *draDriverImpl {
+// startDRADriver runs the driver of node n in the test process: it
+// registers with the node's kubelet through the kubelet's plugin
+// registration folder, serves the DRA calls on a socket in its own folder
+// under the kubelet's root, and publishes one device in a ResourceSlice of
+// the node, whose spec it writes into the node's berth's CDI folder.
+func (e *env) startDRADriver(t *testing.T, n *node) *draDriverImpl {
 	t.Helper()
 	node := e.path("dra-device")
 	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 11))); err != nil {
 		t.Fatal(err)
 	}
-	d := &draDriverImpl{t: t, cdiDir: e.berthd.CDIDir, node: node, unprepared: map[types.UID]bool{}}
+	d := &draDriverImpl{t: t, cdiDir: n.berthd.CDIDir, node: node, unprepared: map[types.UID]bool{}}
 	cfg, err := clientcmd.BuildConfigFromFlags("", e.admin)
 	if err != nil {
 		t.Fatal(err)
@@ -140,11 +141,11 @@ func (e *env) startDRADriver(t *testing.T) *draDriverImpl {
 	if err != nil {
 		t.Fatal(err)
 	}
-	registry := filepath.Join(e.kubeletRoot, "plugins_registry")
-	data := filepath.Join(e.kubeletRoot, "plugins", draDriver)
+	registry := filepath.Join(n.kubeletRoot, "plugins_registry")
+	data := filepath.Join(n.kubeletRoot, "plugins", draDriver)
 	kubeenv.Mkdirs(t, registry, data)
 	helper, err := kubeletplugin.Start(context.Background(), d,
-		kubeletplugin.DriverName(draDriver), kubeletplugin.NodeName(nodeName), kubeletplugin.KubeClient(client),
+		kubeletplugin.DriverName(draDriver), kubeletplugin.NodeName(n.name), kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(registry), kubeletplugin.PluginDataDirectoryPath(data),
 		kubeletplugin.HealthService(false))
 	if err != nil {
@@ -156,7 +157,7 @@ func (e *env) startDRADriver(t *testing.T) *draDriverImpl {
 		return s != nil && s.PluginRegistered, fmt.Sprint(s)
 	})
 	err = helper.PublishResources(context.Background(), resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		nodeName: {Slices: []resourceslice.Slice{{Devices: []resourceapi.Device{{Name: draDevice}}}}},
+		n.name: {Slices: []resourceslice.Slice{{Devices: []resourceapi.Device{{Name: draDevice}}}}},
 	}})
 	if err != nil {
 		t.Fatalf("publish the DRA driver's ResourceSlice: %v", err)
@@ -196,11 +197,13 @@ spec:
 `
 
 // dra: a pod with a ResourceClaim is scheduled on the device the driver
-// published, the kubelet has the driver prepare it, berth applies the CDI
-// spec the driver wrote (the device node opens, the variable is set), and
-// deleting the pod has the claim unprepared (its spec removed).
+// published on the second node (the only one with it), the kubelet has the
+// driver prepare it, berth applies the CDI spec the driver wrote (the
+// device node opens, the variable is set), and deleting the pod has the
+// claim unprepared (its spec removed).
 func (e *env) dra(t *testing.T) {
-	d := e.startDRADriver(t)
+	n := e.nodes[1]
+	d := e.startDRADriver(t, n)
 	kubeenv.WaitFor(t, time.Minute, "the driver's ResourceSlice", func() (bool, string) {
 		out, err := e.kubectlErr("get", "resourceslices", "--field-selector", "spec.driver="+draDriver, "-o", "jsonpath={.items[*].spec.devices[*].name}")
 		return err == nil && out == draDevice, fmt.Sprintf("%q %v", out, err)
@@ -213,6 +216,9 @@ func (e *env) dra(t *testing.T) {
 	})
 	e.apply(t, draYAML)
 	p := e.waitPod(t, ns, "dra", startTimeout, "Running", running)
+	if p.Spec.NodeName != n.name {
+		t.Errorf("pod dra scheduled to %q, want %s, the node of the device", p.Spec.NodeName, n.name)
+	}
 
 	var claim resourceapi.ResourceClaim
 	if err := json.Unmarshal([]byte(e.kubectl(t, "get", "resourceclaim", "-n", ns, "dra-claim", "-o", "json")), &claim); err != nil {

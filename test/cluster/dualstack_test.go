@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -28,20 +27,23 @@ spec:
   ports: [{port: 80, targetPort: 8080}]
 `
 
-// dualStack: the cluster is dual-stack through berth. The node has a pod
-// CIDR in each family and berth's bridge holds a gateway in both; each web
-// replica has an IPv4 and an IPv6 address, IPv4 first, in the pod's status,
-// `kubectl get pod -o wide` and berth's PodSandboxStatus alike, and answers
-// on its IPv6 from the node and from another pod; a RequireDualStack
-// Service gets a ClusterIP in each family, and each reaches the replicas
-// from the node and from another pod.
+// dualStack: the cluster is dual-stack through berth. Each node has a pod
+// CIDR in each family and its berth's bridge holds a gateway in both; each
+// web replica has an IPv4 and an IPv6 address of its node's CIDRs, IPv4
+// first, in the pod's status, `kubectl get pod -o wide` and its node's
+// berth's PodSandboxStatus alike, and answers on its IPv6 from the host and
+// from another pod; a RequireDualStack Service gets a ClusterIP in each
+// family, and each reaches the replicas from each node and from another pod.
 func (e *env) dualStack(t *testing.T) {
-	cidr4, cidr6 := e.nodePodCIDRs(t)
-	for family, cidr := range map[string]netip.Prefix{"-4": cidr4, "-6": cidr6} {
-		if !bridgeHolds(e.berthd.Bridge, family, cidr) {
-			out, _ := exec.Command("ip", "-o", "addr", "show", "dev", e.berthd.Bridge).CombinedOutput()
-			t.Errorf("berth's bridge %s has no address in the node's pod CIDR %s:\n%s", e.berthd.Bridge, cidr, out)
+	cidrs := map[string][2]netip.Prefix{} // node → its pod CIDRs, IPv4 first
+	for _, n := range e.nodes {
+		cidr4, cidr6 := e.nodePodCIDRs(t, n.name)
+		for family, cidr := range map[string]netip.Prefix{"-4": cidr4, "-6": cidr6} {
+			if out, holds := n.bridgeHolds(family, cidr); !holds {
+				t.Errorf("%s's berth bridge %s has no address in the node's pod CIDR %s:\n%s", n.name, n.berthd.Bridge, cidr, out)
+			}
 		}
+		cidrs[n.name] = [2]netip.Prefix{cidr4, cidr6}
 	}
 
 	pods := e.pods(t, ns, "app=web")
@@ -50,19 +52,19 @@ func (e *env) dualStack(t *testing.T) {
 	}
 	wide := e.wideIPs(t)
 	for _, p := range pods {
-		ips := podIPs(t, &p, cidr4, cidr6)
+		c := cidrs[p.Spec.NodeName]
+		ips := podIPs(t, &p, c[0], c[1])
 		if ips == nil {
 			continue
 		}
 		if p.Status.PodIP != ips[0].String() || wide[p.Name] != ips[0].String() {
 			t.Errorf("pod %s: status.podIP %q, kubectl -o wide %q, want its IPv4 %s", p.Name, p.Status.PodIP, wide[p.Name], ips[0])
 		}
-		e.berthReportsIPs(t, &p, ips)
-		t.Logf("pod %s: %s and %s", p.Name, ips[0], ips[1])
+		e.nodeOf(t, &p).berthReportsIPs(t, &p, ips)
 		url := fmt.Sprintf("http://%s/", net.JoinHostPort(ips[1].String(), "8080"))
 		want := "v1 " + p.Name + "\n"
 		if body, err := kubeenv.Get(url); err != nil || body != want {
-			t.Errorf("GET %s (%s) from the node: %q %v, want %q", url, p.Name, body, err, want)
+			t.Errorf("GET %s (%s) from the host: %q %v, want %q", url, p.Name, body, err, want)
 		}
 		if got := e.exec(t, ns, "client", "/bin/web", "get", url); got != want {
 			t.Errorf("GET %s (%s) from pod client: %q, want %q", url, p.Name, got, want)
@@ -71,33 +73,33 @@ func (e *env) dualStack(t *testing.T) {
 	e.dualStackService(t, pods)
 }
 
-// nodePodCIDRs are the node's pod CIDRs, one per family, IPv4 first, each
+// nodePodCIDRs are node name's pod CIDRs, one per family, IPv4 first, each
 // within the cluster's range of its family.
-func (e *env) nodePodCIDRs(t *testing.T) (v4, v6 netip.Prefix) {
+func (e *env) nodePodCIDRs(t *testing.T, name string) (v4, v6 netip.Prefix) {
 	t.Helper()
-	n := e.waitNodeReady(t, time.Minute)
+	n := e.waitNodeReady(t, name, time.Minute)
 	if len(n.Spec.PodCIDRs) != 2 {
-		t.Fatalf("node pod CIDRs %v, want one of %s and one of %s", n.Spec.PodCIDRs, clusterCIDR, clusterCIDR6)
+		t.Fatalf("%s: pod CIDRs %v, want one of %s and one of %s", name, n.Spec.PodCIDRs, clusterCIDR, clusterCIDR6)
 	}
 	v4, err4 := netip.ParsePrefix(n.Spec.PodCIDRs[0])
 	v6, err6 := netip.ParsePrefix(n.Spec.PodCIDRs[1])
 	if err4 != nil || err6 != nil || !netip.MustParsePrefix(clusterCIDR).Overlaps(v4) || !netip.MustParsePrefix(clusterCIDR6).Overlaps(v6) ||
 		!v4.Addr().Is4() || !v6.Addr().Is6() || v6.Bits() != 64 {
-		t.Fatalf("node pod CIDRs %v, want a /24 of %s and a /64 of %s", n.Spec.PodCIDRs, clusterCIDR, clusterCIDR6)
+		t.Fatalf("%s: pod CIDRs %v, want a /24 of %s and a /64 of %s", name, n.Spec.PodCIDRs, clusterCIDR, clusterCIDR6)
 	}
 	return v4, v6
 }
 
-// bridgeHolds reports whether bridge has an address of family (-4 or -6)
-// within cidr.
-func bridgeHolds(bridge, family string, cidr netip.Prefix) bool {
-	out, _ := exec.Command("ip", "-o", family, "addr", "show", "dev", bridge).CombinedOutput()
+// bridgeHolds reports whether the node's berth bridge has an address of
+// family (-4 or -6) within cidr, with ip(8)'s list of its addresses.
+func (n *node) bridgeHolds(family string, cidr netip.Prefix) (string, bool) {
+	out, _ := n.command("ip", "-o", family, "addr", "show", "dev", n.berthd.Bridge).CombinedOutput()
 	for _, f := range strings.Fields(string(out)) {
 		if p, err := netip.ParsePrefix(f); err == nil && cidr.Contains(p.Addr()) {
-			return true
+			return string(out), true
 		}
 	}
-	return false
+	return string(out), false
 }
 
 // podIPs are pod p's status.podIPs, which must be an IPv4 of cidr4 then an
@@ -114,7 +116,7 @@ func podIPs(t *testing.T, p *corev1.Pod, cidr4, cidr6 netip.Prefix) []netip.Addr
 		ips = append(ips, a)
 	}
 	if len(ips) != 2 || !cidr4.Contains(ips[0]) || !cidr6.Contains(ips[1]) {
-		t.Errorf("pod %s: status.podIPs %v, want an IPv4 of %s then an IPv6 of %s", p.Name, p.Status.PodIPs, cidr4, cidr6)
+		t.Errorf("pod %s on %s: status.podIPs %v, want an IPv4 of %s then an IPv6 of %s", p.Name, p.Spec.NodeName, p.Status.PodIPs, cidr4, cidr6)
 		return nil
 	}
 	return ips
@@ -139,31 +141,31 @@ func (e *env) wideIPs(t *testing.T) map[string]string {
 	return ips
 }
 
-// berthReportsIPs: berth's PodSandboxStatus for pod p (what `crictl
-// inspectp` shows) has its IPv4 as network.ip and its IPv6 as the one
-// additional IP, the order the kubelet took them in.
-func (e *env) berthReportsIPs(t *testing.T, p *corev1.Pod, ips []netip.Addr) {
+// berthReportsIPs: the PodSandboxStatus of the node's berth for pod p (what
+// `crictl inspectp` shows) has its IPv4 as network.ip and its IPv6 as the
+// one additional IP, the order the kubelet took them in.
+func (n *node) berthReportsIPs(t *testing.T, p *corev1.Pod, ips []netip.Addr) {
 	t.Helper()
-	for _, sb := range e.sandboxes(t, string(p.UID)) {
+	for _, sb := range n.sandboxes(t, string(p.UID)) {
 		if sb.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 			continue
 		}
-		r, err := e.rt.PodSandboxStatus(kubeenv.Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sb.Id})
+		r, err := n.rt.PodSandboxStatus(kubeenv.Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sb.Id})
 		if err != nil {
 			t.Fatalf("PodSandboxStatus %s: %v", sb.Id, err)
 		}
-		n := r.Status.GetNetwork()
-		if extra := n.GetAdditionalIps(); n.GetIp() != ips[0].String() || len(extra) != 1 || extra[0].GetIp() != ips[1].String() {
-			t.Errorf("pod %s: berth's PodSandboxStatus network %v, want ip %s and additional_ips [%s]", p.Name, n, ips[0], ips[1])
+		network := r.Status.GetNetwork()
+		if extra := network.GetAdditionalIps(); network.GetIp() != ips[0].String() || len(extra) != 1 || extra[0].GetIp() != ips[1].String() {
+			t.Errorf("pod %s: %s's berth's PodSandboxStatus network %v, want ip %s and additional_ips [%s]", p.Name, n.name, network, ips[0], ips[1])
 		}
 		return
 	}
-	t.Errorf("pod %s: berth holds no READY sandbox of it", p.Name)
+	t.Errorf("pod %s: %s's berth holds no READY sandbox of it", p.Name, n.name)
 }
 
 // dualStackService: a RequireDualStack Service of the web replicas has a
 // ClusterIP in each service range, IPv4 first, and each reaches replicas
-// from the node and from pod client.
+// from each node and from pod client.
 func (e *env) dualStackService(t *testing.T, pods []corev1.Pod) {
 	t.Helper()
 	e.apply(t, dualStackService)
@@ -172,7 +174,6 @@ func (e *env) dualStackService(t *testing.T, pods []corev1.Pod) {
 	if len(clusterIPs) != 2 || !inRange(clusterIPs[0], serviceCIDR) || !inRange(clusterIPs[1], serviceCIDR6) {
 		t.Fatalf("web-dual clusterIPs %v, want one of %s then one of %s", clusterIPs, serviceCIDR, serviceCIDR6)
 	}
-	t.Logf("service web-dual: %s", strings.Join(clusterIPs, " and "))
 	names := map[string]bool{}
 	for _, p := range pods {
 		names[p.Name] = true
@@ -183,17 +184,20 @@ func (e *env) dualStackService(t *testing.T, pods []corev1.Pod) {
 	}
 	for _, ip := range clusterIPs {
 		url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "80"))
-		// kube-proxy programs the new Service in each family on its own.
-		kubeenv.WaitFor(t, time.Minute, "the Service's ClusterIP "+ip+" from the node", func() (bool, string) {
-			body, err := kubeenv.Get(url)
-			if err != nil {
-				return false, err.Error()
-			}
-			if !isReplica(body) {
-				t.Errorf("GET %s from the node: %q, not a replica of web (%v)", url, body, names)
-			}
-			return true, ""
-		})
+		// Each node's kube-proxy programs the new Service in each family
+		// on its own.
+		for _, n := range e.nodes {
+			kubeenv.WaitFor(t, time.Minute, "the Service's ClusterIP "+ip+" from "+n.name, func() (bool, string) {
+				body, err := n.get(url)
+				if err != nil {
+					return false, err.Error()
+				}
+				if !isReplica(body) {
+					t.Errorf("GET %s from %s: %q, not a replica of web (%v)", url, n.name, body, names)
+				}
+				return true, ""
+			})
+		}
 		for range 3 {
 			if body := e.exec(t, ns, "client", "/bin/web", "get", url); !isReplica(body) {
 				t.Errorf("GET %s from pod client: %q, not a replica of web (%v)", url, body, names)

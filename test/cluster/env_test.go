@@ -23,13 +23,13 @@ import (
 const guardEnv = "BERTH_CLUSTER"
 
 // The cluster's addresses, all in 172.29.0.0/16 (which the tier checks no
-// route of the host touches): the node's own address, on a link the test
-// makes (the kubelet refuses a loopback node IP; a bridge without ports,
-// which every kernel that runs berth has, unlike the dummy driver), the pod
-// range the controller-manager cuts the node's /24 from, and the service range.
+// route of the host touches): the control plane's, on a link the test makes
+// on the host (a bridge without ports, which every kernel that runs berth
+// has, unlike the dummy driver), to which each node's veth is joined; the
+// pod range the controller-manager cuts each node's /24 from, and the
+// service range.
 const (
-	nodeName    = "berth-node"
-	nodeIP      = "172.29.255.1"
+	hostIP      = "172.29.255.1"
 	clusterCIDR = "172.29.0.0/17"
 	serviceCIDR = "172.29.128.0/24"
 	apiService  = "172.29.128.1" // the kubernetes Service, first of serviceCIDR
@@ -38,10 +38,11 @@ const (
 
 // The cluster is dual-stack, IPv4 first: its IPv6 half is in the ULA range
 // fd29:29::/32 (which the tier checks no route of the host touches, as for
-// testRange): the node's IPv6 address on the same link, the pod range the
-// controller-manager cuts each node's /64 from, and the IPv6 service range.
+// testRange): the control plane's IPv6 address on the same link, the pod
+// range the controller-manager cuts each node's /64 from, and the IPv6
+// service range.
 const (
-	nodeIP6      = "fd29:29:ff::1"
+	hostIP6      = "fd29:29:ff::1"
 	clusterCIDR6 = "fd29:29::/56"
 	serviceCIDR6 = "fd29:29:1::/112"
 	testRange6   = "fd29:29::/32"
@@ -54,8 +55,8 @@ var hostSysctls = append(slices.Clone(kubeenv.KubeletSysctls),
 	"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "net/netfilter/nf_conntrack_max",
 	"net/ipv6/conf/all/forwarding")
 
-// env is one run of the tier: a loopback registry, etcd, the control plane,
-// berthd, a kubelet and kube-proxy, all on folders of this run under work.
+// env is one run of the tier: a loopback registry, etcd and the control
+// plane on the host, on folders of this run under work, and the nodes.
 type env struct {
 	t      *testing.T
 	work   *kubeenv.Work // everything the run creates on disk lives below
@@ -67,22 +68,13 @@ type env struct {
 	imageV2 string // the same with /etc/web-version "v2"
 	pki     *pki
 	admin   string // the admin's kubeconfig (system:masters)
-	link    string // the portless bridge holding nodeIP
+	link    string // the portless bridge holding hostIP, the nodes' veths on it
 	host    *kubeenv.Host
 
 	etcd, apiserver, controllers, scheduler *kubeenv.Proc
 	apiPort                                 int
 
-	berthd *kubeenv.Berthd
-	conn   *grpc.ClientConn
-	rt     runtimeapi.RuntimeServiceClient
-
-	kubelet     *kubeenv.Proc
-	kubeletArg  []string
-	kubeletRoot string
-	healthz     int
-	cgroups     *kubeenv.Cgroups // the kubelet's cgroupRoot, "/berth-cluster-PID"
-	kubeProxy   *kubeenv.Proc
+	nodes []*node // both schedulable, in namespaces of their own (node_test.go)
 
 	hostPort, hostNetPort int // of the hostport and hostnet pods
 }
@@ -103,8 +95,7 @@ func newEnv(t *testing.T) *env {
 		e.bin("kube-controller-manager"), e.bin("kube-scheduler"), e.bin("kubelet"), e.bin("kube-proxy"), e.bin("kubectl"))
 	checkHost(t)
 	e.work = kubeenv.NewWork(t, "bc-", "BERTH_CLUSTER_LOGS")
-	t.Cleanup(func() { e.work.Remove(t, e.kubeletRoot, e.berthd.PodsFolder()) })
-	t.Cleanup(func() { e.cgroups.Remove(t) })
+	t.Cleanup(func() { e.work.Remove(t) })
 	t.Cleanup(e.restoreHost)
 	e.host = kubeenv.RecordHost(t, hostSysctls)
 	e.addNodeLink()
@@ -116,13 +107,9 @@ func newEnv(t *testing.T) *env {
 			kubeenv.File{Name: "etc/web-version", Mode: 0o644, Data: []byte(version + "\n")})
 	}
 
-	t.Cleanup(e.teardownBerth)
 	t.Cleanup(e.stopControlPlane)
-	t.Cleanup(e.teardownNode)
 	e.startControlPlane()
-	e.startBerthd()
-	e.startKubelet()
-	e.startKubeProxy()
+	e.startNodes()
 	return e
 }
 
@@ -157,8 +144,8 @@ func (e *env) startControlPlane() {
 	e.pki = newPKI(t, e.path("pki"))
 	p := e.pki
 	e.apiPort = kubeenv.FreePort(t)
-	server := fmt.Sprintf("https://%s:%d", nodeIP, e.apiPort)
-	apiCert := p.issue(t, "apiserver", "kube-apiserver", nil, nodeIP, apiService, "127.0.0.1", "localhost",
+	server := fmt.Sprintf("https://%s:%d", hostIP, e.apiPort)
+	apiCert := p.issue(t, "apiserver", "kube-apiserver", nil, hostIP, apiService, "127.0.0.1", "localhost",
 		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
 	apiKubeletClient := p.issue(t, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"})
 	saPub, saKey := p.serviceAccountKey(t)
@@ -186,7 +173,7 @@ func (e *env) startControlPlane() {
 
 	e.apiserver = kubeenv.Start(t, "kube-apiserver", e.path("kube-apiserver.log"), e.bin("kube-apiserver"),
 		"--etcd-servers", etcdURL,
-		"--bind-address", nodeIP, "--advertise-address", nodeIP, "--secure-port", fmt.Sprint(e.apiPort),
+		"--bind-address", hostIP, "--advertise-address", hostIP, "--secure-port", fmt.Sprint(e.apiPort),
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
 		"--client-ca-file", p.caFile,
 		"--tls-cert-file", apiCert.cert, "--tls-private-key-file", apiCert.key,
@@ -196,8 +183,6 @@ func (e *env) startControlPlane() {
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-cluster-ip-range", serviceCIDR+","+serviceCIDR6,
 		"--cert-dir", e.path("apiserver-certs"),
-		// Privileged containers, which e2e specs run (make test-e2e).
-		"--allow-privileged",
 		// lifecycle.stopSignal (alpha in 1.37); the kubelet's gate is in kubeletConfig.
 		"--feature-gates", "ContainerStopSignals=true")
 	e.apiserver.WaitUp(t, 2*time.Minute, func() error {
@@ -243,27 +228,7 @@ func (e *env) stopControlPlane() {
 	}
 }
 
-// ---- berthd ----
-
-func (e *env) startBerthd() {
-	t := e.t
-	t.Helper()
-	// A bridge and nftables table of this run's own; no subnet, so that the
-	// node's pod CIDR the kubelet passes on is the one pods get.
-	e.berthd = kubeenv.NewBerthd(t, e.work, e.binDir, fmt.Sprintf("bc%d", os.Getpid()%100000), "", e.reg.Host)
-	e.launchBerthd()
-	conn, err := grpc.NewClient("unix://"+e.berthd.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.conn = conn
-	e.rt = runtimeapi.NewRuntimeServiceClient(conn)
-}
-
-// launchBerthd starts berthd and waits until its socket answers Version.
-func (e *env) launchBerthd() {
-	e.berthd.Launch(e.t, answersVersion(e.berthd.Socket))
-}
+// ---- the nodes: berthd, kubelet and kube-proxy (node_test.go) ----
 
 // answersVersion is nil once berthd's socket answers the CRI's Version.
 func answersVersion(socket string) func() error {
@@ -280,51 +245,11 @@ func answersVersion(socket string) func() error {
 	}
 }
 
-// teardownBerth removes what berth still holds (the kubelet should have
-// removed it all: anything left is reported), then stops berthd and
-// removes its bridge and nftables table.
-func (e *env) teardownBerth() {
-	t := e.t
-	if e.berthd == nil || e.berthd.Proc == nil {
-		return
-	}
-	if e.berthd.Running() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		if pods, err := e.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{}); err == nil {
-			for _, p := range pods.Items {
-				t.Errorf("teardown: berth still holds pod %s (%s/%s)", p.Id, p.Metadata.GetNamespace(), p.Metadata.GetName())
-				if _, err := e.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
-					t.Errorf("teardown: remove pod %s: %v", p.Id, err)
-				}
-			}
-		} else {
-			t.Errorf("teardown: list pods: %v", err)
-		}
-		cancel()
-	}
-	e.berthd.Teardown(t)
-	if e.conn != nil {
-		e.conn.Close()
-	}
-}
-
-// ---- the node: kubelet and kube-proxy ----
-
-func (e *env) startKubelet() {
-	t := e.t
-	t.Helper()
-	e.kubeletRoot = e.path("kubelet")
-	e.cgroups = kubeenv.MakeCgroupRoot(t, fmt.Sprintf("/berth-cluster-%d", os.Getpid()))
-	e.kubeletArg, e.healthz = e.kubeletArgs(t, e.work, nodeName, nodeIP, nodeIP6, "127.0.0.1", e.cgroups, e.berthd.Socket)
-	e.launchKubelet()
-	e.waitNodeReady(t, 2*time.Minute)
-}
-
 // kubeletArgs writes the configuration of a node's kubelet below w (its
-// root folder w/kubelet) and returns its command line and healthz port,
-// which listens on healthzIP. The node's addresses are ip and ip6, IPv4
-// first (the cluster is dual-stack); the kubelet listens on ip.
-func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6, healthzIP string, cgroups *kubeenv.Cgroups, socket string) ([]string, int) {
+// root folder w/kubelet) and returns its command line and healthz port.
+// The node's addresses are ip and ip6, IPv4 first (the cluster is
+// dual-stack); the kubelet and its healthz listen on ip.
+func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, cgroups *kubeenv.Cgroups, socket string) ([]string, int) {
 	t.Helper()
 	root := w.Path("kubelet")
 	kubeenv.Mkdirs(t, root, w.Path("pod-logs"))
@@ -332,11 +257,11 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6, healthzI
 	if err := os.WriteFile(resolv, []byte("nameserver 192.0.2.53\noptions ndots:2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	server := fmt.Sprintf("https://%s:%d", nodeIP, e.apiPort)
+	server := fmt.Sprintf("https://%s:%d", hostIP, e.apiPort)
 	kubeconfig := e.pki.kubeconfig(t, "kubelet-"+name, server, e.pki.issue(t, "kubelet-"+name, "system:node:"+name, []string{"system:nodes"}))
 	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, ip6, name)
 	healthz := kubeenv.FreePort(t)
-	config := fmt.Sprintf(kubeletConfig, ip, kubeenv.FreePort(t), healthzIP, healthz, serving.cert, serving.key, e.pki.caFile,
+	config := fmt.Sprintf(kubeletConfig, ip, kubeenv.FreePort(t), ip, healthz, serving.cert, serving.key, e.pki.caFile,
 		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket)
 	configPath := w.Path("kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
@@ -408,37 +333,13 @@ featureGates:
   ContainerStopSignals: true
 `
 
-func (e *env) launchKubelet() {
-	t := e.t
-	t.Helper()
-	e.kubelet = kubeenv.Start(t, "kubelet", e.path("kubelet.log"), e.kubeletArg...)
-	e.kubelet.WaitUp(t, 90*time.Second, func() error { return kubeenv.Healthz(e.healthz) })
-}
-
-// startKubeProxy runs the node's kube-proxy.
-func (e *env) startKubeProxy() {
-	t := e.t
-	t.Helper()
-	config, healthz := e.kubeProxyConfig(t, e.work, nodeName, "127.0.0.1")
-	e.kubeProxy = kubeenv.Start(t, "kube-proxy", e.path("kube-proxy.log"), e.bin("kube-proxy"), "--config", config, "--v", "2")
-	e.kubeProxy.WaitUp(t, time.Minute, func() error {
-		if _, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", healthz)); err != nil {
-			return err
-		}
-		if err := exec.Command("nft", "list", "table", "ip", "kube-proxy").Run(); err != nil {
-			return err
-		}
-		return exec.Command("nft", "list", "table", "ip6", "kube-proxy").Run()
-	})
-}
-
 // kubeProxyConfig writes the configuration of a node's kube-proxy below w
 // and returns its path and healthz port (on listenIP): nftables mode (both
 // families: the cluster is dual-stack), and conntrack settings zero, so
 // that it leaves the host's conntrack table sizes and timeouts alone.
 func (e *env) kubeProxyConfig(t *testing.T, w *kubeenv.Work, name, listenIP string) (string, int) {
 	t.Helper()
-	server := fmt.Sprintf("https://%s:%d", nodeIP, e.apiPort)
+	server := fmt.Sprintf("https://%s:%d", hostIP, e.apiPort)
 	kubeconfig := e.pki.kubeconfig(t, "kube-proxy-"+name, server, e.pki.issue(t, "kube-proxy-"+name, "system:kube-proxy", nil))
 	healthz := kubeenv.FreePort(t)
 	config := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -463,41 +364,4 @@ conntrack:
 		t.Fatal(err)
 	}
 	return path, healthz
-}
-
-// teardownNode deletes every object the tests made, so that the kubelet
-// takes their pods down through berth the way a node does, then stops
-// kube-proxy and the kubelet.
-func (e *env) teardownNode() {
-	t := e.t
-	if e.kubelet != nil && e.kubelet.Running() && e.apiserver != nil && e.apiserver.Running() {
-		if out, err := e.kubectlErr("delete", "namespace", "-l", testLabel, "--wait=false"); err != nil {
-			t.Errorf("teardown: %v %s", err, out)
-		}
-		deadline := time.Now().Add(3 * time.Minute)
-		for time.Now().Before(deadline) {
-			if n, err := e.berthPodCount(); err == nil && n == 0 {
-				break
-			}
-			time.Sleep(2 * time.Second)
-		}
-	}
-	for _, p := range []*kubeenv.Proc{e.kubeProxy, e.kubelet} {
-		if !p.Stop(syscall.SIGTERM, 30*time.Second) {
-			t.Errorf("teardown: %s did not stop within 30s of SIGTERM (killed)", p.Name)
-		}
-		if p != nil && t.Failed() {
-			t.Logf("%s log (last 100 lines):\n%s", p.Name, p.Tail(100))
-		}
-	}
-}
-
-func (e *env) berthPodCount() (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, err := e.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-	if err != nil {
-		return 0, err
-	}
-	return len(r.Items), nil
 }

@@ -56,21 +56,23 @@ func checkNoRoute(t *testing.T, family, tierRange string) {
 	}
 }
 
-// addNodeLink makes the link that holds the node's addresses, and routes
-// the whole test ranges to it: an address of the ranges no pod or Service
-// holds goes nowhere, never out of the host. The IPv6 address skips
-// duplicate address detection: nothing else is on the link, and a
-// tentative address cannot be bound.
+// addNodeLink makes the link that holds the control plane's addresses, to
+// which the nodes' veths are joined, and routes the whole test ranges to
+// it: an address of the ranges no node, pod or Service holds goes nowhere,
+// never out of the host. The IPv6 address skips duplicate address
+// detection: a tentative address cannot be bound. The host forwards
+// between the nodes (it routes each node's pod CIDRs to it): forwarding on
+// in both families, restored at the end.
 func (e *env) addNodeLink() {
 	t := e.t
 	t.Helper()
 	link := fmt.Sprintf("bcn%d", os.Getpid()%100000)
 	for i, args := range [][]string{
 		{"link", "add", link, "type", "bridge"},
-		{"addr", "add", nodeIP + "/32", "dev", link},
+		{"addr", "add", hostIP + "/32", "dev", link},
 		{"link", "set", link, "up"},
 		{"route", "add", testRange, "dev", link},
-		{"addr", "add", nodeIP6 + "/128", "dev", link, "nodad"},
+		{"addr", "add", hostIP6 + "/128", "dev", link, "nodad"},
 		{"route", "add", testRange6, "dev", link},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -80,9 +82,15 @@ func (e *env) addNodeLink() {
 			e.link = link
 		}
 	}
+	for _, sysctl := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := os.WriteFile("/proc/sys/"+sysctl, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
-// restoreHost removes the node link, kube-proxy's tables, the kubelet's host
+// restoreHost removes the node link, kube-proxy's tables (a leak: the
+// nodes' kube-proxies make theirs in their namespaces), the kubelet's host
 // files, and sets back the sysctls that changed.
 func (e *env) restoreHost() {
 	t := e.t
@@ -93,6 +101,7 @@ func (e *env) restoreHost() {
 	}
 	for _, family := range []string{"ip", "ip6"} {
 		if exec.Command("nft", "list", "table", family, "kube-proxy").Run() == nil {
+			t.Errorf("teardown: the host has a kube-proxy table %s (deleted now)", family)
 			if out, err := exec.Command("nft", "delete", "table", family, "kube-proxy").CombinedOutput(); err != nil {
 				t.Errorf("teardown: nft delete table %s kube-proxy: %v %s", family, err, out)
 			}

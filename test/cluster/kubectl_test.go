@@ -134,10 +134,10 @@ func (e *env) exec(t *testing.T, ns, pod string, cmd ...string) string {
 	return e.kubectl(t, append([]string{"exec", "-n", ns, pod, "--"}, cmd...)...)
 }
 
-// berthContainers are berth's containers of the pod with uid.
-func (e *env) berthContainers(t *testing.T, uid string) []*runtimeapi.Container {
+// berthContainers are the node's berth's containers of the pod with uid.
+func (n *node) berthContainers(t *testing.T, uid string) []*runtimeapi.Container {
 	t.Helper()
-	r, err := e.rt.ListContainers(kubeenv.Ctx(t), &runtimeapi.ListContainersRequest{
+	r, err := n.rt.ListContainers(kubeenv.Ctx(t), &runtimeapi.ListContainersRequest{
 		Filter: &runtimeapi.ContainerFilter{LabelSelector: map[string]string{uidLabel: uid}}})
 	if err != nil {
 		t.Fatalf("ListContainers: %v", err)
@@ -145,15 +145,15 @@ func (e *env) berthContainers(t *testing.T, uid string) []*runtimeapi.Container 
 	return r.Containers
 }
 
-// containerPID is the host PID of the pod's running container (berth's
-// verbose ContainerStatus carries it).
-func (e *env) containerPID(t *testing.T, uid string) int {
+// containerPID is the host PID of the pod's running container (the verbose
+// ContainerStatus of the node's berth carries it).
+func (n *node) containerPID(t *testing.T, uid string) int {
 	t.Helper()
-	for _, c := range e.berthContainers(t, uid) {
+	for _, c := range n.berthContainers(t, uid) {
 		if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			continue
 		}
-		r, err := e.rt.ContainerStatus(kubeenv.Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
+		r, err := n.rt.ContainerStatus(kubeenv.Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
 		if err != nil {
 			t.Fatalf("ContainerStatus %s: %v", c.Id, err)
 		}

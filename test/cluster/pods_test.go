@@ -348,21 +348,28 @@ func (e *env) oom(t *testing.T) {
 	}
 }
 
-// hostAccess: a hostPort reaches the pod from the node, a hostNetwork pod
-// serves on the node's own loopback.
+// hostAccess: a hostPort reaches the pod on its node's address, from the
+// host, and on the node's own loopback; a hostNetwork pod serves on its
+// node's loopback.
 func (e *env) hostAccess(t *testing.T) {
-	e.waitPod(t, ns, "hostport", startTimeout, "Running", running)
-	for _, host := range []string{"127.0.0.1", nodeIP} {
-		url := fmt.Sprintf("http://%s:%d/", host, e.hostPort)
-		kubeenv.WaitFor(t, 20*time.Second, "GET "+url, func() (bool, string) {
-			body, err := kubeenv.Get(url)
+	p := e.waitPod(t, ns, "hostport", startTimeout, "Running", running)
+	n := e.nodeOf(t, p)
+	for _, from := range []struct {
+		what string
+		get  func(string) (string, error)
+		host string
+	}{{"the host", kubeenv.Get, n.ip}, {n.name, n.get, "127.0.0.1"}} {
+		url := fmt.Sprintf("http://%s:%d/", from.host, e.hostPort)
+		kubeenv.WaitFor(t, 20*time.Second, "GET "+url+" from "+from.what, func() (bool, string) {
+			body, err := from.get(url)
 			return err == nil && body == "v1 hostport\n", fmt.Sprintf("%q %v", body, err)
 		})
 	}
-	e.waitPod(t, ns, "hostnet", startTimeout, "Running", running)
+	p = e.waitPod(t, ns, "hostnet", startTimeout, "Running", running)
+	n = e.nodeOf(t, p)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", e.hostNetPort)
-	kubeenv.WaitFor(t, 20*time.Second, "GET "+url, func() (bool, string) {
-		body, err := kubeenv.Get(url)
+	kubeenv.WaitFor(t, 20*time.Second, "GET "+url+" on "+n.name, func() (bool, string) {
+		body, err := n.get(url)
 		return err == nil && strings.HasPrefix(body, "v1 "), fmt.Sprintf("%q %v", body, err)
 	})
 }
@@ -378,7 +385,7 @@ func (e *env) security(t *testing.T) {
 	if got := e.exec(t, ns, "client", "grep", "^Seccomp:", "/proc/self/status"); strings.Fields(got)[1] != "0" {
 		t.Errorf("unconfined pod: %q, want mode 0", got)
 	}
-	e.waitPod(t, ns, "userns", startTimeout, "Running", running)
+	p := e.waitPod(t, ns, "userns", startTimeout, "Running", running)
 	var inside, host, length uint64
 	m := e.exec(t, ns, "userns", "cat", "/proc/self/uid_map")
 	if n, _ := fmt.Sscan(m, &inside, &host, &length); n != 3 || inside != 0 || host == 0 || length != 65536 {
@@ -387,17 +394,25 @@ func (e *env) security(t *testing.T) {
 	if id := e.exec(t, ns, "userns", "id", "-u"); id != "0\n" {
 		t.Errorf("id -u in the hostUsers: false pod: %q, want 0", id)
 	}
+	// On its node, the container's root is the first ID of that range.
+	pid := e.nodeOf(t, p).containerPID(t, string(p.UID))
+	status := readFile(t, fmt.Sprintf("/proc/%d/status", pid))
+	if _, uids, _ := strings.Cut(status, "\nUid:"); len(strings.Fields(uids)) == 0 || strings.Fields(uids)[0] != fmt.Sprint(host) {
+		t.Errorf("the hostUsers: false container's process %d on %s has host UIDs %.40q, want %d", pid, p.Spec.NodeName, uids, host)
+	}
 }
 
-// limits: the pod's requests and limits are in its container's cgroup.
+// limits: the pod's requests and limits are in its container's cgroup,
+// below its node's kubelet's cgroup root.
 func (e *env) limits(t *testing.T) {
 	p := e.waitPod(t, ns, "limits", startTimeout, "Running", running)
 	if p.Status.QOSClass != corev1.PodQOSBurstable {
 		t.Errorf("QoS class %s, want Burstable", p.Status.QOSClass)
 	}
-	pid := e.containerPID(t, string(p.UID))
-	v2 := e.cgroups.V2()
-	podCg := e.cgroups.Root + "/kubepods/burstable/pod" + string(p.UID)
+	n := e.nodeOf(t, p)
+	pid := n.containerPID(t, string(p.UID))
+	v2 := n.cgroups.V2()
+	podCg := n.cgroups.Root + "/kubepods/burstable/pod" + string(p.UID)
 	cg := kubeenv.ProcCgroup(t, pid, "memory", v2)
 	if !strings.HasPrefix(cg, podCg+"/") {
 		t.Fatalf("container process %d is in cgroup %s, not below the pod's %s", pid, cg, podCg)
@@ -426,8 +441,9 @@ func (e *env) resize(t *testing.T) {
 	if n := p.Status.ContainerStatuses[0].RestartCount; n != 0 {
 		t.Errorf("the resize restarted the container (%d restarts)", n)
 	}
-	pid := e.containerPID(t, string(p.UID))
-	v2 := e.cgroups.V2()
+	n := e.nodeOf(t, p)
+	pid := n.containerPID(t, string(p.UID))
+	v2 := n.cgroups.V2()
 	cg := kubeenv.ProcCgroup(t, pid, "memory", v2)
 	if v2 {
 		kubeenv.ExpectFile(t, "", cg, "memory.max", strconv.Itoa(96<<20))
@@ -436,11 +452,11 @@ func (e *env) resize(t *testing.T) {
 		kubeenv.ExpectFile(t, "memory", cg, "memory.limit_in_bytes", strconv.Itoa(96<<20))
 		kubeenv.ExpectFile(t, "cpu", kubeenv.ProcCgroup(t, pid, "cpu", v2), "cpu.cfs_quota_us", "50000")
 	}
-	sandboxes := e.sandboxes(t, string(p.UID))
+	sandboxes := n.sandboxes(t, string(p.UID))
 	if len(sandboxes) != 1 {
 		t.Fatalf("pod %s has %d sandboxes in berth, want 1", p.UID, len(sandboxes))
 	}
-	r, err := e.rt.PodSandboxStatus(kubeenv.Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxes[0].Id, Verbose: true})
+	r, err := n.rt.PodSandboxStatus(kubeenv.Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxes[0].Id, Verbose: true})
 	if err != nil {
 		t.Fatalf("PodSandboxStatus: %v", err)
 	}

@@ -14,13 +14,13 @@ import (
 )
 
 // readyWeb is the number of web pods Running and Ready, and how many of
-// them berth holds as READY sandboxes.
+// them the berth of their node holds as READY sandboxes.
 func (e *env) readyWeb(t *testing.T) (pods, sandboxes int) {
 	t.Helper()
 	for _, p := range e.pods(t, ns, "app=web") {
 		if p.DeletionTimestamp == nil && running(&p) {
 			pods++
-			for _, sb := range e.sandboxes(t, string(p.UID)) {
+			for _, sb := range e.nodeOf(t, &p).sandboxes(t, string(p.UID)) {
 				if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
 					sandboxes++
 				}
@@ -30,9 +30,10 @@ func (e *env) readyWeb(t *testing.T) (pods, sandboxes int) {
 	return pods, sandboxes
 }
 
-func (e *env) sandboxes(t *testing.T, uid string) []*runtimeapi.PodSandbox {
+// sandboxes are the node's berth's sandboxes of the pod with uid.
+func (n *node) sandboxes(t *testing.T, uid string) []*runtimeapi.PodSandbox {
 	t.Helper()
-	r, err := e.rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{
+	r, err := n.rt.ListPodSandbox(kubeenv.Ctx(t), &runtimeapi.ListPodSandboxRequest{
 		Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{uidLabel: uid}}})
 	if err != nil {
 		t.Fatalf("ListPodSandbox: %v", err)
@@ -114,63 +115,77 @@ func (e *env) job(t *testing.T) {
 	}
 }
 
-// berthdKilled: berthd is SIGKILLed while a rollout (back to v1) is under
-// way and started again; the rollout completes and no pod is lost.
+// berthdKilled: the berthd of the node of the rollout's first new pod is
+// SIGKILLed while the rollout (back to v1) is under way and started again;
+// the rollout completes and no pod is lost, on either node.
 func (e *env) berthdKilled(t *testing.T) {
-	others := map[string]string{} // name → UID of every other Running pod
+	type placed struct{ uid, node string }
+	others := map[string]placed{} // every other Running pod by name
 	for _, p := range e.pods(t, ns, "") {
 		if p.Status.Phase == corev1.PodRunning && p.Labels["app"] != "web" {
-			others[p.Name] = string(p.UID)
+			others[p.Name] = placed{string(p.UID), p.Spec.NodeName}
 		}
 	}
 	e.kubectl(t, "set", "image", "-n", ns, "deployment/web", "web="+e.imageV1)
-	// Kill it once the rollout has made its first new pod.
-	kubeenv.WaitFor(t, time.Minute, "a v1 pod of the rollout", func() (bool, string) {
+	// Kill it once the rollout has scheduled its first new pod.
+	var killed *node
+	kubeenv.WaitFor(t, time.Minute, "a v1 pod of the rollout on a node", func() (bool, string) {
 		for _, p := range e.pods(t, ns, "app=web") {
-			if p.Spec.Containers[0].Image == e.imageV1 {
+			if p.Spec.Containers[0].Image == e.imageV1 && p.Spec.NodeName != "" {
+				killed = e.nodeOf(t, &p)
 				return true, ""
 			}
 		}
 		return false, "none yet"
 	})
-	if err := syscall.Kill(e.berthd.PID(), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(killed.berthd.PID(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-e.berthd.Done()
+	<-killed.berthd.Done()
+	t.Logf("killed %s's berthd", killed.name)
 	time.Sleep(2 * time.Second)
-	e.launchBerthd()
+	killed.launchBerthd()
 	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
 	e.checkVersion(t, "v1")
-	kubeenv.WaitFor(t, time.Minute, "every other pod still Running, on the same READY sandbox", func() (bool, string) {
+	kubeenv.WaitFor(t, time.Minute, "every other pod still Running, on the same READY sandbox of its node's berth", func() (bool, string) {
 		var lost []string
-		for name, uid := range others {
-			p, err := e.kubectlErr("get", "pod", "-n", ns, name, "-o", "jsonpath={.status.phase} {.metadata.uid}")
+		for name, was := range others {
+			p, err := e.kubectlErr("get", "pod", "-n", ns, name, "-o", "jsonpath={.status.phase} {.metadata.uid} {.spec.nodeName}")
 			ready := 0
-			for _, sb := range e.sandboxes(t, uid) {
-				if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
-					ready++
+			for _, n := range e.nodes {
+				if n.name == was.node {
+					for _, sb := range n.sandboxes(t, was.uid) {
+						if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+							ready++
+						}
+					}
 				}
 			}
-			if err != nil || p != "Running "+uid || ready != 1 {
-				lost = append(lost, fmt.Sprintf("%s: %q %v, %d READY sandboxes", name, p, err, ready))
+			if err != nil || p != "Running "+was.uid+" "+was.node || ready != 1 {
+				lost = append(lost, fmt.Sprintf("%s: %q %v, %d READY sandboxes on %s", name, p, err, ready, was.node))
 			}
 		}
 		return len(lost) == 0, fmt.Sprint(lost)
 	})
 }
 
-// kubeletRestart: the kubelet stops and starts again; the node comes back
-// Ready, the pods keep their containers (no restart), and new pods run.
+// kubeletRestart: every node's kubelet stops and starts again; the nodes
+// come back Ready, the pods keep their containers (no restart), and new
+// pods run.
 func (e *env) kubeletRestart(t *testing.T) {
 	restarts := map[string]int32{}
 	for _, p := range e.pods(t, ns, "app=web") {
 		restarts[p.Name] = p.Status.ContainerStatuses[0].RestartCount
 	}
-	if !e.kubelet.Stop(syscall.SIGTERM, 30*time.Second) {
-		t.Errorf("kubelet did not stop within 30s of SIGTERM (killed)")
+	for _, n := range e.nodes {
+		if !n.kubelet.Stop(syscall.SIGTERM, 30*time.Second) {
+			t.Errorf("%s's kubelet did not stop within 30s of SIGTERM (killed)", n.name)
+		}
+		n.launchKubelet()
 	}
-	e.launchKubelet()
-	e.waitNodeReady(t, 2*time.Minute)
+	for _, n := range e.nodes {
+		e.waitNodeReady(t, n.name, 2*time.Minute)
+	}
 	for name, n := range restarts {
 		p := e.waitPod(t, ns, name, time.Minute, "Running and Ready", running)
 		if got := p.Status.ContainerStatuses[0].RestartCount; got != n {
@@ -181,23 +196,26 @@ func (e *env) kubeletRestart(t *testing.T) {
 	e.kubectl(t, "rollout", "status", "-n", ns, "deployment/web", "--timeout", startTimeout.String())
 }
 
-// deleteAll: kubectl delete of every workload; within the kubelet's cleanup
-// period berth holds no pod or container, and no mount, veth, IP lease or
-// cgroup of a pod remains.
+// deleteAll: kubectl delete of every workload; within the kubelets' cleanup
+// period neither node's berth holds a pod or container, and no mount, veth,
+// IP lease or cgroup of a pod remains on either node, nor a mount of a node
+// on the host.
 func (e *env) deleteAll(t *testing.T) {
 	e.kubectl(t, "delete", "-n", ns, "deployment,job,pod,service", "--all", "--wait=false")
 	start := time.Now()
-	kubeenv.WaitFor(t, 3*time.Minute, "berth empty after kubectl delete", func() (bool, string) {
-		left := e.berthLeftovers(t)
+	kubeenv.WaitFor(t, 3*time.Minute, "both berths empty after kubectl delete", func() (bool, string) {
+		var left []string
+		for _, n := range e.nodes {
+			for _, l := range n.leftovers(t) {
+				left = append(left, n.name+": "+l)
+			}
+			for _, m := range kubeenv.MountsUnder(n.work.Dir) {
+				left = append(left, "the host: mount "+m)
+			}
+		}
 		return len(left) == 0, strings.Join(left, "; ")
 	})
-	t.Logf("berth empty %s after the delete", time.Since(start).Round(100*time.Millisecond))
-}
-
-// berthLeftovers lists what berth still holds of any pod.
-func (e *env) berthLeftovers(t *testing.T) []string {
-	t.Helper()
-	return berthLeftovers(t, e.rt, e.berthd, e.kubeletRoot, e.cgroups)
+	t.Logf("both berths empty %s after the delete", time.Since(start).Round(100*time.Millisecond))
 }
 
 // berthLeftovers lists what the berth b of a node (rt its CRI client) still

@@ -23,6 +23,7 @@ type Work struct {
 // paths below it must stay under 108 bytes. logsVar is the variable naming
 // a folder to keep the daemons' logs in (CI artifacts); without it they are
 // kept, in /tmp/<logsVar in lower case>-TIME, only when the test failed.
+// With logsVar "" Remove keeps nothing: the caller keeps the logs it wants.
 func NewWork(t *testing.T, prefix, logsVar string) *Work {
 	t.Helper()
 	dir, err := os.MkdirTemp("", prefix)
@@ -54,9 +55,12 @@ func (w *Work) Remove(t *testing.T, selfMounts ...string) {
 			t.Errorf("teardown: unmount %s: %v", m, err)
 		}
 	}
-	keep := os.Getenv(w.logsVar)
-	if keep == "" && t.Failed() {
-		keep = filepath.Join(os.TempDir(), strings.ToLower(strings.ReplaceAll(w.logsVar, "_", "-"))+"-"+time.Now().Format("20060102-150405"))
+	keep := ""
+	if w.logsVar != "" {
+		keep = os.Getenv(w.logsVar)
+		if keep == "" && t.Failed() {
+			keep = filepath.Join(os.TempDir(), strings.ToLower(strings.ReplaceAll(w.logsVar, "_", "-"))+"-"+time.Now().Format("20060102-150405"))
+		}
 	}
 	if keep != "" && os.MkdirAll(keep, 0o755) == nil {
 		logs, _ := filepath.Glob(w.Path("*.log"))
