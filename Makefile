@@ -47,14 +47,17 @@ deps:
 # test is the README's test command and what CI runs: the host tiers, the
 # privileged suite (less the tests no kernel changes, see test/vm/run.sh) in
 # a VM on unified cgroup v2 (with busybox, then systemd, as init), a stock
-# kubelet, a cluster, then Kubernetes' e2e suite on it; each tier's
+# kubelet, then a two-node cluster; each tier's
 # time is printed at the end (CI's budget is 40 minutes on 2 cores).
+# Kubernetes' e2e suite (test-e2e) is not in it yet: its non-Serial specs
+# take 33 minutes on 4 ginkgo processes, more than the budget leaves
+# (issue #23); run it with make test-e2e or make test-conformance.
 # test/tiers.sh builds the Kubernetes binaries (k8s-bins) in the background,
 # at the lowest priority, while the host and VM tiers run, and runs the VM
 # tier in the background beside the kubelet and cluster tiers. Every tier's
 # packages are installed first, so that no two tiers run apt at once.
-TEST_TIERS := test-host test-vm test-kubelet test-cluster test-e2e
-test: deps deps-vm deps-e2e
+TEST_TIERS := test-host test-vm test-kubelet test-cluster
+test: deps deps-vm
 	@MAKE="$(MAKE)" BIN=$(BIN) test/tiers.sh $(TEST_TIERS)
 
 test-host: deps lint test-unit test-fuzz test-integration test-soak
@@ -147,7 +150,7 @@ $(CLUSTER_BINS) &: test/cluster/go.mod test/cluster/go.sum
 # those in test/cluster/conformance-skips.txt (each with its reason), on 2
 # ginkgo processes; it prints what ran, passed, failed and was skipped, the
 # time, and where the reports (JUnit, ginkgo's JSON, the output) are kept
-# (BERTH_E2E_REPORT, else /tmp/berth-e2e-TIME). test-e2e, in make test, leaves
+# (BERTH_E2E_REPORT, else /tmp/berth-e2e-TIME). test-e2e leaves
 # out the Serial, Slow, Flaky and Disruptive specs; test-conformance runs them
 # too, the Serial ones one at a time after the others.
 #
