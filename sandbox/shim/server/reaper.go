@@ -66,18 +66,12 @@ func (r *reaper) reap() {
 		if !ws.Exited() && !ws.Signaled() {
 			continue // stopped/continued: not an exit
 		}
-		r.mu.Lock()
-		fn := r.waiters[pid]
-		delete(r.waiters, pid)
-		r.mu.Unlock()
-		if fn != nil {
-			go fn(exit{status: ws, at: time.Now()})
-		}
+		r.deliver(pid, ws)
 	}
 }
 
-// deliver hands an exit that a serving helper reaped (its child) to the
-// pid's waiter, as reap does for the shim's own children.
+// deliver hands an exit to the pid's waiter: one the shim reaped (its own
+// child) or one a serving helper reaped (the helper's child).
 func (r *reaper) deliver(pid int, ws unix.WaitStatus) {
 	r.mu.Lock()
 	fn := r.waiters[pid]
