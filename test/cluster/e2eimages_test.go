@@ -185,7 +185,7 @@ const (
 )
 
 // newImageBase starts an image's entries: busybox's applets, bash-static
-// as sh and bash in /usr/bin (see above), OpenBSD's nc, and users and groups (root, www-data,
+// as sh and bash in /usr/bin (and /bin/bash in agnhost's, see above), OpenBSD's nc, and users and groups (root, www-data,
 // nobody, and the passwd and group lines given).
 func newImageBase(t *testing.T, sh shell, users, groups string) *imageBase {
 	t.Helper()
@@ -210,6 +210,8 @@ func newImageBase(t *testing.T, sh shell, users, groups string) *imageBase {
 	b.link("usr/bin/bash", "sh")
 	if sh == bashSh {
 		b.link("bin/sh", "../usr/bin/sh")
+		// Specs run /bin/bash, which upstream's agnhost has (Alpine, no usrmerge).
+		b.link("bin/bash", "../usr/bin/sh")
 	}
 	b.hostProgram(t, "/bin/nc.openbsd", "bin/nc")
 	passwd := "root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/bin/false\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" + users

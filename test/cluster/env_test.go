@@ -183,6 +183,8 @@ func (e *env) startControlPlane() {
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-cluster-ip-range", serviceCIDR+","+serviceCIDR6,
 		"--cert-dir", e.path("apiserver-certs"),
+		// Privileged containers, which e2e specs run (make test-e2e).
+		"--allow-privileged",
 		// lifecycle.stopSignal (alpha in 1.37); the kubelet's gate is in kubeletConfig.
 		"--feature-gates", "ContainerStopSignals=true")
 	e.apiserver.WaitUp(t, 2*time.Minute, func() error {
