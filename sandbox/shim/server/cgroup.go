@@ -44,6 +44,12 @@ func signalCgroup(dir string, sig unix.Signal) error {
 	if dir == "" {
 		return nil
 	}
+	// cgroup v2 (Linux 5.14+) kills a whole subtree in the kernel, forks in
+	// flight included, which a pass over cgroup.procs cannot promise; on
+	// v1, or an older kernel, the file is missing and the pass below runs.
+	if sig == unix.SIGKILL && os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0) == nil {
+		return nil
+	}
 	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return nil
