@@ -263,7 +263,7 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, c
 	kubeconfig := e.pki.kubeconfig(t, "kubelet-"+name, server, e.pki.issue(t, "kubelet-"+name, "system:node:"+name, []string{"system:nodes"}))
 	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, ip6, name)
 	healthz := kubeenv.FreePort(t)
-	config := fmt.Sprintf(kubeletConfig, ip, kubeenv.FreePort(t), ip, healthz, serving.cert, serving.key, e.pki.caFile,
+	config := fmt.Sprintf(kubeletConfig, ip, kubeletPort, ip, healthz, serving.cert, serving.key, e.pki.caFile,
 		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket)
 	configPath := w.Path("kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
@@ -273,6 +273,11 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, c
 		"--root-dir", root, "--cert-dir", filepath.Join(root, "pki"),
 		"--hostname-override", name, "--node-ip", ip + "," + ip6, "--v", "2"}, healthz
 }
+
+// kubeletPort is the kubelet's API port: the usual one, as each node has a
+// network namespace of its own, and the e2e framework assumes it (its
+// failure dumps ask each node's kubelet for its pods there).
+const kubeletPort = 10250
 
 // kubeletConfig is the node's KubeletConfiguration; the run fills in its
 // addresses, ports, certificates and folders.
