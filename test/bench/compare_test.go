@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -40,7 +41,8 @@ type criRuntime struct {
 }
 
 // measures are the rows of the comparison, in the order printed, with the
-// target ratio (berth / containerd) the lean-and-fast issue sets.
+// target ratio (berth / containerd) of issue #26 (a per-pod footprint near
+// the floor). The rows at 250 pods are measured in the counted rounds only.
 var measures = []struct {
 	name   string
 	unit   string
@@ -51,12 +53,19 @@ var measures = []struct {
 	{"teardown p50 (stop + remove pod)", "ms", 0.25, false},
 	{"ExecSync(true) p50", "ms", 0.33, false},
 	{"50 pods, 5 in flight: wall", "s", 0.25, false},
-	{"memory per pod, 50 pods held: PSS of runtime processes / 50", "MiB", 0.5, false},
-	{"the same, RSS", "MiB", 0.5, false},
-	{"the same with the containers' own memory, PSS", "MiB", 0.5, false},
+	{"250 pods, 5 in flight: wall", "s", 0.25, false},
+	{"memory per pod, 50 held: PSS of runtime processes / 50", "MiB", 0.33, false},
+	{"the same, RSS", "MiB", 0.33, false},
+	{"the same with the containers' own memory, PSS", "MiB", 0.33, false},
+	{"memory per pod, 250 held: PSS of runtime processes / 250", "MiB", 0.33, false},
+	{"the same, RSS", "MiB", 0.33, false},
 	{"cold pull, 20 layers, 100 MiB gzip", "s", 0.33, true},
 	{"cold pull, 20 layers of host files (after RemoveImage)", "s", 0.33, true},
 }
+
+// manyPods is the larger node of the comparison: its start with 5 in
+// flight and its memory held are the rows at 250 pods.
+const manyPods = 250
 
 // pullRowsOnly is BERTH_BENCH_ROWS=pull: the runtimes only pull, for work
 // on the pull path.
@@ -85,7 +94,8 @@ func TestCompareContainerd(t *testing.T) {
 	real := reg.Push(t, "bench/hosttree:1", hostTree)
 	t.Logf("host tree image: 20 layers, %.1f MiB gzip, built in %s", float64(compressed)/(1<<20), time.Since(begin).Round(time.Second))
 
-	results := map[string][][]float64{} // runtime → measure → one value per round
+	results := map[string][][]float64{}     // runtime → measure → one value per round
+	parts := map[string]map[part][]memUse{} // runtime → process kind → one use per round
 	for round := 0; round <= rounds; round++ {
 		for _, name := range []string{"containerd", "berth"} {
 			t.Run(fmt.Sprintf("%s/round%d", name, round), func(t *testing.T) {
@@ -107,14 +117,23 @@ func TestCompareContainerd(t *testing.T) {
 					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs,
 						layersStored: c.layersStored, daemon: c.cmd.Process.Pid}
 				}
-				values := runWorkload(t, rt, parent, busybox.Name, big.Name, real.Name)
-				if round > 0 {
-					for i, v := range values {
-						if len(results[name]) <= i {
-							results[name] = append(results[name], nil)
-						}
-						results[name][i] = append(results[name][i], v)
+				// The warm-up round leaves out the 250 pods: the 50
+				// before them have warmed what they would.
+				values, used := runWorkload(t, rt, parent, busybox.Name, big.Name, real.Name, round > 0)
+				if round == 0 {
+					return
+				}
+				for i, v := range values {
+					if len(results[name]) <= i {
+						results[name] = append(results[name], nil)
 					}
+					results[name][i] = append(results[name][i], v)
+				}
+				if parts[name] == nil {
+					parts[name] = map[part][]memUse{}
+				}
+				for k, u := range used {
+					parts[name][k] = append(parts[name][k], u)
 				}
 			})
 		}
@@ -131,6 +150,9 @@ func TestCompareContainerd(t *testing.T) {
 		c, b := median(results["containerd"][i]), median(results["berth"][i])
 		fmt.Printf("compare %-62s %9.2f %-3s %8.2f %-3s %6.2f %s %.2f\n", m.name, c, m.unit, b, m.unit, b/c, verdict(b/c, m.target), m.target)
 	}
+	if !pullRowsOnly() {
+		printParts(parts)
+	}
 }
 
 func verdict(ratio, target float64) string {
@@ -142,9 +164,15 @@ func verdict(ratio, target float64) string {
 
 // runWorkload measures one freshly started runtime, in the order of
 // measures (the cold pull first: the root is empty), and returns the
-// values in that order (NaN for rows BERTH_BENCH_ROWS leaves out).
-func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage string) []float64 {
+// values in that order (NaN for rows BERTH_BENCH_ROWS leaves out, and for
+// the 250 pods' rows unless many) and the memory of the runtime's
+// processes by kind with 50 and with 250 pods held.
+func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage string, many bool) ([]float64, map[part]memUse) {
 	ctx := t.Context()
+	values := make([]float64, len(measures))
+	for i := range values {
+		values[i] = math.NaN()
+	}
 	coldPull := timePull(t, rt, bigImage)
 	// The host tree image: pulled, removed, and pulled again once its
 	// layers and blobs are gone, as a node pulls an image its GC removed.
@@ -159,13 +187,9 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 	// The CPU the pull took moves less with the machine's load than its
 	// wall time: on a loaded machine the wall time follows it.
 	t.Logf("%s: host tree pull %.2f s, the daemon's CPU %.2f s", rt.name, realPull.Seconds(), cpuSeconds(rt.daemon)-cpu)
+	values[len(values)-2], values[len(values)-1] = coldPull.Seconds(), realPull.Seconds()
 	if pullRowsOnly() {
-		values := make([]float64, len(measures))
-		for i := range values {
-			values[i] = math.NaN()
-		}
-		values[len(values)-2], values[len(values)-1] = coldPull.Seconds(), realPull.Seconds()
-		return values
+		return values, nil
 	}
 	timePull(t, rt, image)
 
@@ -190,10 +214,9 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 		}
 		execs = append(execs, time.Since(begin))
 	}
-	overhead := slices.Concat(rt.overheadPIDs(), podProcesses(parent, false))
-	containers := podProcesses(parent, true)
-	pss, rss := sumKB(overhead, "Pss:"), sumKB(overhead, "Rss:")
-	withContainers := pss + sumKB(containers, "Pss:")
+	used := map[part]memUse{}
+	pss, rss := heldMemory(rt, parent, pods, used)
+	withContainers := pss + float64(sumKB(podProcesses(parent, true), "Pss:"))/1024/pods
 
 	var teardowns []time.Duration
 	for _, id := range ids {
@@ -203,14 +226,80 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 	}
 
 	begin := time.Now()
-	concurrent := startPodsInFlight(t, rt, parent, image, 5)
-	wall := time.Since(begin)
-	for _, id := range concurrent {
-		removePod(t, rt, id)
+	concurrent := startPodsInFlight(t, rt, parent, image, "par-", pods, 5)
+	values[3] = time.Since(begin).Seconds()
+	removePodsInFlight(t, rt, concurrent, 5)
+	values[0], values[1], values[2] = ms(pct(starts, 50)), ms(pct(teardowns, 50)), ms(pct(execs, 50))
+	values[5], values[6], values[7] = pss, rss, withContainers
+	if many {
+		// The node of 250 pods: started 5 at a time (timed), held, its
+		// memory taken, and removed 5 at a time (not timed).
+		begin := time.Now()
+		concurrent := startPodsInFlight(t, rt, parent, image, "many-", manyPods, 5)
+		values[4] = time.Since(begin).Seconds()
+		values[8], values[9] = heldMemory(rt, parent, manyPods, used)
+		removePodsInFlight(t, rt, concurrent, 5)
 	}
-	perPod := func(kb int) float64 { return float64(kb) / 1024 / float64(pods) }
-	return []float64{ms(pct(starts, 50)), ms(pct(teardowns, 50)), ms(pct(execs, 50)), wall.Seconds(),
-		perPod(pss), perPod(rss), perPod(withContainers), coldPull.Seconds(), realPull.Seconds()}
+	return values, used
+}
+
+// part is one kind of the runtime's processes with a number of pods held.
+type part struct {
+	held int
+	kind string // "daemon", "pause", or the program's name (berth-shim, containerd-shim-runc-v2)
+}
+
+// memUse is what the processes of one part hold: their count and the sums
+// of their PSS and RSS in KB.
+type memUse struct{ procs, pss, rss int }
+
+// heldMemory is the PSS and RSS per pod (MiB) of the runtime's processes
+// with n pods held: the daemon, its processes outside the pods (shims,
+// helpers) and those in the pods' cgroups that are not the workload
+// (pauses). It records each kind's share in used.
+func heldMemory(rt criRuntime, parent string, n int, used map[part]memUse) (pss, rss float64) {
+	kinds := map[string][]int{}
+	for _, pid := range rt.overheadPIDs() {
+		kind := "daemon"
+		if pid != rt.daemon {
+			kind = filepath.Base(strings.Fields(cmdline(pid) + " ?")[0])
+		}
+		kinds[kind] = append(kinds[kind], pid)
+	}
+	kinds["pause"] = podProcesses(parent, false)
+	var pssKB, rssKB int
+	for kind, pids := range kinds {
+		u := memUse{procs: len(pids), pss: sumKB(pids, "Pss:"), rss: sumKB(pids, "Rss:")}
+		used[part{n, kind}] = u
+		pssKB, rssKB = pssKB+u.pss, rssKB+u.rss
+	}
+	perPod := func(kb int) float64 { return float64(kb) / 1024 / float64(n) }
+	return perPod(pssKB), perPod(rssKB)
+}
+
+// printParts prints, beside the table, each runtime's memory per process
+// kind with 50 and with 250 pods held: medians over the rounds of the
+// processes' count and their PSS and RSS per pod.
+func printParts(parts map[string]map[part][]memUse) {
+	fmt.Printf("compare %-10s %-4s %-26s %6s %10s %10s\n", "memory of", "held", "process", "count", "PSS / pod", "RSS / pod")
+	for _, name := range []string{"containerd", "berth"} {
+		keys := slices.Collect(maps.Keys(parts[name]))
+		slices.SortFunc(keys, func(a, b part) int {
+			if a.held != b.held {
+				return a.held - b.held
+			}
+			return strings.Compare(a.kind, b.kind)
+		})
+		for _, k := range keys {
+			var procs, pss, rss []float64
+			for _, u := range parts[name][k] {
+				procs = append(procs, float64(u.procs))
+				pss = append(pss, float64(u.pss)/1024/float64(k.held))
+				rss = append(rss, float64(u.rss)/1024/float64(k.held))
+			}
+			fmt.Printf("compare %-10s %4d %-26s %6.0f %6.2f MiB %6.2f MiB\n", name, k.held, k.kind, median(procs), median(pss), median(rss))
+		}
+	}
 }
 
 func timePull(t *testing.T, rt criRuntime, image string) time.Duration {
@@ -290,31 +379,54 @@ func startPod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, parent, n
 	return p.PodSandboxId, c.ContainerId, nil
 }
 
-// startPodsInFlight starts the pods with inFlight starts running at a time.
-func startPodsInFlight(t *testing.T, rt criRuntime, parent, image string, inFlight int) []string {
-	ids := make([]string, pods)
-	errs := make([]error, pods)
+// startPodsInFlight starts n pods named prefix and their number, with
+// inFlight starts running at a time.
+func startPodsInFlight(t *testing.T, rt criRuntime, parent, image, prefix string, n, inFlight int) []string {
+	ids := make([]string, n)
+	errs := make([]error, n)
+	inParallel(n, inFlight, func(i int) {
+		var err error
+		if ids[i], _, err = startPod(t.Context(), rt.runtime, parent, fmt.Sprint(prefix, i), image); err != nil {
+			errs[i] = fmt.Errorf("%s: %w", rt.name, err)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// removePodsInFlight stops and removes the pods, inFlight at a time.
+func removePodsInFlight(t *testing.T, rt criRuntime, ids []string, inFlight int) {
+	errs := make([]error, len(ids))
+	inParallel(len(ids), inFlight, func(i int) {
+		if _, err := rt.runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: ids[i]}); err != nil {
+			errs[i] = fmt.Errorf("%s: StopPodSandbox: %w", rt.name, err)
+		} else if _, err := rt.runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: ids[i]}); err != nil {
+			errs[i] = fmt.Errorf("%s: RemovePodSandbox: %w", rt.name, err)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inParallel calls do(0) … do(n-1), inFlight calls at a time.
+func inParallel(n, inFlight int, do func(i int)) {
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range inFlight {
 		wg.Go(func() {
 			for i := range next {
-				var err error
-				if ids[i], _, err = startPod(t.Context(), rt.runtime, parent, fmt.Sprint("par-", i), image); err != nil {
-					errs[i] = fmt.Errorf("%s: %w", rt.name, err)
-				}
+				do(i)
 			}
 		})
 	}
-	for i := range pods {
+	for i := range n {
 		next <- i
 	}
 	close(next)
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return ids
 }
 
 func removePod(t *testing.T, rt criRuntime, id string) {
