@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,8 +21,15 @@ import (
 	"github.com/berth-runtime/berth/test/harness"
 )
 
-// rounds are the counted rounds of TestCompareContainerd, after one warm-up.
-const rounds = 3
+// countedRounds are the counted rounds of TestCompareContainerd, after one
+// warm-up: 3, or BERTH_BENCH_ROUNDS (for a machine too loaded for three
+// rounds of 250 pods in the time it has).
+func countedRounds() int {
+	if n, err := strconv.Atoi(os.Getenv("BERTH_BENCH_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 3
+}
 
 // criRuntime is one runtime under comparison, started fresh for a round.
 type criRuntime struct {
@@ -71,12 +77,22 @@ const manyPods = 250
 // on the pull path.
 func pullRowsOnly() bool { return os.Getenv("BERTH_BENCH_ROWS") == "pull" }
 
+// podRowsOnly is BERTH_BENCH_ROWS=pods: the cold pulls are left out, for
+// work on pods.
+func podRowsOnly() bool { return os.Getenv("BERTH_BENCH_ROWS") == "pods" }
+
+// measured says whether the run measures the row.
+func measured(pull bool) bool {
+	return pull && !podRowsOnly() || !pull && !pullRowsOnly()
+}
+
 // TestCompareContainerd (make bench-compare) runs one workload against berth
 // (built-in network) and against Debian's containerd 1.6 (runc, CNI bridge
 // and portmap), each on fresh folders, alternating, one warm-up round and
-// three counted ones, and prints each measure's medians and their ratio. It
+// three counted ones (the 250 pods in the counted ones only), and prints each measure's medians and their ratio. It
 // asserts nothing: the numbers are for people and commit messages.
-// BERTH_BENCH_ROWS=pull runs the cold pull rows alone.
+// BERTH_BENCH_ROWS=pull runs the cold pull rows alone, =pods all but them;
+// BERTH_BENCH_ROUNDS sets the counted rounds.
 func TestCompareContainerd(t *testing.T) {
 	harness.RequireEnv(t, "BERTH_BENCH_COMPARE")
 	reg := harness.NewRegistry(t)
@@ -84,18 +100,23 @@ func TestCompareContainerd(t *testing.T) {
 	// containerd needs a pause image; berth has its own and needs none.
 	pause := reg.Push(t, "bench/pause:1", harness.BusyboxImage(t, harness.ImageSpec{
 		Config: v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}}))
-	big := reg.Push(t, "bench/pull:1", harness.NewImage(t, harness.ImageSpec{Layers: randomLayers(20, 5<<20)}))
-	begin := time.Now()
-	hostTree := harness.NewImage(t, harness.ImageSpec{Layers: hostTreeLayers(t, 20, 244<<20)})
-	compressed := 0
-	for _, d := range harness.LayerDigests(t, hostTree) {
-		compressed += int(harness.BlobSize(t, hostTree, d))
+	// The cold pull rows' images (the host tree takes most of a minute to build).
+	var bigName, realName string
+	if !podRowsOnly() {
+		bigName = reg.Push(t, "bench/pull:1", harness.NewImage(t, harness.ImageSpec{Layers: randomLayers(20, 5<<20)})).Name
+		begin := time.Now()
+		hostTree := harness.NewImage(t, harness.ImageSpec{Layers: hostTreeLayers(t, 20, 244<<20)})
+		compressed := 0
+		for _, d := range harness.LayerDigests(t, hostTree) {
+			compressed += int(harness.BlobSize(t, hostTree, d))
+		}
+		realName = reg.Push(t, "bench/hosttree:1", hostTree).Name
+		t.Logf("host tree image: 20 layers, %.1f MiB gzip, built in %s", float64(compressed)/(1<<20), time.Since(begin).Round(time.Second))
 	}
-	real := reg.Push(t, "bench/hosttree:1", hostTree)
-	t.Logf("host tree image: 20 layers, %.1f MiB gzip, built in %s", float64(compressed)/(1<<20), time.Since(begin).Round(time.Second))
 
 	results := map[string][][]float64{}     // runtime → measure → one value per round
 	parts := map[string]map[part][]memUse{} // runtime → process kind → one use per round
+	rounds := countedRounds()
 	for round := 0; round <= rounds; round++ {
 		for _, name := range []string{"containerd", "berth"} {
 			t.Run(fmt.Sprintf("%s/round%d", name, round), func(t *testing.T) {
@@ -119,10 +140,12 @@ func TestCompareContainerd(t *testing.T) {
 				}
 				// The warm-up round leaves out the 250 pods: the 50
 				// before them have warmed what they would.
-				values, used := runWorkload(t, rt, parent, busybox.Name, big.Name, real.Name, round > 0)
+				values, used := runWorkload(t, rt, parent, busybox.Name, bigName, realName, round > 0)
 				if round == 0 {
 					return
 				}
+				// Each round as it ends: a run cut short still says something.
+				t.Logf("%s round %d: %v", name, round, rounded(values))
 				for i, v := range values {
 					if len(results[name]) <= i {
 						results[name] = append(results[name], nil)
@@ -141,9 +164,9 @@ func TestCompareContainerd(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", "measure (medians of 3 rounds)", "containerd", "berth", "ratio", "target")
+	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", fmt.Sprintf("measure (medians of %d rounds)", rounds), "containerd", "berth", "ratio", "target")
 	for i, m := range measures {
-		if pullRowsOnly() && !m.pull {
+		if !measured(m.pull) {
 			continue
 		}
 		t.Logf("%s: containerd %v, berth %v", m.name, rounded(results["containerd"][i]), rounded(results["berth"][i]))
@@ -173,21 +196,9 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 	for i := range values {
 		values[i] = math.NaN()
 	}
-	coldPull := timePull(t, rt, bigImage)
-	// The host tree image: pulled, removed, and pulled again once its
-	// layers and blobs are gone, as a node pulls an image its GC removed.
-	stored := rt.layersStored()
-	timePull(t, rt, realImage)
-	if _, err := rt.images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: realImage}}); err != nil {
-		t.Fatalf("%s: RemoveImage: %v", rt.name, err)
+	if !podRowsOnly() {
+		values[len(values)-2], values[len(values)-1] = timeColdPulls(t, rt, bigImage, realImage)
 	}
-	waitLayersGone(t, rt, stored)
-	cpu := cpuSeconds(rt.daemon)
-	realPull := timePull(t, rt, realImage)
-	// The CPU the pull took moves less with the machine's load than its
-	// wall time: on a loaded machine the wall time follows it.
-	t.Logf("%s: host tree pull %.2f s, the daemon's CPU %.2f s", rt.name, realPull.Seconds(), cpuSeconds(rt.daemon)-cpu)
-	values[len(values)-2], values[len(values)-1] = coldPull.Seconds(), realPull.Seconds()
 	if pullRowsOnly() {
 		return values, nil
 	}
@@ -302,6 +313,27 @@ func printParts(parts map[string]map[part][]memUse) {
 	}
 }
 
+// timeColdPulls times the cold pull rows on the runtime's empty root: the
+// 20 random layers, then the host tree image pulled, removed, and pulled
+// again once its layers and blobs are gone, as a node pulls an image its GC
+// removed.
+func timeColdPulls(t *testing.T, rt criRuntime, bigImage, realImage string) (coldPull, realPull float64) {
+	ctx := t.Context()
+	cold := timePull(t, rt, bigImage)
+	stored := rt.layersStored()
+	timePull(t, rt, realImage)
+	if _, err := rt.images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: realImage}}); err != nil {
+		t.Fatalf("%s: RemoveImage: %v", rt.name, err)
+	}
+	waitLayersGone(t, rt, stored)
+	cpu := cpuSeconds(rt.daemon)
+	real := timePull(t, rt, realImage)
+	// The CPU the pull took moves less with the machine's load than its
+	// wall time: on a loaded machine the wall time follows it.
+	t.Logf("%s: host tree pull %.2f s, the daemon's CPU %.2f s", rt.name, real.Seconds(), cpuSeconds(rt.daemon)-cpu)
+	return cold.Seconds(), real.Seconds()
+}
+
 func timePull(t *testing.T, rt criRuntime, image string) time.Duration {
 	begin := time.Now()
 	if _, err := rt.images.PullImage(t.Context(), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
@@ -325,16 +357,8 @@ func waitLayersGone(t *testing.T, rt criRuntime, want int) {
 
 // cpuSeconds is the user and system CPU time of process pid so far.
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command, which is in parentheses and may hold
-	// spaces: utime and stime are the 14th and 15th of the line.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / clockTicks
+	u, s, _, _ := cpuTimes(pid)
+	return u + s
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux.
