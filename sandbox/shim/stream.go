@@ -136,8 +136,16 @@ func (s *Stream) Close() error {
 }
 
 // ReadStreamMsg reads one message into v, with the fds that came with it.
+// Its buffer is the message's size: readers wait in it for a connection's
+// whole life (attach, an exec's stream, the exec helper's replies), and a
+// buffer of maxStreamMsg each was a MiB of garbage per message and a MiB
+// held per waiting reader in the shim (one per pod).
 func ReadStreamMsg(conn *net.UnixConn, v any) ([]*os.File, error) {
-	buf := make([]byte, maxStreamMsg)
+	size, err := nextMsgSize(conn)
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, min(max(size, 1), maxStreamMsg))
 	oob := make([]byte, unix.CmsgSpace(4*8))
 	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -157,6 +165,26 @@ func ReadStreamMsg(conn *net.UnixConn, v any) ([]*os.File, error) {
 		return nil, err
 	}
 	return files, nil
+}
+
+// nextMsgSize waits for the next message on conn and returns its size
+// without reading it (0 when the other side hung up). On a SOCK_SEQPACKET
+// socket, MSG_TRUNC makes recv return a message's real length.
+func nextMsgSize(conn *net.UnixConn) (int, error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var size int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		size, _, rerr = unix.Recvfrom(int(fd), nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil {
+		return 0, err
+	}
+	return size, rerr
 }
 
 // WriteStreamMsg sends v with files.

@@ -1,10 +1,10 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,8 +21,15 @@ import (
 	"github.com/berth-runtime/berth/test/harness"
 )
 
-// rounds are the counted rounds of TestCompareContainerd, after one warm-up.
-const rounds = 3
+// countedRounds are the counted rounds of TestCompareContainerd, after one
+// warm-up: 3, or BERTH_BENCH_ROUNDS (for a machine too loaded for three
+// rounds of 250 pods in the time it has).
+func countedRounds() int {
+	if n, err := strconv.Atoi(os.Getenv("BERTH_BENCH_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 3
+}
 
 // criRuntime is one runtime under comparison, started fresh for a round.
 type criRuntime struct {
@@ -40,7 +47,8 @@ type criRuntime struct {
 }
 
 // measures are the rows of the comparison, in the order printed, with the
-// target ratio (berth / containerd) the lean-and-fast issue sets.
+// target ratio (berth / containerd) of issue #26 (a per-pod footprint near
+// the floor). The rows at 250 pods are measured in the counted rounds only.
 var measures = []struct {
 	name   string
 	unit   string
@@ -51,23 +59,40 @@ var measures = []struct {
 	{"teardown p50 (stop + remove pod)", "ms", 0.25, false},
 	{"ExecSync(true) p50", "ms", 0.33, false},
 	{"50 pods, 5 in flight: wall", "s", 0.25, false},
-	{"memory per pod, 50 pods held: PSS of runtime processes / 50", "MiB", 0.5, false},
-	{"the same, RSS", "MiB", 0.5, false},
-	{"the same with the containers' own memory, PSS", "MiB", 0.5, false},
+	{"250 pods, 5 in flight: wall", "s", 0.25, false},
+	{"memory per pod, 50 held: PSS of runtime processes / 50", "MiB", 0.33, false},
+	{"the same, RSS", "MiB", 0.33, false},
+	{"the same with the containers' own memory, PSS", "MiB", 0.33, false},
+	{"memory per pod, 250 held: PSS of runtime processes / 250", "MiB", 0.33, false},
+	{"the same, RSS", "MiB", 0.33, false},
 	{"cold pull, 20 layers, 100 MiB gzip", "s", 0.33, true},
 	{"cold pull, 20 layers of host files (after RemoveImage)", "s", 0.33, true},
 }
+
+// manyPods is the larger node of the comparison: its start with 5 in
+// flight and its memory held are the rows at 250 pods.
+const manyPods = 250
 
 // pullRowsOnly is BERTH_BENCH_ROWS=pull: the runtimes only pull, for work
 // on the pull path.
 func pullRowsOnly() bool { return os.Getenv("BERTH_BENCH_ROWS") == "pull" }
 
+// podRowsOnly is BERTH_BENCH_ROWS=pods: the cold pulls are left out, for
+// work on pods.
+func podRowsOnly() bool { return os.Getenv("BERTH_BENCH_ROWS") == "pods" }
+
+// measured says whether the run measures the row.
+func measured(pull bool) bool {
+	return pull && !podRowsOnly() || !pull && !pullRowsOnly()
+}
+
 // TestCompareContainerd (make bench-compare) runs one workload against berth
 // (built-in network) and against Debian's containerd 1.6 (runc, CNI bridge
 // and portmap), each on fresh folders, alternating, one warm-up round and
-// three counted ones, and prints each measure's medians and their ratio. It
+// three counted ones (the 250 pods in the counted ones only), and prints each measure's medians and their ratio. It
 // asserts nothing: the numbers are for people and commit messages.
-// BERTH_BENCH_ROWS=pull runs the cold pull rows alone.
+// BERTH_BENCH_ROWS=pull runs the cold pull rows alone, =pods all but them;
+// BERTH_BENCH_ROUNDS sets the counted rounds.
 func TestCompareContainerd(t *testing.T) {
 	harness.RequireEnv(t, "BERTH_BENCH_COMPARE")
 	reg := harness.NewRegistry(t)
@@ -75,17 +100,23 @@ func TestCompareContainerd(t *testing.T) {
 	// containerd needs a pause image; berth has its own and needs none.
 	pause := reg.Push(t, "bench/pause:1", harness.BusyboxImage(t, harness.ImageSpec{
 		Config: v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}}))
-	big := reg.Push(t, "bench/pull:1", harness.NewImage(t, harness.ImageSpec{Layers: randomLayers(20, 5<<20)}))
-	begin := time.Now()
-	hostTree := harness.NewImage(t, harness.ImageSpec{Layers: hostTreeLayers(t, 20, 244<<20)})
-	compressed := 0
-	for _, d := range harness.LayerDigests(t, hostTree) {
-		compressed += int(harness.BlobSize(t, hostTree, d))
+	// The cold pull rows' images (the host tree takes most of a minute to build).
+	var bigName, realName string
+	if !podRowsOnly() {
+		bigName = reg.Push(t, "bench/pull:1", harness.NewImage(t, harness.ImageSpec{Layers: randomLayers(20, 5<<20)})).Name
+		begin := time.Now()
+		hostTree := harness.NewImage(t, harness.ImageSpec{Layers: hostTreeLayers(t, 20, 244<<20)})
+		compressed := 0
+		for _, d := range harness.LayerDigests(t, hostTree) {
+			compressed += int(harness.BlobSize(t, hostTree, d))
+		}
+		realName = reg.Push(t, "bench/hosttree:1", hostTree).Name
+		t.Logf("host tree image: 20 layers, %.1f MiB gzip, built in %s", float64(compressed)/(1<<20), time.Since(begin).Round(time.Second))
 	}
-	real := reg.Push(t, "bench/hosttree:1", hostTree)
-	t.Logf("host tree image: 20 layers, %.1f MiB gzip, built in %s", float64(compressed)/(1<<20), time.Since(begin).Round(time.Second))
 
-	results := map[string][][]float64{} // runtime → measure → one value per round
+	results := map[string][][]float64{}     // runtime → measure → one value per round
+	parts := map[string]map[part][]memUse{} // runtime → process kind → one use per round
+	rounds := countedRounds()
 	for round := 0; round <= rounds; round++ {
 		for _, name := range []string{"containerd", "berth"} {
 			t.Run(fmt.Sprintf("%s/round%d", name, round), func(t *testing.T) {
@@ -107,14 +138,25 @@ func TestCompareContainerd(t *testing.T) {
 					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs,
 						layersStored: c.layersStored, daemon: c.cmd.Process.Pid}
 				}
-				values := runWorkload(t, rt, parent, busybox.Name, big.Name, real.Name)
-				if round > 0 {
-					for i, v := range values {
-						if len(results[name]) <= i {
-							results[name] = append(results[name], nil)
-						}
-						results[name][i] = append(results[name][i], v)
+				// The warm-up round leaves out the 250 pods: the 50
+				// before them have warmed what they would.
+				values, used := runWorkload(t, rt, parent, busybox.Name, bigName, realName, round > 0)
+				if round == 0 {
+					return
+				}
+				// Each round as it ends: a run cut short still says something.
+				t.Logf("%s round %d: %v", name, round, rounded(values))
+				for i, v := range values {
+					if len(results[name]) <= i {
+						results[name] = append(results[name], nil)
 					}
+					results[name][i] = append(results[name][i], v)
+				}
+				if parts[name] == nil {
+					parts[name] = map[part][]memUse{}
+				}
+				for k, u := range used {
+					parts[name][k] = append(parts[name][k], u)
 				}
 			})
 		}
@@ -122,14 +164,17 @@ func TestCompareContainerd(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", "measure (medians of 3 rounds)", "containerd", "berth", "ratio", "target")
+	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", fmt.Sprintf("measure (medians of %d rounds)", rounds), "containerd", "berth", "ratio", "target")
 	for i, m := range measures {
-		if pullRowsOnly() && !m.pull {
+		if !measured(m.pull) {
 			continue
 		}
 		t.Logf("%s: containerd %v, berth %v", m.name, rounded(results["containerd"][i]), rounded(results["berth"][i]))
 		c, b := median(results["containerd"][i]), median(results["berth"][i])
 		fmt.Printf("compare %-62s %9.2f %-3s %8.2f %-3s %6.2f %s %.2f\n", m.name, c, m.unit, b, m.unit, b/c, verdict(b/c, m.target), m.target)
+	}
+	if !pullRowsOnly() {
+		printParts(parts)
 	}
 }
 
@@ -142,30 +187,20 @@ func verdict(ratio, target float64) string {
 
 // runWorkload measures one freshly started runtime, in the order of
 // measures (the cold pull first: the root is empty), and returns the
-// values in that order (NaN for rows BERTH_BENCH_ROWS leaves out).
-func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage string) []float64 {
+// values in that order (NaN for rows BERTH_BENCH_ROWS leaves out, and for
+// the 250 pods' rows unless many) and the memory of the runtime's
+// processes by kind with 50 and with 250 pods held.
+func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage string, many bool) ([]float64, map[part]memUse) {
 	ctx := t.Context()
-	coldPull := timePull(t, rt, bigImage)
-	// The host tree image: pulled, removed, and pulled again once its
-	// layers and blobs are gone, as a node pulls an image its GC removed.
-	stored := rt.layersStored()
-	timePull(t, rt, realImage)
-	if _, err := rt.images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: realImage}}); err != nil {
-		t.Fatalf("%s: RemoveImage: %v", rt.name, err)
+	values := make([]float64, len(measures))
+	for i := range values {
+		values[i] = math.NaN()
 	}
-	waitLayersGone(t, rt, stored)
-	cpu := cpuSeconds(rt.daemon)
-	realPull := timePull(t, rt, realImage)
-	// The CPU the pull took moves less with the machine's load than its
-	// wall time: on a loaded machine the wall time follows it.
-	t.Logf("%s: host tree pull %.2f s, the daemon's CPU %.2f s", rt.name, realPull.Seconds(), cpuSeconds(rt.daemon)-cpu)
+	if !podRowsOnly() {
+		values[len(values)-2], values[len(values)-1] = timeColdPulls(t, rt, bigImage, realImage)
+	}
 	if pullRowsOnly() {
-		values := make([]float64, len(measures))
-		for i := range values {
-			values[i] = math.NaN()
-		}
-		values[len(values)-2], values[len(values)-1] = coldPull.Seconds(), realPull.Seconds()
-		return values
+		return values, nil
 	}
 	timePull(t, rt, image)
 
@@ -190,10 +225,9 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 		}
 		execs = append(execs, time.Since(begin))
 	}
-	overhead := slices.Concat(rt.overheadPIDs(), podProcesses(parent, false))
-	containers := podProcesses(parent, true)
-	pss, rss := sumKB(overhead, "Pss:"), sumKB(overhead, "Rss:")
-	withContainers := pss + sumKB(containers, "Pss:")
+	used := map[part]memUse{}
+	pss, rss := heldMemory(rt, parent, pods, used)
+	withContainers := pss + float64(sumKB(podProcesses(parent, true), "Pss:"))/1024/pods
 
 	var teardowns []time.Duration
 	for _, id := range ids {
@@ -203,14 +237,101 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 	}
 
 	begin := time.Now()
-	concurrent := startPodsInFlight(t, rt, parent, image, 5)
-	wall := time.Since(begin)
-	for _, id := range concurrent {
-		removePod(t, rt, id)
+	concurrent := startPodsInFlight(t, rt, parent, image, "par-", pods, 5)
+	values[3] = time.Since(begin).Seconds()
+	removePodsInFlight(t, rt, concurrent, 5)
+	values[0], values[1], values[2] = ms(pct(starts, 50)), ms(pct(teardowns, 50)), ms(pct(execs, 50))
+	values[5], values[6], values[7] = pss, rss, withContainers
+	if many {
+		// The node of 250 pods: started 5 at a time (timed), held, its
+		// memory taken, and removed 5 at a time (not timed).
+		begin := time.Now()
+		concurrent := startPodsInFlight(t, rt, parent, image, "many-", manyPods, 5)
+		values[4] = time.Since(begin).Seconds()
+		values[8], values[9] = heldMemory(rt, parent, manyPods, used)
+		removePodsInFlight(t, rt, concurrent, 5)
 	}
-	perPod := func(kb int) float64 { return float64(kb) / 1024 / float64(pods) }
-	return []float64{ms(pct(starts, 50)), ms(pct(teardowns, 50)), ms(pct(execs, 50)), wall.Seconds(),
-		perPod(pss), perPod(rss), perPod(withContainers), coldPull.Seconds(), realPull.Seconds()}
+	return values, used
+}
+
+// part is one kind of the runtime's processes with a number of pods held.
+type part struct {
+	held int
+	kind string // "daemon", "pause", or the program's name (berth-shim, containerd-shim-runc-v2)
+}
+
+// memUse is what the processes of one part hold: their count and the sums
+// of their PSS and RSS in KB.
+type memUse struct{ procs, pss, rss int }
+
+// heldMemory is the PSS and RSS per pod (MiB) of the runtime's processes
+// with n pods held: the daemon, its processes outside the pods (shims,
+// helpers) and those in the pods' cgroups that are not the workload
+// (pauses). It records each kind's share in used.
+func heldMemory(rt criRuntime, parent string, n int, used map[part]memUse) (pss, rss float64) {
+	kinds := map[string][]int{}
+	for _, pid := range rt.overheadPIDs() {
+		kind := "daemon"
+		if pid != rt.daemon {
+			kind = filepath.Base(strings.Fields(cmdline(pid) + " ?")[0])
+		}
+		kinds[kind] = append(kinds[kind], pid)
+	}
+	kinds["pause"] = podProcesses(parent, false)
+	var pssKB, rssKB int
+	for kind, pids := range kinds {
+		u := memUse{procs: len(pids), pss: sumKB(pids, "Pss:"), rss: sumKB(pids, "Rss:")}
+		used[part{n, kind}] = u
+		pssKB, rssKB = pssKB+u.pss, rssKB+u.rss
+	}
+	perPod := func(kb int) float64 { return float64(kb) / 1024 / float64(n) }
+	return perPod(pssKB), perPod(rssKB)
+}
+
+// printParts prints, beside the table, each runtime's memory per process
+// kind with 50 and with 250 pods held: medians over the rounds of the
+// processes' count and their PSS and RSS per pod.
+func printParts(parts map[string]map[part][]memUse) {
+	fmt.Printf("compare %-10s %-4s %-26s %6s %10s %10s\n", "memory of", "held", "process", "count", "PSS / pod", "RSS / pod")
+	for _, name := range []string{"containerd", "berth"} {
+		keys := slices.Collect(maps.Keys(parts[name]))
+		slices.SortFunc(keys, func(a, b part) int {
+			if a.held != b.held {
+				return a.held - b.held
+			}
+			return strings.Compare(a.kind, b.kind)
+		})
+		for _, k := range keys {
+			var procs, pss, rss []float64
+			for _, u := range parts[name][k] {
+				procs = append(procs, float64(u.procs))
+				pss = append(pss, float64(u.pss)/1024/float64(k.held))
+				rss = append(rss, float64(u.rss)/1024/float64(k.held))
+			}
+			fmt.Printf("compare %-10s %4d %-26s %6.0f %6.2f MiB %6.2f MiB\n", name, k.held, k.kind, median(procs), median(pss), median(rss))
+		}
+	}
+}
+
+// timeColdPulls times the cold pull rows on the runtime's empty root: the
+// 20 random layers, then the host tree image pulled, removed, and pulled
+// again once its layers and blobs are gone, as a node pulls an image its GC
+// removed.
+func timeColdPulls(t *testing.T, rt criRuntime, bigImage, realImage string) (coldPull, realPull float64) {
+	ctx := t.Context()
+	cold := timePull(t, rt, bigImage)
+	stored := rt.layersStored()
+	timePull(t, rt, realImage)
+	if _, err := rt.images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: realImage}}); err != nil {
+		t.Fatalf("%s: RemoveImage: %v", rt.name, err)
+	}
+	waitLayersGone(t, rt, stored)
+	cpu := cpuSeconds(rt.daemon)
+	real := timePull(t, rt, realImage)
+	// The CPU the pull took moves less with the machine's load than its
+	// wall time: on a loaded machine the wall time follows it.
+	t.Logf("%s: host tree pull %.2f s, the daemon's CPU %.2f s", rt.name, real.Seconds(), cpuSeconds(rt.daemon)-cpu)
+	return cold.Seconds(), real.Seconds()
 }
 
 func timePull(t *testing.T, rt criRuntime, image string) time.Duration {
@@ -236,16 +357,8 @@ func waitLayersGone(t *testing.T, rt criRuntime, want int) {
 
 // cpuSeconds is the user and system CPU time of process pid so far.
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command, which is in parentheses and may hold
-	// spaces: utime and stime are the 14th and 15th of the line.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / clockTicks
+	u, s, _, _ := cpuTimes(pid)
+	return u + s
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux.
@@ -290,31 +403,54 @@ func startPod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, parent, n
 	return p.PodSandboxId, c.ContainerId, nil
 }
 
-// startPodsInFlight starts the pods with inFlight starts running at a time.
-func startPodsInFlight(t *testing.T, rt criRuntime, parent, image string, inFlight int) []string {
-	ids := make([]string, pods)
-	errs := make([]error, pods)
+// startPodsInFlight starts n pods named prefix and their number, with
+// inFlight starts running at a time.
+func startPodsInFlight(t *testing.T, rt criRuntime, parent, image, prefix string, n, inFlight int) []string {
+	ids := make([]string, n)
+	errs := make([]error, n)
+	inParallel(n, inFlight, func(i int) {
+		var err error
+		if ids[i], _, err = startPod(t.Context(), rt.runtime, parent, fmt.Sprint(prefix, i), image); err != nil {
+			errs[i] = fmt.Errorf("%s: %w", rt.name, err)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// removePodsInFlight stops and removes the pods, inFlight at a time.
+func removePodsInFlight(t *testing.T, rt criRuntime, ids []string, inFlight int) {
+	errs := make([]error, len(ids))
+	inParallel(len(ids), inFlight, func(i int) {
+		if _, err := rt.runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: ids[i]}); err != nil {
+			errs[i] = fmt.Errorf("%s: StopPodSandbox: %w", rt.name, err)
+		} else if _, err := rt.runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: ids[i]}); err != nil {
+			errs[i] = fmt.Errorf("%s: RemovePodSandbox: %w", rt.name, err)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inParallel calls do(0) … do(n-1), inFlight calls at a time.
+func inParallel(n, inFlight int, do func(i int)) {
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range inFlight {
 		wg.Go(func() {
 			for i := range next {
-				var err error
-				if ids[i], _, err = startPod(t.Context(), rt.runtime, parent, fmt.Sprint("par-", i), image); err != nil {
-					errs[i] = fmt.Errorf("%s: %w", rt.name, err)
-				}
+				do(i)
 			}
 		})
 	}
-	for i := range pods {
+	for i := range n {
 		next <- i
 	}
 	close(next)
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return ids
 }
 
 func removePod(t *testing.T, rt criRuntime, id string) {
