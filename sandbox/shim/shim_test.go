@@ -3,6 +3,7 @@ package shim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -580,6 +581,76 @@ func TestEventsPushed(t *testing.T) {
 	if ex := got[2].State; ex.Status != shim.StatusStopped || ex.ExitCode != 7 || ex.FinishedAt.IsZero() {
 		t.Errorf("exited event state %+v, want stopped, code 7", ex)
 	}
+}
+
+// TestContainerExitsWhileExecsComeIn: a container whose PID 1 ends while
+// execs keep coming (a probe every second, as in Kubernetes' e2e suite)
+// exits. An exec that was joining the container's PID namespace as it
+// died is killed by the kernel and left a zombie of the serving helper;
+// unreaped, it held the container's init in its exit forever, and
+// StopContainer failed with "still runs after SIGKILL".
+func TestContainerExitsWhileExecsComeIn(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	for round := range 4 {
+		id := fmt.Sprint("c", round)
+		p.run(id, []string{"sh", "-c", "sleep 0.5; exit 3"})
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p.c.Exec(ctx, shim.ExecRequest{ID: id, Args: []string{"true"}})
+			}
+		}()
+		exited := make(chan shim.State, 1)
+		go func() {
+			st, _ := p.c.Wait(ctx, id)
+			exited <- st
+		}()
+		select {
+		case st := <-exited:
+			if st.ExitCode != 3 {
+				t.Errorf("round %d: state %+v, want exit code 3", round, st)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("round %d: the container did not exit within 10 s of its PID 1's end; the helper's zombies: %v",
+				round, zombieChildren(servingHelpers(p.pid)...))
+		}
+		close(stop)
+		<-done
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// zombieChildren lists the exited, unreaped children of the pids.
+func zombieChildren(pids ...int) []string {
+	var out []string
+	var tasks []string
+	for _, pid := range pids {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		for _, e := range ents {
+			tasks = append(tasks, fmt.Sprintf("/proc/%d/task/%s", pid, e.Name()))
+		}
+	}
+	for _, task := range tasks {
+		b, _ := os.ReadFile(task + "/children")
+		for _, c := range strings.Fields(string(b)) {
+			stat, _ := os.ReadFile("/proc/" + c + "/stat")
+			i := strings.LastIndexByte(string(stat), ')')
+			if i >= 0 && strings.HasPrefix(string(stat[i+1:]), " Z") {
+				out = append(out, c+" "+string(stat[:i+1]))
+			}
+		}
+	}
+	return out
 }
 
 // servingHelpers lists the shim's children that serve execs

@@ -13,7 +13,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -72,6 +75,8 @@ func Serve() int {
 		defer send.Unlock()
 		return shim.WriteStreamMsg(conn, r)
 	}
+	k := newKeeper()
+	go k.reapStraysOnSIGCHLD()
 	for {
 		var req shim.HelperRequest
 		files, err := shim.ReadStreamMsg(conn, &req)
@@ -80,13 +85,13 @@ func Serve() int {
 		}
 		switch req.Op {
 		case shim.HelperRegistered:
-			go waitAndReport(req.Pid, reply)
+			go k.waitAndReport(req.Pid, reply)
 			continue
 		case shim.HelperExec:
 		default:
 			req.Op = "serve " + req.Op // unknown: do says so
 		}
-		r := do(&req, files)
+		r := k.do(&req, files)
 		for _, f := range files {
 			f.Close()
 		}
@@ -96,9 +101,79 @@ func Serve() int {
 	}
 }
 
+// keeper reaps the children of a helper that serves execs. A failed exec
+// leaves libcontainer's intermediate processes (runc:[1:CHILD],
+// runc:[2:INIT]) as this helper's children, unreaped: libcontainer was
+// written for runc, whose process ends after one exec and leaves them to a
+// subreaper. A serving helper lives on while execs keep coming (probes),
+// and a zombie of one that had joined the container's PID namespace keeps
+// the container's init from ever finishing its exit: the kernel waits for
+// every process of the namespace to be reaped. So the keeper reaps every
+// child that is neither an exec'd process (waitAndReport reaps those and
+// reports their exit) nor libcontainer's while it works (it waits for its
+// own).
+type keeper struct {
+	mu    sync.Mutex   // held while libcontainer works, and by each sweep
+	execs map[int]bool // exec'd processes not yet reaped
+}
+
+func newKeeper() *keeper { return &keeper{execs: map[int]bool{}} }
+
+// do does the request with no sweep in between, then sweeps.
+func (k *keeper) do(req *shim.HelperRequest, files []*os.File) shim.HelperReply {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	r := do(req, files)
+	if r.Error == "" && r.Pid > 0 {
+		k.execs[r.Pid] = true
+	}
+	k.reapStraysLocked()
+	return r
+}
+
+// reapStraysOnSIGCHLD sweeps whenever a child exits: the leftovers of a
+// failed exec may end after the exec's reply.
+func (k *keeper) reapStraysOnSIGCHLD() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCHLD)
+	for range ch {
+		k.mu.Lock()
+		k.reapStraysLocked()
+		k.mu.Unlock()
+	}
+}
+
+// reapStraysLocked reaps each child that has exited and is not an exec'd
+// process. Children are listed per thread (the kernel's
+// /proc/self/task/TID/children): the Go runtime forks from any thread.
+func (k *keeper) reapStraysLocked() {
+	for _, pid := range children() {
+		if k.execs[pid] {
+			continue
+		}
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, unix.WNOHANG, nil) // a child still running is left for a later sweep
+	}
+}
+
+// children lists this process's children.
+func children() []int {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	var pids []int
+	for _, t := range tasks {
+		b, _ := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "children"))
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
 // waitAndReport waits for a process this helper started and sends its
 // exit.
-func waitAndReport(pid int, reply func(shim.HelperReply) error) {
+func (k *keeper) waitAndReport(pid int, reply func(shim.HelperReply) error) {
 	var ws unix.WaitStatus
 	for {
 		_, err := unix.Wait4(pid, &ws, 0, nil)
@@ -106,11 +181,19 @@ func waitAndReport(pid int, reply func(shim.HelperReply) error) {
 			continue
 		}
 		if err != nil {
+			k.forget(pid)
 			return // not this helper's child: the shim reaps it
 		}
 		break
 	}
+	k.forget(pid)
 	reply(shim.HelperReply{Exited: pid, WaitStatus: int(ws)})
+}
+
+func (k *keeper) forget(pid int) {
+	k.mu.Lock()
+	delete(k.execs, pid)
+	k.mu.Unlock()
 }
 
 // stdioFiles are the n fds the shim handed over from 3 on. They are made
