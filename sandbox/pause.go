@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -82,12 +84,57 @@ func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client,
 		return 0, err
 	}
 	st, err := client.Start(ctx, pauseID)
+	if err == nil {
+		err = waitPauseSettled(ctx, st.Pid)
+	}
 	if err != nil {
 		client.Kill(ctx, pauseID, syscall.SIGKILL, true)
 		client.Delete(ctx, pauseID)
 		return 0, err
 	}
 	return st.Pid, nil
+}
+
+// pauseIgnores is the signal mask berth-pause ignores once it has made
+// itself non-dumpable: every signal but SIGKILL and SIGSTOP.
+const pauseIgnores = ^uint64(0) &^ (1<<(syscall.SIGKILL-1) | 1<<(syscall.SIGSTOP-1))
+
+// waitPauseSettled waits until the pause has made itself non-dumpable,
+// which it does first thing, then ignores every signal (/proc's SigIgn
+// shows it). Start returns once the pause's init has been let go to exec
+// it; on a loaded node the program may not have run for a while, and no
+// container of the pod may start while the pause can still be traced.
+func waitPauseSettled(ctx context.Context, pid int) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		ign, err := signalsIgnored(pid)
+		if err != nil {
+			return fmt.Errorf("pause %d: %w", pid, err)
+		}
+		if ign == pauseIgnores {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errkind.Errorf(errkind.DeadlineExceeded, "pause %d did not settle (ignored signals %#x): %v", pid, ign, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// signalsIgnored reads a process's ignored-signal mask from /proc.
+func signalsIgnored(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	_, rest, ok := strings.Cut(string(b), "\nSigIgn:")
+	if !ok {
+		return 0, errors.New("no SigIgn in its status")
+	}
+	field, _, _ := strings.Cut(strings.TrimSpace(rest), "\n")
+	return strconv.ParseUint(field, 16, 64)
 }
 
 func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
