@@ -265,7 +265,13 @@ type ginkgoFailure struct {
 }
 
 func (f ginkgoFailure) String() string {
-	return fmt.Sprintf("%s (%s:%d)", firstLine(f.Message), f.Location.FileName, f.Location.LineNumber)
+	// A failure ginkgo kept from an earlier attempt starts with a line of
+	// its own saying so; the cause is on the next.
+	msg := strings.TrimSpace(f.Message)
+	if rest, ok := strings.CutPrefix(msg, "Failure recorded during attempt "); ok {
+		_, msg, _ = strings.Cut(rest, ":")
+	}
+	return fmt.Sprintf("%s (%s:%d)", firstLine(msg), f.Location.FileName, f.Location.LineNumber)
 }
 
 // countE2E counts pass p's specs in its ginkgo JSON report.
