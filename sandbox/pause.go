@@ -108,9 +108,12 @@ func waitPauseSettled(ctx context.Context, pid int) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for {
-		ign, err := signalsIgnored(pid)
+		ign, exited, err := pauseSignals(pid)
 		if err != nil {
 			return fmt.Errorf("pause %d: %w", pid, err)
+		}
+		if exited {
+			return fmt.Errorf("pause %d exited as it started (see the pod's shim.log)", pid)
 		}
 		if ign == pauseIgnores {
 			return nil
@@ -123,18 +126,26 @@ func waitPauseSettled(ctx context.Context, pid int) error {
 	}
 }
 
-// signalsIgnored reads a process's ignored-signal mask from /proc.
-func signalsIgnored(pid int) (uint64, error) {
+// pauseSignals reads from /proc a process's ignored-signal mask, and
+// whether it has exited (a zombie, not yet reaped by its shim).
+func pauseSignals(pid int) (ignored uint64, exited bool, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	_, rest, ok := strings.Cut(string(b), "\nSigIgn:")
-	if !ok {
-		return 0, errors.New("no SigIgn in its status")
+	field := func(name string) string {
+		_, rest, _ := strings.Cut(string(b), "\n"+name+":")
+		v, _, _ := strings.Cut(strings.TrimSpace(rest), "\n")
+		return v
 	}
-	field, _, _ := strings.Cut(strings.TrimSpace(rest), "\n")
-	return strconv.ParseUint(field, 16, 64)
+	if strings.HasPrefix(field("State"), "Z") {
+		return 0, true, nil
+	}
+	ignored, err = strconv.ParseUint(field("SigIgn"), 16, 64)
+	if err != nil {
+		return 0, false, errors.New("no SigIgn in its status")
+	}
+	return ignored, false, nil
 }
 
 func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {

@@ -423,13 +423,7 @@ func startPodsInFlight(t *testing.T, rt criRuntime, parent, image, prefix string
 // removePodsInFlight stops and removes the pods, inFlight at a time.
 func removePodsInFlight(t *testing.T, rt criRuntime, ids []string, inFlight int) {
 	errs := make([]error, len(ids))
-	inParallel(len(ids), inFlight, func(i int) {
-		if _, err := rt.runtime.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: ids[i]}); err != nil {
-			errs[i] = fmt.Errorf("%s: StopPodSandbox: %w", rt.name, err)
-		} else if _, err := rt.runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: ids[i]}); err != nil {
-			errs[i] = fmt.Errorf("%s: RemovePodSandbox: %w", rt.name, err)
-		}
-	})
+	inParallel(len(ids), inFlight, func(i int) { errs[i] = stopAndRemovePod(t.Context(), rt, ids[i]) })
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
@@ -454,13 +448,19 @@ func inParallel(n, inFlight int, do func(i int)) {
 }
 
 func removePod(t *testing.T, rt criRuntime, id string) {
-	ctx := t.Context()
+	if err := stopAndRemovePod(t.Context(), rt, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func stopAndRemovePod(ctx context.Context, rt criRuntime, id string) error {
 	if _, err := rt.runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatalf("%s: StopPodSandbox: %v", rt.name, err)
+		return fmt.Errorf("%s: StopPodSandbox: %w", rt.name, err)
 	}
 	if _, err := rt.runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatalf("%s: RemovePodSandbox: %v", rt.name, err)
+		return fmt.Errorf("%s: RemovePodSandbox: %w", rt.name, err)
 	}
+	return nil
 }
 
 func listContainers(t *testing.T, rt criRuntime, pod string) string {

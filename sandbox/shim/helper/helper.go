@@ -76,7 +76,6 @@ func Serve() int {
 		return shim.WriteStreamMsg(conn, r)
 	}
 	k := newKeeper()
-	go k.reapStraysOnSIGCHLD()
 	for {
 		var req shim.HelperRequest
 		files, err := shim.ReadStreamMsg(conn, &req)
@@ -117,9 +116,25 @@ type keeper struct {
 	execs map[int]bool // exec'd processes not yet reaped
 }
 
-func newKeeper() *keeper { return &keeper{execs: map[int]bool{}} }
+// newKeeper starts sweeping whenever a child exits (the leftovers of a
+// failed exec may end after the exec's reply); a SIGCHLD that comes while
+// libcontainer works is swept once it is done.
+func newKeeper() *keeper {
+	k := &keeper{execs: map[int]bool{}}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCHLD)
+	go func() {
+		for range ch {
+			k.mu.Lock()
+			k.reapStraysLocked()
+			k.mu.Unlock()
+		}
+	}()
+	return k
+}
 
-// do does the request with no sweep in between, then sweeps.
+// do does the request with no sweep in between, and keeps the exec'd
+// process from the sweeps.
 func (k *keeper) do(req *shim.HelperRequest, files []*os.File) shim.HelperReply {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -127,20 +142,7 @@ func (k *keeper) do(req *shim.HelperRequest, files []*os.File) shim.HelperReply 
 	if r.Error == "" && r.Pid > 0 {
 		k.execs[r.Pid] = true
 	}
-	k.reapStraysLocked()
 	return r
-}
-
-// reapStraysOnSIGCHLD sweeps whenever a child exits: the leftovers of a
-// failed exec may end after the exec's reply.
-func (k *keeper) reapStraysOnSIGCHLD() {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGCHLD)
-	for range ch {
-		k.mu.Lock()
-		k.reapStraysLocked()
-		k.mu.Unlock()
-	}
 }
 
 // reapStraysLocked reaps each child that has exited and is not an exec'd
