@@ -39,9 +39,10 @@ src=$(pwd)
 GO=${GO:-go}
 cache=${BERTH_VM_CACHE:-/var/cache/berth-vm}
 out=${BERTH_VM_OUT:-$src/bin/vm}
-# The VM's CPUs are emulated: the integration tests take 14-15 minutes there
-# while make test's e2e tier loads the host beside them (903 s once, past
-# the 15 minutes they had). The limits are for hangs, not for pace.
+# The VM's CPUs are emulated, so its tests' pace follows the host's load:
+# the integration tests take 8 minutes on a quiet host, and took 903 s once
+# beside make test's e2e tier, past the 15 minutes they had. The limits are
+# for hangs, not for pace.
 timeout=${BERTH_VM_TIMEOUT:-1800}
 mem=${BERTH_VM_MEM:-2048}
 smp=${BERTH_VM_SMP:-2}
