@@ -69,7 +69,7 @@ test-unit:
 # default, which stalls the unpack fuzzer); CI does not shrink at all. CI
 # counts inputs rather than seconds: on a loaded machine a fuzz time that
 # ends while a worker is busy fails the run with "context deadline exceeded".
-FUZZ_TARGETS := image/unpack:FuzzUnpack image/reference:FuzzParse image:FuzzDecodeImageBlobs \
+FUZZ_TARGETS := image/unpack:FuzzUnpack image/reference:FuzzParse image:FuzzDecodeImageBlobs image/gunzip:FuzzISAL \
 	cmd/berthd/config:FuzzLoad sandbox/spec:FuzzSysctls sandbox/spec:FuzzCRIMount sandbox/podfiles:FuzzPodFiles sandbox:FuzzLogPath
 FUZZTIME ?= 30s
 FUZZMINIMIZE ?= 100x

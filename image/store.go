@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
+	"github.com/berth-runtime/berth/image/gunzip"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/unpack"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -314,7 +314,7 @@ func decompress(br *bufio.Reader) (io.ReadCloser, error) {
 	}
 	switch {
 	case bytes.HasPrefix(head, gzipMagic):
-		return gzip.NewReader(br)
+		return gunzip.NewReader(br)
 	case bytes.HasPrefix(head, zstdMagic):
 		// MaxMemory bounds the window of a "single segment" frame, which is
 		// its whole content; MaxWindow that of every other frame.

@@ -2,12 +2,14 @@
 # Installs the Debian packages berth's build and tests need, only those
 # missing, so that running it again is quick and changes nothing. The shim
 # links libseccomp statically (libseccomp-dev ships libseccomp.a), through cgo
-# (gcc, pkg-config). kube-proxy in nftables mode (make test-cluster) runs
-# nft. Given package names, it installs those instead
+# (gcc, pkg-config). berthd inflates gzip layers with ISA-L: libisal-dev
+# has its header, and brings libisal2, which berthd loads at run time and
+# image/gunzip's tests require. kube-proxy in nftables mode (make
+# test-cluster) runs nft. Given package names, it installs those instead
 # (make bench-compare: containerd, runc).
 set -euo pipefail
 
-packages=(gcc libc6-dev pkg-config libseccomp-dev busybox-static containernetworking-plugins nftables nginx-light)
+packages=(gcc libc6-dev pkg-config libseccomp-dev libisal-dev busybox-static containernetworking-plugins nftables nginx-light)
 if (($#)); then
 	packages=("$@")
 fi

@@ -76,7 +76,7 @@ kernel_independent+='|TestImageStatusLookups|TestImageStatusUserAndSize|TestRepo
 kernel_independent+='|TestContainerdHostsDir|TestSIGHUPReloadsRegistries'
 kernel_independent+='|TestRuntimeServiceUnimplemented|TestConfigErrorsNameTheKey|TestSocketIsRootOnly|TestStaleSocketIsReplaced|TestSecondDaemonOnSameSocketIsRefused|TestSignalsExitCleanly|TestFlagsOverrideConfigFile|TestLogFormatJSON'
 kernel_independent+='|TestTracingToOTLPCollector|TestNoTracingWithoutEndpoint|TestTracingSamplingFollowsCaller'
-kernel_independent+='|TestHostsHeadersStayWithTheirHost|TestPullRefusesWideZstdWindow|TestLinkLocalPodSubnetRefused'
+kernel_independent+='|TestHostsHeadersStayWithTheirHost|TestPullRefusesWideZstdWindow|TestPullInflatesWithISAL|TestLinkLocalPodSubnetRefused'
 # Tests that build their programs from the host's tools (go, ldd and the
 # host's nginx), which the VM's disk does not have. What they prove does not
 # depend on the kernel's version: the seccomp probe compares each call under
@@ -123,8 +123,10 @@ echo "test-vm: building binaries"
 # libc in the VM, and no Go toolchain either (BERTH_BIN_DIR, see harness.Main).
 # Go's own resolver and user lookups (netgo, osusergo) leave berthd and the
 # test binaries without C, so they link statically; these are the Makefile's
-# BERTH_GOFLAGS, with which the host tier compiled the same packages.
-static=(-trimpath -tags netgo,osusergo -ldflags '-extldflags -static')
+# BERTH_GOFLAGS, with which the host tier compiled the same packages, and
+# noisal: a static berthd cannot load ISA-L (image/gunzip), so it inflates
+# gzip layers with the builtin decoder.
+static=(-trimpath -tags netgo,osusergo,noisal -ldflags '-extldflags -static')
 $GO build "${static[@]}" -o "$root/berth/bin/" ./cmd/berthd ./cmd/berthctl
 CGO_ENABLED=1 $GO build -trimpath -tags netgo,osusergo,seccomp -ldflags '-extldflags -static' \
 	-o "$root/berth/bin/" ./cmd/berth-shim ./cmd/berth-shim-helper

@@ -1,0 +1,243 @@
+package gunzip
+
+import (
+	"bytes"
+	stdgzip "compress/gzip"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"testing/iotest"
+
+	"github.com/klauspost/compress/gzip"
+)
+
+// requireISAL fails the test where ISA-L cannot be loaded: test/deps.sh
+// installs it, and the tests compare it with the builtin decoder.
+func requireISAL(t testing.TB) {
+	t.Helper()
+	if name, why := Decoder(); name != "isa-l" {
+		t.Fatalf("ISA-L is not loadable (%v): install Debian's libisal2 (test/deps.sh does)", why)
+	}
+}
+
+// text is compressible content shaped like a layer's files: words and
+// numbers, some repeated far apart.
+func text(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	words := strings.Fields("lib usr share locale the of and ELF x86_64 0x7f45 config main init error return struct")
+	var b bytes.Buffer
+	for b.Len() < n {
+		if rng.IntN(50) == 0 {
+			b.Write(bytes.Repeat([]byte{byte(rng.IntN(256))}, rng.IntN(300)))
+		}
+		b.WriteString(words[rng.IntN(len(words))])
+		b.WriteByte(" \n\t/"[rng.IntN(4)])
+	}
+	return b.Bytes()[:n]
+}
+
+func gz(t testing.TB, data []byte, level int, hdr stdgzip.Header) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	w, err := stdgzip.NewWriterLevel(&b, level)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Header = hdr
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// decode reads the whole stream with the decoder and returns what it gave
+// before its error.
+func decode(r io.ReadCloser, err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(r)
+}
+
+func builtin(src []byte) ([]byte, error) { return decode(gzip.NewReader(bytes.NewReader(src))) }
+func isal(src io.Reader) ([]byte, error) { return decode(newISALReader(src), nil) }
+
+func TestISALMatchesBuiltin(t *testing.T) {
+	requireISAL(t)
+	big := text(3<<20, 1)
+	random := make([]byte, 1<<20)
+	rand.NewChaCha8([32]byte{2}).Read(random)
+	cases := map[string][]byte{
+		"empty":                 gz(t, nil, 6, stdgzip.Header{}),
+		"one byte":              gz(t, []byte{'x'}, 6, stdgzip.Header{}),
+		"3 MiB level 1":         gz(t, big, stdgzip.BestSpeed, stdgzip.Header{}),
+		"3 MiB level 9":         gz(t, big, stdgzip.BestCompression, stdgzip.Header{}),
+		"stored blocks":         gz(t, big[:1<<20], stdgzip.NoCompression, stdgzip.Header{}),
+		"incompressible":        gz(t, random, stdgzip.DefaultCompression, stdgzip.Header{}),
+		"name, comment, extra":  gz(t, big[:9000], 6, stdgzip.Header{Name: "layer.tar", Comment: "c", Extra: []byte("xx12")}),
+		"three members":         append(append(gz(t, big[:70000], 1, stdgzip.Header{}), gz(t, nil, 1, stdgzip.Header{})...), gz(t, big[70000:900000], 6, stdgzip.Header{})...),
+		"member per 1 MiB, 3x ": bytes.Join([][]byte{gz(t, big[:1<<20], 6, stdgzip.Header{}), gz(t, big[1<<20:2<<20], 6, stdgzip.Header{}), gz(t, big[2<<20:], 6, stdgzip.Header{})}, nil),
+	}
+	for name, src := range cases {
+		t.Run(name, func(t *testing.T) {
+			want, err := builtin(src)
+			if err != nil {
+				t.Fatalf("builtin: %v", err)
+			}
+			// Whole reads, and a source that gives one byte at a time
+			// (ISA-L then stops inside headers, blocks and trailers).
+			for _, r := range []io.Reader{bytes.NewReader(src), iotest.OneByteReader(bytes.NewReader(src))} {
+				got, err := isal(r)
+				if err != nil {
+					t.Fatalf("isa-l: %v", err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatalf("isa-l gave %d bytes, builtin %d; they differ", len(got), len(want))
+				}
+			}
+		})
+	}
+}
+
+func TestISALSmallReads(t *testing.T) {
+	requireISAL(t)
+	data := text(200000, 3)
+	r := newISALReader(bytes.NewReader(gz(t, data, 6, stdgzip.Header{})))
+	defer r.Close()
+	got, err := io.ReadAll(iotest.OneByteReader(r))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("one byte at a time: %d bytes, %v; want %d bytes", len(got), err, len(data))
+	}
+}
+
+// TestISALFailsAsBuiltin: a broken stream fails with the error Go's gzip
+// reader gives, after no more content than it.
+func TestISALFailsAsBuiltin(t *testing.T) {
+	requireISAL(t)
+	good := gz(t, text(300000, 4), 6, stdgzip.Header{})
+	n := len(good)
+	flip := func(at int) []byte {
+		b := bytes.Clone(good)
+		b[at] ^= 0x55
+		return b
+	}
+	cases := []struct {
+		name string
+		src  []byte
+		want error // nil: any error
+	}{
+		{"trailing garbage", append(bytes.Clone(good), "not a gzip member"...), gzip.ErrHeader},
+		{"trailing garbage shorter than a header", append(bytes.Clone(good), "not gzip"...), io.ErrUnexpectedEOF},
+		{"trailing zeros", append(bytes.Clone(good), make([]byte, 512)...), gzip.ErrHeader},
+		{"cut in the header", good[:6], io.ErrUnexpectedEOF},
+		{"cut in the data", good[:n/2], io.ErrUnexpectedEOF},
+		{"cut in the trailer", good[:n-3], io.ErrUnexpectedEOF},
+		{"cut in a second member's header", append(bytes.Clone(good), good[:5]...), io.ErrUnexpectedEOF},
+		{"wrong crc", flip(n - 6), gzip.ErrChecksum},
+		{"wrong length", flip(n - 2), gzip.ErrChecksum},
+		{"not deflate", flip(2), gzip.ErrHeader},
+		{"corrupt data", flip(40), nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			want, wantErr := builtin(c.src)
+			got, err := isal(bytes.NewReader(c.src))
+			if err == nil || wantErr == nil {
+				t.Fatalf("isa-l: %v, builtin: %v; want both to fail", err, wantErr)
+			}
+			if c.want != nil && (!errors.Is(err, c.want) || !errors.Is(wantErr, c.want)) {
+				t.Fatalf("isa-l: %v, builtin: %v; want %v from both", err, wantErr, c.want)
+			}
+			if !bytes.HasPrefix(want, got) && !bytes.HasPrefix(got, want) {
+				t.Fatalf("before failing, isa-l gave content the builtin decoder did not")
+			}
+		})
+	}
+}
+
+func TestISALSourceError(t *testing.T) {
+	requireISAL(t)
+	src := gz(t, text(500000, 5), 6, stdgzip.Header{})
+	cut := errors.New("connection reset")
+	r := io.MultiReader(bytes.NewReader(src[:len(src)/2]), iotest.ErrReader(cut))
+	if _, err := isal(r); !errors.Is(err, cut) {
+		t.Fatalf("got %v, want the source's error", err)
+	}
+}
+
+func TestISALReadAfterClose(t *testing.T) {
+	requireISAL(t)
+	r := newISALReader(bytes.NewReader(gz(t, text(1000, 6), 6, stdgzip.Header{})))
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if n, err := r.Read(make([]byte, 10)); n != 0 || err == nil {
+		t.Fatalf("read after close: %d, %v; want an error", n, err)
+	}
+}
+
+// FuzzISAL: on any input, ISA-L gives what the builtin decoder gives, and
+// fails where it fails.
+func FuzzISAL(f *testing.F) {
+	requireISAL(f)
+	data := text(5000, 7)
+	for _, level := range []int{0, 1, 6, 9} {
+		f.Add(gz(f, data, level, stdgzip.Header{}))
+	}
+	f.Add(gz(f, data[:100], 6, stdgzip.Header{Name: "n", Comment: "c", Extra: []byte{1, 2, 3, 4}}))
+	f.Add(append(gz(f, data[:10], 1, stdgzip.Header{}), gz(f, data[10:30], 1, stdgzip.Header{})...))
+	f.Fuzz(func(t *testing.T, src []byte) {
+		if len(src) < 2 || src[0] != 0x1f || src[1] != 0x8b {
+			return // berth only hands gzip streams to the decoder
+		}
+		want, wantErr := builtin(src)
+		got, err := isal(bytes.NewReader(src))
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("isa-l: %v, builtin: %v", err, wantErr)
+		}
+		if err == nil && !bytes.Equal(got, want) {
+			t.Fatalf("isa-l gave %d bytes, builtin %d; they differ", len(got), len(want))
+		}
+	})
+}
+
+// BenchmarkInflate compares the decoders' CPU on text, per MiB inflated.
+func BenchmarkInflate(b *testing.B) {
+	requireISAL(b)
+	data := text(16<<20, 8)
+	if f := os.Getenv("GUNZIP_BENCH_FILE"); f != "" {
+		data, _ = os.ReadFile(f)
+	}
+	src := gz(b, data, stdgzip.BestSpeed, stdgzip.Header{})
+	for _, d := range []struct {
+		name string
+		open func() (io.ReadCloser, error)
+	}{
+		{"builtin", func() (io.ReadCloser, error) { return gzip.NewReader(bytes.NewReader(src)) }},
+		{"isa-l", func() (io.ReadCloser, error) { return newISALReader(bytes.NewReader(src)), nil }},
+	} {
+		b.Run(d.name, func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				r, err := d.open()
+				if err == nil {
+					_, err = io.Copy(io.Discard, r)
+					r.Close()
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
