@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -319,6 +320,11 @@ func printParts(parts map[string]map[part][]memUse) {
 // removed.
 func timeColdPulls(t *testing.T, rt criRuntime, bigImage, realImage string) (coldPull, realPull float64) {
 	ctx := t.Context()
+	// Each timed pull starts with nothing dirty on the disks: berth's
+	// syncfs before it records a layer would otherwise also write out what
+	// the runtime measured before it left in the page cache (containerd
+	// does not sync its layers), on the same filesystem.
+	syscall.Sync()
 	cold := timePull(t, rt, bigImage)
 	stored := rt.layersStored()
 	timePull(t, rt, realImage)
@@ -326,6 +332,7 @@ func timeColdPulls(t *testing.T, rt criRuntime, bigImage, realImage string) (col
 		t.Fatalf("%s: RemoveImage: %v", rt.name, err)
 	}
 	waitLayersGone(t, rt, stored)
+	syscall.Sync()
 	cpu := cpuSeconds(rt.daemon)
 	real := timePull(t, rt, realImage)
 	// The CPU the pull took moves less with the machine's load than its
