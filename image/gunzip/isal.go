@@ -130,6 +130,11 @@ func (r *isalReader) fill() error {
 	if r.state == nil {
 		return errors.New("gunzip: read after close")
 	}
+	if !r.inMember {
+		if err := r.memberStart(); err != nil {
+			return err
+		}
+	}
 	if r.inPos == r.inEnd {
 		if r.srcErr != nil {
 			return r.endOfInput()
@@ -156,6 +161,32 @@ func (r *isalReader) fill() error {
 		// or nothing.
 		C.berth_isal_member(r.state)
 		r.inMember = false
+	}
+	return nil
+}
+
+// memberStart reads the fixed part of the next member's header and refuses
+// what Go's gzip reader refuses and ISA-L lets through: reserved flag bits
+// set (RFC 1952, 2.3.1). At the end of the stream it returns io.EOF; as
+// Go's reader, a stream that ends inside those ten bytes was cut.
+func (r *isalReader) memberStart() error {
+	const fixedHeader = 10
+	for r.inEnd-r.inPos < fixedHeader && r.srcErr == nil {
+		r.inEnd = copy(r.in, r.in[r.inPos:r.inEnd])
+		r.inPos = 0
+		n, err := r.src.Read(r.in[r.inEnd:])
+		r.inEnd += n
+		r.srcErr = err
+	}
+	switch avail := r.inEnd - r.inPos; {
+	case avail == 0:
+		return r.endOfInput()
+	case avail < fixedHeader && r.srcErr == io.EOF:
+		return io.ErrUnexpectedEOF
+	case avail < fixedHeader:
+		return r.srcErr
+	case r.in[r.inPos+3]&0xe0 != 0:
+		return gzip.ErrHeader
 	}
 	return nil
 }
