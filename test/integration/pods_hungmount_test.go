@@ -51,8 +51,11 @@ func TestCreateContainerHungVolume(t *testing.T) {
 	}
 	took, err = create(bound)
 	assertCode(t, err, one(codes.DeadlineExceeded), "mount /data", hung, "earlier lookup")
-	if took > 2*time.Second {
-		t.Errorf("CreateContainer again took %v, want at once", took)
+	// At once, not after another wait for the bound; the margin is for the
+	// VM tier, whose emulated CPUs took 2.9 s for this refusal beside the
+	// cluster tier (2026-11-27).
+	if took > bound/2 {
+		t.Errorf("CreateContainer again took %v, want at once, not another wait of %v", took, bound)
 	}
 
 	list, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{
