@@ -20,8 +20,8 @@ import (
 // two gzip members, as parallel compressors (pigz) write them, unpacks
 // whole: a file spans the members' border.
 func TestPullInflatesWithISAL(t *testing.T) {
-	reg, d := start(t, "")
 	t.Parallel()
+	reg, d := start(t, "")
 	if !strings.Contains(d.Logs(), `msg="gzip layers: ISA-L decoder"`) {
 		t.Fatalf("berthd did not say it inflates with ISA-L; its log:\n%s", d.Logs())
 	}
@@ -32,9 +32,9 @@ func TestPullInflatesWithISAL(t *testing.T) {
 	for text.Len() < 3<<20 {
 		text.WriteString(words[rng.IntN(len(words))] + " ")
 	}
-	tarball := harness.TarBytes(t, []harness.File{harness.Reg("spans", text.String(), 0o644), harness.Reg("after", "after", 0o644)})
-	half := len(tarball) / 2
-	compressed := append(gzipped(t, tarball[:half]), gzipped(t, tarball[half:])...)
+	tarStream := harness.TarBytes(t, []harness.File{harness.Reg("spans", text.String(), 0o644), harness.Reg("after", "after", 0o644)})
+	half := len(tarStream) / 2
+	compressed := append(gzipped(t, tarStream[:half]), gzipped(t, tarStream[half:])...)
 	layer, err := tarballLayerOf(compressed)
 	if err != nil {
 		t.Fatal(err)
