@@ -203,19 +203,65 @@ func (e *env) kubeletRestart(t *testing.T) {
 func (e *env) deleteAll(t *testing.T) {
 	e.kubectl(t, "delete", "-n", ns, "deployment,job,pod,service", "--all", "--wait=false")
 	start := time.Now()
-	kubeenv.WaitFor(t, 3*time.Minute, "both berths empty after kubectl delete", func() (bool, string) {
-		var left []string
-		for _, n := range e.nodes {
-			for _, l := range n.leftovers(t) {
-				left = append(left, n.name+": "+l)
-			}
-			for _, m := range kubeenv.MountsUnder(n.work.Dir) {
-				left = append(left, "the host: mount "+m)
-			}
+	defer func() {
+		if t.Failed() {
+			out, err := e.kubectlErr("get", "pods", "-A", "-o", "wide")
+			t.Logf("pods the API server still has: %v\n%s", err, out)
 		}
-		return len(left) == 0, strings.Join(left, "; ")
+	}()
+	// What is left is logged each time it changes: a run that fails here
+	// shows which part of the teardown stalled, and from when.
+	var last string
+	kubeenv.WaitFor(t, 3*time.Minute, "both berths empty after kubectl delete", func() (bool, string) {
+		left := e.leftoversOnNodes(t)
+		summary := summarizeLeftovers(left)
+		if summary != last {
+			t.Logf("%s after the delete: %s", time.Since(start).Round(100*time.Millisecond), summary)
+			last = summary
+		}
+		return len(left) == 0, summary + ": " + strings.Join(left, "; ")
 	})
 	t.Logf("both berths empty %s after the delete", time.Since(start).Round(100*time.Millisecond))
+}
+
+// leftoversOnNodes is what the nodes' berths still hold of any pod, and
+// the mounts of the nodes left on the host.
+func (e *env) leftoversOnNodes(t *testing.T) []string {
+	var left []string
+	for _, n := range e.nodes {
+		for _, l := range n.leftovers(t) {
+			left = append(left, n.name+": "+l)
+		}
+		for _, m := range kubeenv.MountsUnder(n.work.Dir) {
+			left = append(left, "the host: mount "+m)
+		}
+	}
+	return left
+}
+
+// summarizeLeftovers counts leftoversOnNodes' lines by node and kind
+// ("berth-node: 3 pod, 2 mount"), in their order.
+func summarizeLeftovers(left []string) string {
+	var keys []string
+	count := map[string]int{}
+	for _, l := range left {
+		node, what, _ := strings.Cut(l, ": ")
+		kind, _, _ := strings.Cut(what, " ")
+		if strings.HasPrefix(kind, "/") {
+			kind = "folder"
+		}
+		key := node + ": " + kind
+		if count[key] == 0 {
+			keys = append(keys, key)
+		}
+		count[key]++
+	}
+	var parts []string
+	for _, k := range keys {
+		node, kind, _ := strings.Cut(k, ": ")
+		parts = append(parts, fmt.Sprintf("%s: %d %s", node, count[k], kind))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // berthLeftovers lists what the berth b of a node (rt its CRI client) still

@@ -2,8 +2,11 @@ package kubeenv
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -68,7 +71,9 @@ func WaitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %s", what, timeout, detail)
+			msg := fmt.Sprintf("%s: not within %s: %s", what, timeout, detail)
+			recordTimeout(t.Name() + ": " + msg)
+			t.Fatal(msg)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -79,4 +84,29 @@ func Ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c
+}
+
+// timeouts are the WaitFor calls of this test binary that gave up. The
+// output CI shows of a failed run is its last lines, where a tier's
+// teardown logs much else: Work.Remove repeats these there.
+var timeouts struct {
+	sync.Mutex
+	msgs []string
+}
+
+func recordTimeout(msg string) {
+	const most = 2000 // a list of leftovers can run to many kilobytes
+	if len(msg) > most {
+		msg = msg[:most] + "…"
+	}
+	timeouts.Lock()
+	defer timeouts.Unlock()
+	timeouts.msgs = append(timeouts.msgs, msg)
+}
+
+// recordedTimeouts is what recordTimeout kept, oldest first.
+func recordedTimeouts() []string {
+	timeouts.Lock()
+	defer timeouts.Unlock()
+	return slices.Clone(timeouts.msgs)
 }

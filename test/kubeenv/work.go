@@ -71,6 +71,11 @@ func (w *Work) Remove(t *testing.T, selfMounts ...string) {
 		}
 		t.Logf("full logs kept in %s", keep)
 	}
+	if t.Failed() {
+		for _, msg := range recordedTimeouts() {
+			t.Logf("gave up waiting: %s", msg)
+		}
+	}
 	if err := os.RemoveAll(w.Dir); err != nil {
 		t.Errorf("teardown: remove %s: %v", w.Dir, err)
 	}
