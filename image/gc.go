@@ -82,11 +82,13 @@ func (s *Service) gcLoop() {
 	}
 }
 
-// Close stops the background collector; collections under way finish first.
+// Close stops the background collector (collections under way finish
+// first), then makes the unpacked layers durable.
 func (s *Service) Close() {
 	s.closeOnce.Do(func() {
 		close(s.gcStop)
 		<-s.gcDone
+		s.snaps.Close()
 	})
 }
 

@@ -84,7 +84,7 @@ func (s *Service) SetRegistries(hosts map[string]registry.Host) error {
 
 // New opens the stores under opts.Root, dropping what a crash left unfinished
 // and images whose layers are gone.
-func New(opts Options) (*Service, error) {
+func New(opts Options) (_ *Service, err error) {
 	if opts.ProgressTimeout <= 0 {
 		opts.ProgressTimeout = time.Minute
 	}
@@ -99,10 +99,15 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := snapshot.Open(filepath.Join(opts.Root, "snapshots"), opts.DB)
+	snaps, err := snapshot.Open(filepath.Join(opts.Root, "snapshots"), opts.DB, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			snaps.Close()
+		}
+	}()
 	if err := opts.DB.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{imagesBucket, leasesBucket} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {

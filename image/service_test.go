@@ -2,6 +2,7 @@ package image
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -272,5 +273,56 @@ func TestPullAuthorizesOnce(t *testing.T) {
 	}
 	if n := pings.Load(); n != 1 {
 		t.Errorf("the pull pinged the registry %d times, want once", n)
+	}
+}
+
+// TestRebootForgetsUnsyncedLayers: layers that were not yet synced when the
+// machine went down are dropped at the next start, and with them their
+// images, which the kubelet then pulls again; within one boot they stay.
+func TestRebootForgetsUnsyncedLayers(t *testing.T) {
+	s, root := newTestService(t)
+	reg := httptest.NewServer(ggcrregistry.New())
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	pushRandom(t, host, "app:v1", 2)
+	if _, err := s.Pull(context.Background(), host+"/app:v1", nil); err != nil {
+		t.Fatal(err)
+	}
+	db := s.opts.DB
+	s.Close()
+	// What a power cut before the flush leaves: the records of the layers
+	// still carry the boot they were unpacked in, now an earlier one.
+	err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("snapshots"))
+		return b.ForEach(func(k, v []byte) error {
+			var rec map[string]any
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return err
+			}
+			rec["unsyncedBoot"] = "an earlier boot"
+			v, err := json.Marshal(rec)
+			if err != nil {
+				return err
+			}
+			return b.Put(k, v)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = New(Options{Root: root, DB: db, ProgressTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if img, err := s.Get(host + "/app:v1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after the reboot: Get = %v, %v; want NotFound, so that it is pulled again", img, err)
+	}
+	if snaps, err := s.snaps.List(); len(snaps) != 0 || err != nil {
+		t.Errorf("snapshots after the reboot: %v %v, want none", snaps, err)
+	}
+	if _, err := s.Pull(context.Background(), host+"/app:v1", nil); err != nil {
+		t.Errorf("pull again: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ package snapshot
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,18 +28,34 @@ type Snapshot struct {
 	Inodes  int64  `json:"inodes"`
 }
 
+// record is a snapshot as the database keeps it.
+type record struct {
+	Snapshot
+	// UnsyncedBoot is the boot (bootID) the snapshot was committed in,
+	// until a syncfs after its commit finished (see flusher).
+	UnsyncedBoot string `json:"unsyncedBoot,omitempty"`
+}
+
 // Store manages the snapshot folders under root; their records live in db.
 type Store struct {
-	root string
-	db   *bolt.DB
-	sync *fsSyncer
+	root  string
+	db    *bolt.DB
+	boot  string
+	flush *flusher
 }
 
 // Open prepares root and reconciles it with the records in db: unfinished
-// unpacks, folders without a record and records without a folder (a crash
-// between the two steps of Commit or Remove) are dropped.
-func Open(root string, db *bolt.DB) (*Store, error) {
-	s := &Store{root: root, db: db, sync: newFSSyncer(root)}
+// unpacks, folders without a record, records without a folder (a crash
+// between the two steps of Commit or Remove) and snapshots a reboot caught
+// before they were synced are dropped; those of this boot are synced.
+// Close stops the background flushes Open starts.
+func Open(root string, db *bolt.DB, log *slog.Logger) (*Store, error) {
+	boot, err := bootID()
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	s := &Store{root: root, db: db, boot: boot}
+	s.flush = newFlusher(func() error { return syncFS(root) }, s.markSynced, log)
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, err
 	}
@@ -48,27 +65,50 @@ func Open(root string, db *bolt.DB) (*Store, error) {
 	}); err != nil {
 		return nil, err
 	}
-	return s, s.reconcile()
+	if err := s.reconcile(log); err != nil {
+		return nil, err
+	}
+	go s.flush.run()
+	return s, nil
 }
 
-func (s *Store) reconcile() error {
+// Close makes what was committed durable and stops the flushes.
+func (s *Store) Close() { s.flush.close() }
+
+func (s *Store) reconcile(log *slog.Logger) error {
 	known := map[string]bool{}
+	unsynced := map[string]string{}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
 		return b.ForEach(func(k, v []byte) error {
-			var snap Snapshot
-			if err := json.Unmarshal(v, &snap); err != nil {
+			var rec record
+			if err := json.Unmarshal(v, &rec); err != nil {
 				return fmt.Errorf("snapshot record %s: %w", k, err)
 			}
-			if _, err := os.Stat(s.Dir(snap)); err != nil {
+			if rec.UnsyncedBoot != "" && rec.UnsyncedBoot != s.boot {
+				log.Warn("dropping a layer the machine went down with before it was on disk; its images are pulled again", "layer", rec.ChainID)
 				return b.Delete(k) // safe: ForEach tolerates deleting the current key
 			}
-			known[snap.Name] = true
+			if _, err := os.Stat(s.Dir(rec.Snapshot)); err != nil {
+				return b.Delete(k)
+			}
+			known[rec.Name] = true
+			if rec.UnsyncedBoot != "" {
+				unsynced[rec.Name] = rec.ChainID
+			}
 			return nil
 		})
 	})
 	if err != nil {
 		return err
+	}
+	if len(unsynced) > 0 {
+		if err := syncFS(s.root); err != nil {
+			return err
+		}
+		if err := s.markSynced(unsynced); err != nil {
+			return err
+		}
 	}
 	entries, err := os.ReadDir(s.root)
 	if err != nil {
@@ -82,6 +122,46 @@ func (s *Store) reconcile() error {
 		}
 	}
 	return nil
+}
+
+// markSynced clears the marks of the snapshots (name → chain ID) a syncfs
+// covered. A chain ID removed, or removed and committed again under another
+// name, since is left alone.
+func (s *Store) markSynced(synced map[string]string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucket)
+		for name, chainID := range synced {
+			rec, ok, err := getRecord(b, chainID)
+			if err != nil {
+				return err
+			}
+			if !ok || rec.Name != name || rec.UnsyncedBoot == "" {
+				continue
+			}
+			rec.UnsyncedBoot = ""
+			if err := putRecord(b, rec); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func getRecord(b *bolt.Bucket, chainID string) (record, bool, error) {
+	var rec record
+	v := b.Get([]byte(chainID))
+	if v == nil {
+		return rec, false, nil
+	}
+	return rec, true, json.Unmarshal(v, &rec)
+}
+
+func putRecord(b *bolt.Bucket, rec record) error {
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(rec.ChainID), v)
 }
 
 // Dir is the folder holding the layer's files (an overlay lowerdir).
@@ -135,18 +215,15 @@ func (s *Store) Prepare() (string, error) {
 // Abort discards a prepared folder.
 func (s *Store) Abort(fsDir string) error { return os.RemoveAll(filepath.Dir(fsDir)) }
 
-// Commit makes a prepared folder the snapshot for chainID: its data is
-// synced (by a syncfs of the store's filesystem, which commits at the same
-// time share), the folder renamed to its short name, then recorded.
+// Commit makes a prepared folder the snapshot for chainID: the folder is
+// renamed to its short name and recorded, marked unsynced until the next
+// flush has made its files durable (see flusher).
 func (s *Store) Commit(chainID, fsDir string, size, inodes int64) (Snapshot, error) {
 	tmp := filepath.Dir(fsDir)
 	if !strings.HasPrefix(filepath.Base(tmp), tmpPrefix) || filepath.Dir(tmp) != s.root {
 		return Snapshot{}, fmt.Errorf("snapshot: %s was not prepared by this store", fsDir)
 	}
-	if err := s.sync.sync(); err != nil {
-		return Snapshot{}, err
-	}
-	snap := Snapshot{ChainID: chainID, Size: size, Inodes: inodes}
+	rec := record{Snapshot: Snapshot{ChainID: chainID, Size: size, Inodes: inodes}, UnsyncedBoot: s.boot}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
 		if b.Get([]byte(chainID)) != nil {
@@ -156,22 +233,19 @@ func (s *Store) Commit(chainID, fsDir string, size, inodes int64) (Snapshot, err
 		if err != nil {
 			return err
 		}
-		snap.Name = strconv.FormatUint(seq, 10)
+		rec.Name = strconv.FormatUint(seq, 10)
 		// Rename inside the transaction: if it fails, nothing is recorded;
 		// if the commit then fails, Open's reconcile removes the folder.
-		if err := os.Rename(tmp, filepath.Join(s.root, snap.Name)); err != nil {
+		if err := os.Rename(tmp, filepath.Join(s.root, rec.Name)); err != nil {
 			return err
 		}
-		v, err := json.Marshal(snap)
-		if err != nil {
-			return err
-		}
-		return b.Put([]byte(chainID), v)
+		return putRecord(b, rec)
 	})
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot %s: commit: %w", chainID, err)
 	}
-	return snap, nil
+	s.flush.add(rec.Name, chainID)
+	return rec.Snapshot, nil
 }
 
 // Remove deletes the record, then the folder. A missing snapshot is not an
