@@ -240,7 +240,8 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 		return fmt.Errorf("layer %s: uncompressed content has digest %s (diff ID mismatch)", diffID, got)
 	}
 	// The blob is verified and unpacked: its download file goes now, before
-	// the commit's syncfs would write it out only to delete it after.
+	// the flush after the commit (image/snapshot) would write it out only to
+	// delete it after.
 	closeStream()
 	releaseSlot()
 	unpacked := time.Now()
