@@ -109,7 +109,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("image service: %w", err)
 	}
-	defer images.Close() // before db.Close: stops the background collector
+	defer images.Close() // before db.Close: stops the background collector, flushes the layers
 
 	cg, err := cgroups.New(cgroups.Driver(cfg.CgroupDriver))
 	if err != nil {
