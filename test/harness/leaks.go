@@ -3,6 +3,7 @@ package harness
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	bolt "go.etcd.io/bbolt"
 )
 
 // On-disk layout of berthd's root (owned by the image package).
@@ -202,4 +204,39 @@ func FindInSnapshots(t testing.TB, root, rel string) []string {
 		}
 	}
 	return found
+}
+
+// UnsyncedLayers lists the chain IDs of the snapshots berthd's database (at
+// root, berthd stopped) still marks as not yet synced to disk
+// (image/snapshot's flusher clears the mark).
+func UnsyncedLayers(t testing.TB, root string) []string {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(root, "meta.db"), 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatalf("open berthd's database: %v", err)
+	}
+	defer db.Close()
+	var unsynced []string
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("snapshots"))
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			var rec struct {
+				UnsyncedBoot string `json:"unsyncedBoot"`
+			}
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return err
+			}
+			if rec.UnsyncedBoot != "" {
+				unsynced = append(unsynced, string(k))
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatalf("read berthd's snapshot records: %v", err)
+	}
+	return unsynced
 }

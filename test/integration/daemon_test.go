@@ -311,6 +311,11 @@ func TestSIGTERMDrainsInFlightPull(t *testing.T) {
 	}
 	assertSocketGone(t, d.Socket)
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+	// The drained pull committed its last layer during the stop: a clean
+	// stop flushes it, so that no reboot can take it.
+	if left := harness.UnsyncedLayers(t, d.Root); len(left) > 0 {
+		t.Errorf("layers still marked unsynced after a clean stop: %v", left)
+	}
 
 	d.Restart()
 	got := mustStatus(t, d, p.Name)
