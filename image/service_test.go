@@ -278,7 +278,8 @@ func TestPullAuthorizesOnce(t *testing.T) {
 
 // TestRebootForgetsUnsyncedLayers: layers that were not yet synced when the
 // machine went down are dropped at the next start, and with them their
-// images, which the kubelet then pulls again; within one boot they stay.
+// images, which the kubelet then pulls again (within one boot they stay:
+// TestOpenSettlesUnsyncedSnapshots).
 func TestRebootForgetsUnsyncedLayers(t *testing.T) {
 	s, root := newTestService(t)
 	reg := httptest.NewServer(ggcrregistry.New())

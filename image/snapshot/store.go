@@ -47,7 +47,8 @@ type Store struct {
 // Open prepares root and reconciles it with the records in db: unfinished
 // unpacks, folders without a record, records without a folder (a crash
 // between the two steps of Commit or Remove) and snapshots a reboot caught
-// before they were synced are dropped; those of this boot are synced.
+// before they were synced are dropped; those of this boot are synced (a
+// failed sync leaves them to the flushes, as a commit's).
 // Close stops the background flushes Open starts.
 func Open(root string, db *bolt.DB, log *slog.Logger) (*Store, error) {
 	boot, err := bootID()
@@ -68,6 +69,7 @@ func Open(root string, db *bolt.DB, log *slog.Logger) (*Store, error) {
 	if err := s.reconcile(log); err != nil {
 		return nil, err
 	}
+	s.flush.flush() // what reconcile found of this boot, before anything uses it
 	go s.flush.run()
 	return s, nil
 }
@@ -77,7 +79,6 @@ func (s *Store) Close() { s.flush.close() }
 
 func (s *Store) reconcile(log *slog.Logger) error {
 	known := map[string]bool{}
-	unsynced := map[string]string{}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
 		return b.ForEach(func(k, v []byte) error {
@@ -94,21 +95,13 @@ func (s *Store) reconcile(log *slog.Logger) error {
 			}
 			known[rec.Name] = true
 			if rec.UnsyncedBoot != "" {
-				unsynced[rec.Name] = rec.ChainID
+				s.flush.add(rec.Name, rec.ChainID)
 			}
 			return nil
 		})
 	})
 	if err != nil {
 		return err
-	}
-	if len(unsynced) > 0 {
-		if err := syncFS(s.root); err != nil {
-			return err
-		}
-		if err := s.markSynced(unsynced); err != nil {
-			return err
-		}
 	}
 	entries, err := os.ReadDir(s.root)
 	if err != nil {

@@ -70,11 +70,11 @@ func (f *flusher) run() {
 			f.flush()
 			return
 		}
-		if stopped := f.waitQuiet(); stopped {
-			f.flush()
+		stopped := f.waitQuiet()
+		f.flush()
+		if stopped {
 			return
 		}
-		f.flush()
 	}
 }
 

@@ -321,9 +321,9 @@ func printParts(parts map[string]map[part][]memUse) {
 func timeColdPulls(t *testing.T, rt criRuntime, bigImage, realImage string) (coldPull, realPull float64) {
 	ctx := t.Context()
 	// Each timed pull starts with nothing dirty on the disks: berth's
-	// syncfs before it records a layer would otherwise also write out what
-	// the runtime measured before it left in the page cache (containerd
-	// does not sync its layers), on the same filesystem.
+	// flush of the layers a second after a pull would otherwise land in
+	// the next one, with what the runtime measured before left in the page
+	// cache (containerd does not sync its layers), on the same filesystem.
 	syscall.Sync()
 	cold := timePull(t, rt, bigImage)
 	stored := rt.layersStored()
