@@ -38,6 +38,8 @@ type Config struct {
 	// NetworkMode ("bridge", "cni") and MetricsAddress ("" when off) are
 	// shown in verbose Status.
 	NetworkMode, MetricsAddress string
+	// GzipDecoder names the decoder of gzip layers and why it was chosen.
+	GzipDecoder string
 	// Registries is shown in verbose Status without credentials.
 	Registries map[string]registry.Host
 	// Logger takes what a call reports past instead of failing (one
@@ -182,6 +184,7 @@ type verboseConfig struct {
 	CgroupDriver  string                     `json:"cgroupDriver"`
 	Network       string                     `json:"network,omitempty"`
 	Metrics       string                     `json:"metrics,omitempty"`
+	GzipDecoder   string                     `json:"gzipDecoder,omitempty"`
 	Registries    map[string]verboseRegistry `json:"registries,omitempty"`
 	CDIDevices    []string                   `json:"cdiDevices,omitempty"`
 }
@@ -206,6 +209,7 @@ func (r *RuntimeService) verboseConfig() verboseConfig {
 		CgroupDriver:  r.cfg.CgroupDriver,
 		Network:       r.cfg.NetworkMode,
 		Metrics:       r.cfg.MetricsAddress,
+		GzipDecoder:   r.cfg.GzipDecoder,
 	}
 	if r.pods != nil {
 		v.CDIDevices = r.pods.CDIDevices()

@@ -272,16 +272,16 @@ func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) laye
 		if err != nil {
 			return nil, nil, err
 		}
-		return decompressed(rc)
+		return decompressed(rc, s.gzip)
 	}
 }
 
 // decompressed reads a compressed layer blob whose stream ends with its
 // digest check: a mismatch is the error of the read that reaches the end,
 // which the check makes happen.
-func decompressed(rc io.ReadCloser) (io.ReadCloser, func() error, error) {
+func decompressed(rc io.ReadCloser, gz gunzip.Decoder) (io.ReadCloser, func() error, error) {
 	br := bufio.NewReaderSize(rc, 1<<20)
-	un, err := decompress(br)
+	un, err := decompress(br, gz)
 	if err != nil {
 		rc.Close()
 		return nil, nil, err
@@ -305,7 +305,7 @@ var (
 	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
 )
 
-func decompress(br *bufio.Reader) (io.ReadCloser, error) {
+func decompress(br *bufio.Reader, gz gunzip.Decoder) (io.ReadCloser, error) {
 	head, err := br.Peek(4)
 	if len(head) == 0 && errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("empty layer: %w", err)
@@ -315,7 +315,7 @@ func decompress(br *bufio.Reader) (io.ReadCloser, error) {
 	}
 	switch {
 	case bytes.HasPrefix(head, gzipMagic):
-		return gunzip.NewReader(br)
+		return gz.NewReader(br)
 	case bytes.HasPrefix(head, zstdMagic):
 		// MaxMemory bounds the window of a "single segment" frame, which is
 		// its whole content; MaxWindow that of every other frame.

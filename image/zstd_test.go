@@ -12,6 +12,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/image/gunzip"
 )
 
 // zstdStream encodes content with the given window: the frame header
@@ -62,7 +63,7 @@ func TestZstdWindowBounded(t *testing.T) {
 		t.Run(strings.ReplaceAll(c.name, " ", "-"), func(t *testing.T) {
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			r, err := decompress(bufio.NewReader(bytes.NewReader(c.stream)))
+			r, err := decompress(bufio.NewReader(bytes.NewReader(c.stream)), gunzip.Decoder{})
 			if err != nil {
 				t.Fatal(err)
 			}

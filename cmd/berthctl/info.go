@@ -21,6 +21,7 @@ type daemonConfig struct {
 	CgroupDriver string `json:"cgroupDriver"`
 	Network      string `json:"network"`
 	Metrics      string `json:"metrics"`
+	GzipDecoder  string `json:"gzipDecoder"`
 	Registries   map[string]struct {
 		Mirrors     []string `json:"mirrors"`
 		PlainHTTP   bool     `json:"plainHTTP"`
@@ -54,6 +55,7 @@ func info(ctx context.Context, conn *grpc.ClientConn, w io.Writer) error {
 	fmt.Fprintf(w, "version:        %s %s (CRI %s)\n", v.RuntimeName, v.RuntimeVersion, v.RuntimeApiVersion)
 	fmt.Fprintf(w, "socket:         %s\nroot:           %s\nstate:          %s\n", c.Socket, c.Root, c.State)
 	fmt.Fprintf(w, "cgroup driver:  %s\nnetwork:        %s\nmetrics:        %s\n", c.CgroupDriver, c.Network, metrics)
+	fmt.Fprintf(w, "gzip decoder:   %s\n", c.GzipDecoder)
 	for _, cond := range st.Status.GetConditions() {
 		line := fmt.Sprintf("%s=%t", cond.Type, cond.Status)
 		if cond.Message != "" {

@@ -103,6 +103,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		MaxLayerBytes:          cfg.Image.MaxLayerBytes,
 		MaxLayerEntries:        cfg.Image.MaxLayerEntries,
 		MaxConcurrentDownloads: cfg.Image.DownloadBound(),
+		GzipDecoder:            cfg.Image.GzipDecoder,
 		Logger:                 log.With("component", "image"),
 		Metrics:                metrics.Registerer(),
 	})
@@ -153,7 +154,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	runtime := cri.NewRuntimeService(cri.Config{
 		Root: cfg.Root, ContainerRoot: cfg.ContainerRoot(), State: cfg.State, Socket: cfg.Socket,
 		CgroupDriver: cfg.CgroupDriver, Registries: cfg.Registries,
-		NetworkMode: cfg.Network.Mode, MetricsAddress: metrics.Addr(),
+		NetworkMode: cfg.Network.Mode, MetricsAddress: metrics.Addr(), GzipDecoder: images.GzipDecoder(),
 		Logger: log.With("component", "cri"),
 	}, pods, podNet).WithStreams(streams)
 	srv := cri.NewServer(cri.ServerOptions{

@@ -126,6 +126,9 @@ func TestCompareContainerd(t *testing.T) {
 				var rt criRuntime
 				if name == "berth" {
 					d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+					if round == 0 {
+						fmt.Printf("compare berth's gzip decoder: %s\n", gzipChoice(d.Logs()))
+					}
 					// berthd and its shims all name the state folder in their arguments.
 					rt = criRuntime{name: name, runtime: d.Runtime, images: d.Images,
 						overheadPIDs: func() []int { return pidsWithArg(d.State) }, daemon: d.PID(),

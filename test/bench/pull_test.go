@@ -6,9 +6,9 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,17 +49,7 @@ func TestPullThroughput(t *testing.T) {
 			for run := 1; run <= runs; run++ {
 				t.Run(fmt.Sprint("run", run), func(t *testing.T) {
 					d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
-					ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
-					defer cancel()
-					start := time.Now()
-					resp, err := d.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}})
-					took := time.Since(start)
-					if err != nil {
-						t.Fatalf("pull: %v", err)
-					}
-					if resp.ImageRef != p.ID {
-						t.Fatalf("image_ref %s, want %s", resp.ImageRef, p.ID)
-					}
+					took := timePullOf(t, d, p)
 					fmt.Printf("pull %s: %.2f s, %.1f MB/s (run %d of %d, fresh root)\n",
 						c.name, took.Seconds(), float64(compressed)/1e6/took.Seconds(), run, runs)
 					harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
@@ -80,4 +70,61 @@ func randomLayers(n, size int) [][]harness.File {
 		layers[i] = []harness.File{harness.Dir("data", 0o755), {Path: fmt.Sprintf("data/%02d.bin", i), Content: data}}
 	}
 	return layers
+}
+
+// TestPullDecoderCPU pulls an image of the host's files (compressible, as
+// real layers are) with each gzip decoder and prints berthd's CPU seconds
+// per MiB of gzip pulled, and the decoder berthd chooses on its defaults:
+// the decoder's speed depends on the CPU (#33), so the figures are this
+// machine's.
+func TestPullDecoderCPU(t *testing.T) {
+	harness.RequireEnv(t, "BERTH_BENCH")
+	img := harness.NewImage(t, harness.ImageSpec{Layers: hostTreeLayers(t, 10, 100<<20)})
+	var compressed int64
+	for _, d := range harness.LayerDigests(t, img) {
+		compressed += harness.BlobSize(t, img, d)
+	}
+	mib := float64(compressed) / (1 << 20)
+	reg := harness.NewRegistry(t)
+	p := reg.Push(t, "bench/hostfiles:1", img)
+	for run := 1; run <= runs; run++ {
+		for _, decoder := range []string{"isa-l", "builtin"} {
+			t.Run(fmt.Sprintf("%s/run%d", decoder, run), func(t *testing.T) {
+				d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host()) +
+					fmt.Sprintf("\n[image]\ngzip_decoder = %q\n", decoder)})
+				cpu := cpuSeconds(d.PID())
+				took := timePullOf(t, d, p)
+				fmt.Printf("pull host files (%.1f MiB gzip), %-7s decoder: %.4f CPU s per MiB, %.2f s (run %d of %d, fresh root)\n",
+					mib, decoder, (cpuSeconds(d.PID())-cpu)/mib, took.Seconds(), run, runs)
+			})
+		}
+	}
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
+	fmt.Printf("pull gzip decoder on berthd's defaults: %s\n", gzipChoice(d.Logs()))
+}
+
+// timePullOf pulls the pushed image p into d and checks its image_ref.
+func timePullOf(t *testing.T, d *harness.Daemon, p harness.Pushed) time.Duration {
+	t.Helper()
+	start := time.Now()
+	resp, err := d.Images.PullImage(t.Context(), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: p.Name}})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("pull: %v", err)
+	}
+	if resp.ImageRef != p.ID {
+		t.Fatalf("image_ref %s, want %s", resp.ImageRef, p.ID)
+	}
+	return took
+}
+
+// gzipChoice is berthd's log line about its gzip decoder, less the log's
+// own fields.
+func gzipChoice(logs string) string {
+	for line := range strings.Lines(logs) {
+		if i := strings.Index(line, `msg="gzip layers: `); i >= 0 {
+			return strings.TrimSpace(line[i:])
+		}
+	}
+	return "not logged"
 }

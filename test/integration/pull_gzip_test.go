@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"io"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -15,14 +16,14 @@ import (
 	"github.com/berth-runtime/berth/test/harness"
 )
 
-// TestPullInflatesWithISAL: berthd inflates gzip layers with ISA-L on a
-// node that has libisal2 (test/deps.sh installs it), and a layer made of
-// two gzip members, as parallel compressors (pigz) write them, unpacks
-// whole: a file spans the members' border.
+// TestPullInflatesWithISAL: berthd told to inflate gzip layers with ISA-L
+// does so on a node that has libisal2 (test/deps.sh installs it), and a
+// layer made of two gzip members, as parallel compressors (pigz) write
+// them, unpacks whole: a file spans the members' border.
 func TestPullInflatesWithISAL(t *testing.T) {
 	t.Parallel()
-	reg, d := start(t, "")
-	if !strings.Contains(d.Logs(), `msg="gzip layers: ISA-L decoder"`) {
+	reg, d := start(t, "\n[image]\ngzip_decoder = \"isa-l\"\n")
+	if !strings.Contains(d.Logs(), `msg="gzip layers: isa-l decoder" component=image decoder=isa-l why=configured`) {
 		t.Fatalf("berthd did not say it inflates with ISA-L; its log:\n%s", d.Logs())
 	}
 
@@ -52,6 +53,24 @@ func TestPullInflatesWithISAL(t *testing.T) {
 		t.Fatalf("the second member's file = %q", got)
 	}
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+}
+
+// TestGzipDecoderChosenByMeasurement: on its defaults berthd measures both
+// gzip decoders on this CPU at start (ISA-L loads here) and says which it
+// chose and why, in its log and in berthctl info.
+func TestGzipDecoderChosenByMeasurement(t *testing.T) {
+	t.Parallel()
+	_, d := start(t, "")
+	if !regexp.MustCompile(`msg="gzip layers: (isa-l|builtin) decoder" component=image decoder=(isa-l|builtin) why="measured on this CPU: inflating and hashing a 1024 KiB sample took [0-9.]+m?s with ISA-L, [0-9.]+m?s with the builtin decoder"`).MatchString(d.Logs()) {
+		t.Fatalf("berthd did not log the measured choice of gzip decoder; its log:\n%s", d.Logs())
+	}
+	out, err := d.Berthctl("info")
+	if err != nil {
+		t.Fatalf("berthctl info: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`(?m)^gzip decoder: +(isa-l|builtin) \(measured on this CPU: .* with ISA-L, .* with the builtin decoder\)$`).MatchString(out) {
+		t.Fatalf("berthctl info does not show the measured gzip decoder:\n%s", out)
+	}
 }
 
 func gzipped(t *testing.T, b []byte) []byte {

@@ -76,7 +76,7 @@ kernel_independent+='|TestImageStatusLookups|TestImageStatusUserAndSize|TestRepo
 kernel_independent+='|TestContainerdHostsDir|TestSIGHUPReloadsRegistries'
 kernel_independent+='|TestRuntimeServiceUnimplemented|TestConfigErrorsNameTheKey|TestSocketIsRootOnly|TestStaleSocketIsReplaced|TestSecondDaemonOnSameSocketIsRefused|TestSignalsExitCleanly|TestFlagsOverrideConfigFile|TestLogFormatJSON'
 kernel_independent+='|TestTracingToOTLPCollector|TestNoTracingWithoutEndpoint|TestTracingSamplingFollowsCaller'
-kernel_independent+='|TestHostsHeadersStayWithTheirHost|TestPullRefusesWideZstdWindow|TestPullInflatesWithISAL|TestLinkLocalPodSubnetRefused'
+kernel_independent+='|TestHostsHeadersStayWithTheirHost|TestPullRefusesWideZstdWindow|TestPullInflatesWithISAL|TestGzipDecoderChosenByMeasurement|TestLinkLocalPodSubnetRefused'
 # Tests that build their programs from the host's tools (go, ldd and the
 # host's nginx), which the VM's disk does not have. What they prove does not
 # depend on the kernel's version: the seccomp probe compares each call under

@@ -63,7 +63,7 @@ func TestDefaults(t *testing.T) {
 	want := &Config{Path: absent,
 		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
 		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs",
-		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000},
+		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000, GzipDecoder: "auto"},
 		Network: Network{Mode: "bridge", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
@@ -104,6 +104,7 @@ pull_progress_timeout = "90s"
 max_layer_bytes = 1073741824
 max_layer_entries = 1000
 max_concurrent_downloads = 3
+gzip_decoder = "builtin"
 
 [stream]
 address = "0.0.0.0"
@@ -139,7 +140,7 @@ skip_verify = false
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
-		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000,
+		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000, GzipDecoder: "builtin",
 			MaxConcurrentDownloads: &three},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
@@ -217,6 +218,7 @@ func TestBadFiles(t *testing.T) {
 		{"negative layer entries", "[image]\nmax_layer_entries = -5", []string{`image.max_layer_entries = "-5"`, "greater than 0"}},
 		{"zero concurrent downloads", "[image]\nmax_concurrent_downloads = 0", []string{`image.max_concurrent_downloads = "0"`, "greater than 0"}},
 		{"negative concurrent downloads", "[image]\nmax_concurrent_downloads = -1", []string{`image.max_concurrent_downloads = "-1"`, "greater than 0"}},
+		{"unknown gzip decoder", "[image]\ngzip_decoder = \"igzip\"", []string{`image.gzip_decoder = "igzip"`, "auto, isa-l, builtin"}},
 		{"layer bytes as a string", "[image]\nmax_layer_bytes = \"1GiB\"", []string{"max_layer_bytes"}},
 		{"mirror scheme", "[registry.\"docker.io\"]\nmirrors = [\"ftp://m.example\"]",
 			[]string{`registry."docker.io".mirrors[0] = "ftp://m.example"`, "http or https"}},

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berth-runtime/berth/image/gunzip"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/network"
 )
@@ -103,6 +104,9 @@ func (c *Config) validate() error {
 	}
 	if n := c.Image.MaxLayerEntries; n <= 0 {
 		p.add(badValue("image.max_layer_entries", strconv.FormatInt(n, 10), errors.New("must be greater than 0")))
+	}
+	if m := c.Image.GzipDecoder; !slices.Contains(gunzip.Modes, m) {
+		p.add(badValue("image.gzip_decoder", m, fmt.Errorf("must be one of %s", strings.Join(gunzip.Modes, ", "))))
 	}
 	if n := c.Image.MaxConcurrentDownloads; n != nil && *n <= 0 {
 		p.add(badValue("image.max_concurrent_downloads", strconv.Itoa(*n), errors.New("must be greater than 0 (leave it out for no bound)")))
