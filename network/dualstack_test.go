@@ -308,7 +308,8 @@ func sendFrame(t *testing.T, pin string, br netlink.Link, mac net.HardwareAddr, 
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
-// TestIPv6OnlyGuard: an IPv6-only pod sends no IPv4 or ARP at all.
+// TestIPv6OnlyGuardRules: an IPv6-only pod sends no IPv4 or ARP at all,
+// an IPv4-only one no IPv6.
 func TestIPv6OnlyGuardRules(t *testing.T) {
 	l := &lease{IP: netip.MustParseAddr("fd00::2"), MAC: macAddr(derivedMAC(podMACKind, netip.MustParseAddr("fd00::2")))}
 	dual := &lease{IP: netip.MustParseAddr("10.0.0.2"), AdditionalIPs: []netip.Addr{netip.MustParseAddr("fd00::2")}, MAC: l.MAC}
@@ -317,11 +318,11 @@ func TestIPv6OnlyGuardRules(t *testing.T) {
 	if got, want := len(forbidden(l)), 5+len(forbiddenIPv6(l)); got != want {
 		t.Errorf("IPv6-only pod: %d rules, want %d", got, want)
 	}
-	// An IPv4-only pod keeps the rules it had before dual-stack.
-	if got := len(forbiddenIPv6(v4)); got != 3 {
-		t.Errorf("IPv4-only pod: %d IPv6 rules, want 3 (RA, NA, redirect)", got)
+	// An IPv4-only pod: one rule, all IPv6 (TestIPv4OnlyPodSendsNoIPv6).
+	if got := len(forbiddenIPv6(v4)); got != 1 {
+		t.Errorf("IPv4-only pod: %d IPv6 rules, want 1 (all IPv6)", got)
 	}
-	if len(forbiddenIPv6(dual)) <= 3 {
+	if len(forbiddenIPv6(dual)) <= 1 {
 		t.Error("dual-stack pod: no IPv6 address rules")
 	}
 
@@ -406,7 +407,7 @@ func TestIPv6HostPorts(t *testing.T) {
 
 // TestIPv4OnlyHasNoIPv6: without an IPv6 subnet nothing of IPv6 is made:
 // no pod or bridge IPv6 address beyond link-local, no ip6 table, and the
-// guard's IPv6 rules are the three of before dual-stack.
+// guard's one IPv6 rule drops it all (TestIPv4OnlyPodSendsNoIPv6).
 func TestIPv4OnlyHasNoIPv6(t *testing.T) {
 	e := newEnv(t, 24)
 	id, pin, a := e.attach(t)
@@ -442,7 +443,59 @@ func TestIPv4OnlyHasNoIPv6(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := len(forbiddenIPv6(l)); got != 3 {
-		t.Errorf("%d IPv6 guard rules, want 3 (RA, NA, redirect)", got)
+	if got := len(forbiddenIPv6(l)); got != 1 {
+		t.Errorf("%d IPv6 guard rules, want 1 (all IPv6)", got)
 	}
+}
+
+// TestIPv4OnlyPodSendsNoIPv6: a pod without an IPv6 address sends no IPv6:
+// neither a neighbour solicitation from another pod's link-local address
+// (which would poison its neighbours' caches) nor from its own, nor its
+// kernel's duplicate address probe, nor an echo request; its IPv4 passes.
+func TestIPv4OnlyPodSendsNoIPv6(t *testing.T) {
+	e := newEnv(t, 24)
+	idA, pinA, _ := e.attach(t)
+	idB, _, b := e.attach(t)
+	mac, macB := e.leaseMAC(t, idA), e.leaseMAC(t, idB)
+	ll, llB := linkLocal(mac), linkLocal(macB)
+	br, err := netlink.LinkByName(e.cfg.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(pinA, b.IP.String()); err != nil {
+		t.Fatalf("IPv4 from pod to pod: %v", err)
+	}
+	// ns is a neighbour solicitation for target, from src, with the pod's
+	// own MAC as its source link-layer address.
+	ns := func(src, target netip.Addr) frame6 {
+		p := append(append([]byte{icmpv6NeighSol, 0, 0, 0, 0, 0, 0, 0}, target.AsSlice()...), ndSourceLLAddr, 1)
+		return frame6{src: src, dst: target, next: unix.IPPROTO_ICMPV6, payload: append(p, mac...)}
+	}
+	for _, tc := range []struct {
+		name string
+		f    frame6
+	}{
+		{"NS from another pod's link-local address", ns(llB, ll)},
+		{"NS from its own link-local address", ns(ll, llB)},
+		{"DAD probe for its link-local address", frame6{src: netip.IPv6Unspecified(), dst: netip.MustParseAddr("ff02::1:ff00:0"), next: unix.IPPROTO_ICMPV6,
+			payload: append([]byte{icmpv6NeighSol, 0, 0, 0, 0, 0, 0, 0}, ll.AsSlice()...)}},
+		{"echo request from its link-local address", frame6{src: ll, dst: llB, next: unix.IPPROTO_ICMPV6, payload: []byte{128, 0, 0, 0, 0, 1, 0, 1}}},
+	} {
+		before := e.dropped(t, idA)
+		if sendFrame(t, pinA, br, mac, tc.f) {
+			t.Errorf("%s reached the bridge", tc.name)
+		} else if e.dropped(t, idA) == before {
+			t.Errorf("%s did not reach the bridge, but the guard dropped nothing: the test proves nothing", tc.name)
+		}
+	}
+}
+
+// leaseMAC is the MAC pinned in the pod's lease.
+func (e *testEnv) leaseMAC(t *testing.T, pod string) net.HardwareAddr {
+	t.Helper()
+	l, err := e.leases.get(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.HardwareAddr(l.MAC)
 }

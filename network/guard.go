@@ -14,11 +14,10 @@ import (
 // The guard keeps a pod from steering its neighbours' or the node's
 // traffic: it sends from its own MAC and address only (Ethernet, IPv4 and
 // ARP), no frames of other protocols (VLAN-tagged ones included), nothing
-// to the node's loopback, nothing to the IEEE link-local groups, and no
-// IPv6 router advertisements, redirects or neighbour advertisements (a pod
-// without an IPv6 address still has IPv6 link-local up in its namespace);
-// a pod with an IPv6 address gets the IPv6 rules of ipv6.go instead of the
-// last.
+// to the node's loopback, nothing to the IEEE link-local groups, and,
+// having no IPv6 address, no IPv6 at all, though its namespace still has
+// IPv6 link-local up (forbiddenIPv6); a pod with an IPv6 address gets the
+// IPv6 rules of ipv6.go instead of the last.
 //
 // Every frame a pod sends meets its host veth's ingress hook before the
 // bridge decides anything, so a netdev-family chain per pod port, hooked
@@ -42,9 +41,7 @@ import (
 //			@ll,96,16 0x800 @nh,128,32 & 0xff000000 == 0x7f000000 counter drop   # ip daddr 127.0.0.0/8
 //			@ll,96,16 0x806 @nh,112,32 != 0xa590002 counter drop            # arp saddr ip != 10.89.0.2
 //			@ll,96,16 0x806 @nh,64,48 != 0x2700a590002 counter drop         # arp saddr ether != 02:70:0a:59:00:02
-//			@ll,96,16 0x86dd icmpv6 type nd-router-advert counter drop
-//			@ll,96,16 0x86dd icmpv6 type nd-neighbor-advert counter drop
-//			@ll,96,16 0x86dd icmpv6 type nd-redirect counter drop
+//			@ll,96,16 0x86dd counter drop                                   # ether type ip6
 //		}
 //	}
 //

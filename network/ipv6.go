@@ -13,7 +13,8 @@ import (
 
 // IPv6 on the built-in network: pods get an IPv6 address only when a pod
 // subnet is IPv6 (the kubelet's pod CIDR, or subnet6); on an IPv4-only node
-// nothing here applies and the guard is the IPv4 one.
+// nothing here applies but one rule: a pod without an IPv6 address sends
+// no IPv6 (forbiddenIPv6).
 //
 // A pod with an IPv6 address gets these rules in its guard chain (after the
 // MAC and IPv4 ones, guard.go), for a pod with fd00::2 and MAC
@@ -117,14 +118,22 @@ func (l *lease) addrOf(v4 bool) (netip.Addr, bool) {
 }
 
 // forbiddenIPv6 matches the IPv6 frames the lease's pod may not send. A pod
-// without an IPv6 address (an IPv4-only node) sends no router or neighbour
-// advertisement nor redirect, as before dual-stack; one with an address
-// gets the rules above.
+// with an address gets the rules above. One without (an IPv4-only node)
+// sends no IPv6 at all, as an IPv6-only pod sends no IPv4 (guard.go): its
+// namespace still has IPv6 link-local up, which nothing on the node
+// serves, and a neighbour solicitation or advertisement from another pod's
+// link-local address would poison its neighbours' caches. What its kernel
+// sends by itself loses nothing: a duplicate address probe that nobody
+// answers succeeds, MLD reports serve no IPv6 multicast where pods have no
+// IPv6, and it solicits no router (accept_ra is 0, veth.go).
 func forbiddenIPv6(l *lease) [][]expr.Any {
 	var rules [][]expr.Any
 	ip6, ok := l.addr6()
+	if !ok {
+		return [][]expr.Any{ofType(unix.ETH_P_IPV6)}
+	}
 	mac := net.HardwareAddr(l.MAC)
-	if !ok || mac == nil {
+	if mac == nil { // no lease berth wrote: it pinned MACs before it gave IPv6
 		for _, typ := range []byte{icmpv6RouterAdv, icmpv6NeighAdv, icmpv6Redirect} {
 			rules = append(rules, icmpv6Type(typ))
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -163,4 +164,117 @@ func icmpv6Checksum(src, dst netip.Addr, msg []byte) uint16 {
 		sum = sum>>16 + sum&0xffff
 	}
 	return ^uint16(sum)
+}
+
+// TestIPv4OnlyPodCannotPoisonNeighbours: on an IPv4-only network a pod
+// sends no IPv6 (#34). A neighbour solicitation it sends from another
+// pod's link-local address, naming its own MAC as that address's, would
+// make the pod it asks map the address to it; it never gets there, while
+// the same solicitation sent from the node (from addresses of its own)
+// does: the control that the pod asked takes such a message. The pod's
+// IPv4 reaches the same neighbour.
+func TestIPv4OnlyPodCannotPoisonNeighbours(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		t.Fatalf("this kernel has no IPv6, which the test needs (the VM tier has it): %v", err)
+	}
+	var pods, nets []string
+	for _, name := range []string{"poisoner", "impersonated", "asked"} {
+		pod, netns := e.runSleeperPod(t, name)
+		defer e.removePod(t, pod)
+		pods, nets = append(pods, pod), append(nets, netns)
+	}
+	if addrs := e.podAddrs(t, pods[0]); len(addrs) != 1 || !addrs[0].Is4() {
+		t.Fatalf("pod addresses %v on an IPv4-only network, want one IPv4 address", addrs)
+	}
+	poisoner := openPacketSocket(t, nets[0])
+	impersonated, _ := linkLocalOf(t, nets[1])
+	asked, askedMAC := linkLocalOf(t, nets[2])
+	bridge, _ := e.network(t)
+	node := openNodePacketSocket(t, bridge)
+
+	askedIP := e.podIP(t, pods[2])
+	var conn net.PacketConn
+	var err error
+	inNetns(t, nets[2], func() { conn, err = net.ListenPacket("udp4", net.JoinHostPort(askedIP, "0")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if !eventually(10*time.Second, func() bool {
+		inNetns(t, nets[0], func() {
+			if c, err := net.Dial("udp4", conn.LocalAddr().String()); err == nil {
+				c.Write([]byte("over IPv4"))
+				c.Close()
+			}
+		})
+		return receivedUDP(conn, "over IPv4", 200*time.Millisecond)
+	}) {
+		t.Error("a datagram from the pod did not reach its neighbour over IPv4")
+	}
+
+	// solicitation asks the asked pod for its link-local address, from
+	// src, giving the poisoner's MAC as src's.
+	solicitation := func(ethSrc net.HardwareAddr, src netip.Addr) []byte {
+		icmp := append([]byte{icmpv6NeighborSolicit, 0, 0, 0, 0, 0, 0, 0}, asked.AsSlice()...)
+		icmp = append(append(icmp, 1, 1), poisoner.mac...) // source link-layer address option
+		return ethFrame(askedMAC, ethSrc, unix.ETH_P_IPV6, ipv6(src, asked, unix.IPPROTO_ICMPV6, icmp, 2))
+	}
+	cachedAs := func(ip netip.Addr) (mac net.HardwareAddr) {
+		inNetns(t, nets[2], func() {
+			var neighs []netlink.Neigh
+			if neighs, err = netlink.NeighList(0, netlink.FAMILY_V6); err != nil {
+				return
+			}
+			for _, n := range neighs {
+				if n.IP.Equal(ip.AsSlice()) {
+					mac = n.HardwareAddr
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mac
+	}
+	// Each round the poisoner's solicitation goes first; the second round
+	// comes once the asked pod takes solicitations (its link-local address
+	// may be tentative at first).
+	for i, control := range []netip.Addr{netip.MustParseAddr("fe80::c0:1"), netip.MustParseAddr("fe80::c0:2")} {
+		if !eventually(15*time.Second, func() bool {
+			poisoner.send(t, solicitation(poisoner.mac, impersonated))
+			node.send(t, solicitation(node.mac, control))
+			return bytes.Equal(cachedAs(control), poisoner.mac)
+		}) {
+			t.Fatalf("round %d: a neighbour solicitation from the node, saying %s is at %s, did not reach the asked pod's neighbour cache: the test proves nothing", i+1, control, poisoner.mac)
+		}
+	}
+	if mac := cachedAs(impersonated); bytes.Equal(mac, poisoner.mac) {
+		t.Errorf("a neighbour solicitation from a pod, from another pod's link-local address %s, made a third pod map it to the sender's MAC %s", impersonated, mac)
+	}
+}
+
+// linkLocalOf is the IPv6 link-local address of eth0 in the network
+// namespace at netns, and eth0's MAC.
+func linkLocalOf(t *testing.T, netns string) (netip.Addr, net.HardwareAddr) {
+	t.Helper()
+	var eth0 netlink.Link
+	var addrs []netlink.Addr
+	var err error
+	inNetns(t, netns, func() {
+		if eth0, err = netlink.LinkByName("eth0"); err == nil {
+			addrs, err = netlink.AddrList(eth0, netlink.FAMILY_V6)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() {
+			return ip, eth0.Attrs().HardwareAddr
+		}
+	}
+	t.Fatalf("eth0 in %s has no IPv6 link-local address (addresses %v)", netns, addrs)
+	return netip.Addr{}, nil
 }

@@ -200,35 +200,58 @@ func guardChainsOf(t *testing.T, table, veth string) []string {
 	return found
 }
 
-// packetSocket sends and receives whole Ethernet frames on a pod's eth0.
+// packetSocket sends and receives whole Ethernet frames on a link: a pod's
+// eth0, or a link of the node.
 type packetSocket struct {
 	fd      int
 	ifindex int
-	mac     net.HardwareAddr // eth0's
+	mac     net.HardwareAddr // the link's
 }
 
 // openPacketSocket opens a raw packet socket on eth0 in the network
 // namespace at netns (it stays there), receiving every frame.
 func openPacketSocket(t *testing.T, netns string) *packetSocket {
 	t.Helper()
-	var p packetSocket
+	var p *packetSocket
 	var err error
-	inNetns(t, netns, func() {
-		var eth0 netlink.Link
-		if eth0, err = netlink.LinkByName("eth0"); err != nil {
-			return
-		}
-		p.ifindex, p.mac = eth0.Attrs().Index, eth0.Attrs().HardwareAddr
-		if p.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL))); err != nil {
-			return
-		}
-		err = unix.Bind(p.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: p.ifindex})
-	})
+	inNetns(t, netns, func() { p, err = packetSocketOn("eth0") })
 	if err != nil {
 		t.Fatalf("packet socket on eth0 in %s: %v", netns, err)
 	}
 	t.Cleanup(func() { unix.Close(p.fd) })
-	return &p
+	return p
+}
+
+// openNodePacketSocket opens one on the link named name in the test's own
+// network namespace, the node's. On a pod's host veth it sees the frames
+// the pod sends before the pod's guard does; on the bridge it sends as the
+// node.
+func openNodePacketSocket(t *testing.T, name string) *packetSocket {
+	t.Helper()
+	p, err := packetSocketOn(name)
+	if err != nil {
+		t.Fatalf("packet socket on %s: %v", name, err)
+	}
+	t.Cleanup(func() { unix.Close(p.fd) })
+	return p
+}
+
+// packetSocketOn opens a raw packet socket, receiving every frame, on the
+// link named name in the calling thread's network namespace.
+func packetSocketOn(name string) (*packetSocket, error) {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	p := &packetSocket{ifindex: link.Attrs().Index, mac: link.Attrs().HardwareAddr}
+	if p.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL))); err != nil {
+		return nil, err
+	}
+	if err := unix.Bind(p.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: p.ifindex}); err != nil {
+		unix.Close(p.fd)
+		return nil, err
+	}
+	return p, nil
 }
 
 func (p *packetSocket) send(t *testing.T, frame []byte) {

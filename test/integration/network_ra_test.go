@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"slices"
@@ -16,17 +17,20 @@ import (
 
 // ICMPv6 types the test sends from a pod.
 const (
-	icmpv6EchoRequest    = 128
-	icmpv6RouterAdvert   = 134
-	icmpv6NeighborAdvert = 136
-	icmpv6Redirect       = 137
+	icmpv6EchoRequest     = 128
+	icmpv6RouterAdvert    = 134
+	icmpv6NeighborSolicit = 135
+	icmpv6NeighborAdvert  = 136
+	icmpv6Redirect        = 137
 )
 
 // TestPodCannotAdvertiseRoutes sends, from inside one pod's network
-// namespace, IPv6 router and neighbour advertisements, redirects and (as a
-// control) echo requests to all nodes on the link: a neighbour pod sees the
-// echo requests but none of the others, and neither the pods nor the bridge
-// accept router advertisements.
+// namespace on an IPv4-only network, IPv6 router and neighbour
+// advertisements, redirects and echo requests to all nodes on the link:
+// they leave the pod (its host veth sees them), but a neighbour pod, which
+// sees an echo request the node sends (the control), sees none of them (a
+// pod without an IPv6 address sends no IPv6 at all); and neither the pods
+// nor the bridge accept router advertisements.
 func TestPodCannotAdvertiseRoutes(t *testing.T) {
 	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
@@ -55,6 +59,9 @@ func TestPodCannotAdvertiseRoutes(t *testing.T) {
 	}
 
 	sender, listener := icmpv6Socket(t, nets[0]), icmpv6Socket(t, nets[1])
+	senderAddr, _ := linkLocalOf(t, nets[0]) // the source of what it sends to ff02::1
+	tap := openNodePacketSocket(t, hostVethOf(t, nets[0]).Attrs().Name)
+	node := openNodePacketSocket(t, bridge)
 	eth0 := ifIndexIn(t, nets[0], "eth0")
 	if err := unix.SetsockoptInt(sender, unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_HOPS, 255); err != nil {
 		t.Fatal(err)
@@ -78,14 +85,6 @@ func TestPodCannotAdvertiseRoutes(t *testing.T) {
 		from [16]byte
 	}
 	var seen []message
-	received := func(typ byte) (from [16]byte, ok bool) {
-		for _, m := range seen {
-			if m.typ == typ {
-				return m.from, true
-			}
-		}
-		return from, false
-	}
 	recv := func() bool {
 		buf := make([]byte, 1500)
 		n, from, err := unix.Recvfrom(listener, buf, 0)
@@ -97,9 +96,20 @@ func TestPodCannotAdvertiseRoutes(t *testing.T) {
 		}
 		return true
 	}
+	// The control: an echo request the node sends to all nodes.
+	nodeAddr := netip.MustParseAddr("fe80::c0:3")
+	fromNode := message{icmpv6EchoRequest, nodeAddr.As16()}
+	nodeEcho := ethFrame(net.HardwareAddr{0x33, 0x33, 0, 0, 0, 1}, node.mac, unix.ETH_P_IPV6,
+		ipv6(nodeAddr, netip.MustParseAddr("ff02::1"), unix.IPPROTO_ICMPV6, slices.Clone(echo), 2))
+	// sentEcho tells whether a frame is the sender's echo request.
+	sentEcho := func(f []byte) bool {
+		return len(f) > 54 && f[12] == 0x86 && f[13] == 0xdd && f[20] == unix.IPPROTO_ICMPV6 &&
+			netip.AddrFrom16([16]byte(f[22:38])) == senderAddr && f[54] == icmpv6EchoRequest
+	}
+	left := false
 	deadline := time.Now().Add(15 * time.Second) // the link-local address may still be tentative
 	for time.Now().Before(deadline) {
-		if _, ok := received(icmpv6EchoRequest); ok {
+		if left && slices.Contains(seen, fromNode) {
 			break
 		}
 		// Errors are expected while eth0 has no usable source address yet.
@@ -107,19 +117,23 @@ func TestPodCannotAdvertiseRoutes(t *testing.T) {
 			_ = unix.Sendto(sender, msg, 0, allNodes)
 		}
 		_ = unix.Sendto(sender, echo, 0, allNodes)
+		node.send(t, nodeEcho)
+		left = left || tap.receive(sentEcho, 100*time.Millisecond)
 		for recv() {
 		}
 	}
-	senderAddr, ok := received(icmpv6EchoRequest)
-	if !ok {
-		t.Fatalf("the neighbour pod received no echo request from the sender pod (messages seen: %v): the test proves nothing", seen)
+	if !left {
+		t.Fatalf("no echo request from the sender pod (%s) reached its host veth: the test proves nothing", senderAddr)
 	}
-	// The advertisements went out before the echo requests: give a late one a moment.
+	if !slices.Contains(seen, fromNode) {
+		t.Fatalf("the neighbour pod received no echo request from the node (messages seen: %v): the test proves nothing", seen)
+	}
+	// Give a late one a moment.
 	for range 5 {
 		recv()
 	}
-	for _, msg := range forbidden {
-		if slices.Contains(seen, message{msg[0], senderAddr}) {
+	for _, msg := range append(forbidden, echo) {
+		if slices.Contains(seen, message{msg[0], senderAddr.As16()}) {
 			t.Errorf("ICMPv6 type %d from one pod reached another (messages seen: %v)", msg[0], seen)
 		}
 	}
