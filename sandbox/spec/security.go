@@ -32,8 +32,8 @@ var DefaultCapabilities = []string{
 }
 
 // DefaultMaskedPaths and DefaultReadonlyPaths are the lists the kubelet sends
-// for procMount Default (containerd's defaults too). berth does not apply them
-// itself: a client that wants /proc masked sends them (see maskedPaths).
+// for procMount Default (containerd's defaults too), and those of the pause's
+// /proc. A container has the lists its client sends (see maskedPaths).
 var (
 	DefaultMaskedPaths = []string{
 		"/proc/acpi",
