@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -168,15 +169,22 @@ func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
 		},
 		Mounts: []specs.Mount{
 			{Destination: "/pause", Type: "bind", Source: m.opts.PauseBinary, Options: []string{"rbind", "ro"}},
-			// libcontainer's init reads /proc of the rootfs: to drop the
-			// capabilities (cap_last_cap) and, in a user namespace, to set
-			// up the user.
+			// libcontainer's init needs /proc of the rootfs after the
+			// pivot: to drop the capabilities (cap_last_cap), to reach its
+			// file descriptors (/proc/self/fd, the masks below among them)
+			// and, in a user namespace, to set up the user.
 			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			Namespaces:  nss,
 			CgroupsPath: m.pauseCgroup(pod),
 			Seccomp:     conf.seccomp,
+			// That /proc is masked as a default container's: root in a
+			// container of the pod given CAP_SYS_PTRACE reaches it through
+			// /proc/1/root, where an unmasked /proc/sys would let it write
+			// the host's kernel.core_pattern.
+			MaskedPaths:   slices.Clone(spec.DefaultMaskedPaths),
+			ReadonlyPaths: slices.Clone(spec.DefaultReadonlyPaths),
 		},
 	}
 	joinUserNS(s, pod)

@@ -32,8 +32,9 @@ var DefaultCapabilities = []string{
 }
 
 // DefaultMaskedPaths and DefaultReadonlyPaths are the lists the kubelet sends
-// for procMount Default (containerd's defaults too). berth does not apply them
-// itself: a client that wants /proc masked sends them (see maskedPaths).
+// for procMount Default (containerd's defaults too), and those of the pause's
+// /proc. A container has the lists its client sends, or these (see
+// procPaths).
 var (
 	DefaultMaskedPaths = []string{
 		"/proc/acpi",
@@ -165,16 +166,22 @@ func capabilities(sc *runtimeapi.LinuxContainerSecurityContext) (*specs.LinuxCap
 	}, nil
 }
 
-// maskedPaths and readonlyPaths are the lists as sent, an empty one masking
-// nothing, as in containerd and CRI-O: protobuf cannot tell an empty list
-// from an absent one, and the kubelet sends the full default list whenever
-// it wants masking, and an empty one for procMount Unmasked (KEP-4265).
-func maskedPaths(sc *runtimeapi.LinuxContainerSecurityContext) []string {
-	return slices.Clone(sc.GetMaskedPaths())
-}
-
-func readonlyPaths(sc *runtimeapi.LinuxContainerSecurityContext) []string {
-	return slices.Clone(sc.GetReadonlyPaths())
+// procPaths returns the masked and read-only paths of a container that is
+// not privileged: each list as sent, but an empty one in the host's user
+// namespace is its default. On the wire an empty list is an absent one, so
+// a client that sends none (crictl, a script) would otherwise get a /proc
+// whose root may write /proc/sys/kernel/core_pattern, host root. The kubelet
+// sends empty lists for procMount Unmasked, which Kubernetes allows only
+// with hostUsers: false (KEP-4265): in a pod with its own user namespace
+// (ownUserNS) an empty list masks nothing.
+func procPaths(sc *runtimeapi.LinuxContainerSecurityContext, ownUserNS bool) (masked, readonly []string) {
+	sentOrDefault := func(sent, def []string) []string {
+		if len(sent) == 0 && !ownUserNS {
+			return slices.Clone(def)
+		}
+		return slices.Clone(sent)
+	}
+	return sentOrDefault(sc.GetMaskedPaths(), DefaultMaskedPaths), sentOrDefault(sc.GetReadonlyPaths(), DefaultReadonlyPaths)
 }
 
 // PauseID is the user and group the pause runs as when the pod names none:

@@ -93,51 +93,64 @@ func TestCapabilitiesAmbientAndErrors(t *testing.T) {
 	wantErr(t, err, "drop_capabilities", `"CAP_NOPE"`)
 }
 
-// TestMaskedReadonlyPaths checks that the lists are used as sent: none
-// (procMount Unmasked) masks nothing, the kubelet's defaults and a list of
-// its own are applied, and a privileged container has none.
+// TestMaskedReadonlyPaths checks which /proc paths a container gets masked
+// and read-only: the lists as sent, the kubelet's defaults or a list of its
+// own; an empty list is its default in the host's user namespace and masks
+// nothing in a pod's own (procMount Unmasked); a privileged container has
+// none.
 func TestMaskedReadonlyPaths(t *testing.T) {
-	in := baseInput(t)
-	s, err := Generate(in)
-	if err != nil {
-		t.Fatal(err)
+	own, ownRO := []string{"/proc/only"}, []string{"/proc/ro"}
+	for _, c := range []struct {
+		name                  string
+		ownUserNS, privileged bool
+		masked, readonly      []string // sent
+		wantMasked, wantRO    []string
+	}{
+		{name: "host userns, none sent", wantMasked: DefaultMaskedPaths, wantRO: DefaultReadonlyPaths},
+		{name: "host userns, empty lists", masked: []string{}, readonly: []string{}, wantMasked: DefaultMaskedPaths, wantRO: DefaultReadonlyPaths},
+		{name: "host userns, defaults", masked: DefaultMaskedPaths, readonly: DefaultReadonlyPaths, wantMasked: DefaultMaskedPaths, wantRO: DefaultReadonlyPaths},
+		{name: "host userns, own lists", masked: own, readonly: ownRO, wantMasked: own, wantRO: ownRO},
+		{name: "host userns, masked only", masked: own, wantMasked: own, wantRO: DefaultReadonlyPaths},
+		{name: "host userns, privileged", privileged: true},
+		{name: "own userns, none sent", ownUserNS: true},
+		{name: "own userns, defaults", ownUserNS: true, masked: DefaultMaskedPaths, readonly: DefaultReadonlyPaths, wantMasked: DefaultMaskedPaths, wantRO: DefaultReadonlyPaths},
+		{name: "own userns, own lists", ownUserNS: true, masked: own, readonly: ownRO, wantMasked: own, wantRO: ownRO},
+		{name: "own userns, privileged", ownUserNS: true, privileged: true, masked: DefaultMaskedPaths},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := baseInput(t)
+			if c.ownUserNS {
+				m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 100000, Size: 65536}}
+				in.UserNS, in.UIDMappings, in.GIDMappings = "/run/berth/ns/user-1", m, m
+			}
+			sc := secCtx(&in)
+			sc.Privileged, sc.MaskedPaths, sc.ReadonlyPaths = c.privileged, c.masked, c.readonly
+			s, err := Generate(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(s.Linux.MaskedPaths, c.wantMasked) || !slices.Equal(s.Linux.ReadonlyPaths, c.wantRO) {
+				t.Fatalf("masked %q readonly %q, want %q and %q", s.Linux.MaskedPaths, s.Linux.ReadonlyPaths, c.wantMasked, c.wantRO)
+			}
+			// The spec's lists are its own: a change to them (CDI edits
+			// come later) leaves the defaults alone.
+			for _, l := range [][]string{s.Linux.MaskedPaths, s.Linux.ReadonlyPaths} {
+				if len(l) > 0 {
+					l[0] = "/changed"
+				}
+			}
+			if DefaultMaskedPaths[0] != "/proc/acpi" || DefaultReadonlyPaths[0] != "/proc/bus" {
+				t.Fatal("the defaults changed through a spec's lists")
+			}
+		})
 	}
-	if len(s.Linux.MaskedPaths) != 0 || len(s.Linux.ReadonlyPaths) != 0 {
-		t.Fatalf("no lists sent: masked %q readonly %q", s.Linux.MaskedPaths, s.Linux.ReadonlyPaths)
-	}
-
-	sc := secCtx(&in)
-	sc.MaskedPaths, sc.ReadonlyPaths = DefaultMaskedPaths, DefaultReadonlyPaths
-	s, err = Generate(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(s.Linux.MaskedPaths, DefaultMaskedPaths) || !slices.Equal(s.Linux.ReadonlyPaths, DefaultReadonlyPaths) {
-		t.Fatalf("masked %q readonly %q", s.Linux.MaskedPaths, s.Linux.ReadonlyPaths)
-	}
-	for _, p := range []string{"/proc/kcore", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"} {
-		if !slices.Contains(s.Linux.MaskedPaths, p) {
-			t.Errorf("%s not masked", p)
+	for _, p := range []string{"/proc/kcore", "/proc/timer_list", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"} {
+		if !slices.Contains(DefaultMaskedPaths, p) {
+			t.Errorf("%s not masked by default", p)
 		}
 	}
-
-	sc.MaskedPaths = []string{"/proc/only"}
-	sc.ReadonlyPaths = []string{"/proc/ro"}
-	s, err = Generate(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(s.Linux.MaskedPaths, []string{"/proc/only"}) || !slices.Equal(s.Linux.ReadonlyPaths, []string{"/proc/ro"}) {
-		t.Fatalf("masked %q readonly %q", s.Linux.MaskedPaths, s.Linux.ReadonlyPaths)
-	}
-
-	sc.Privileged = true
-	s, err = Generate(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(s.Linux.MaskedPaths) != 0 || len(s.Linux.ReadonlyPaths) != 0 {
-		t.Fatalf("privileged: masked %q readonly %q", s.Linux.MaskedPaths, s.Linux.ReadonlyPaths)
+	if !slices.Contains(DefaultReadonlyPaths, "/proc/sys") {
+		t.Error("/proc/sys not read-only by default")
 	}
 }
 

@@ -146,8 +146,7 @@ func Generate(in Input) (*specs.Spec, error) {
 		s.Hostname = in.Pod.GetHostname()
 	}
 	if !privileged {
-		s.Linux.MaskedPaths = maskedPaths(sc)
-		s.Linux.ReadonlyPaths = readonlyPaths(sc)
+		s.Linux.MaskedPaths, s.Linux.ReadonlyPaths = procPaths(sc, in.UserNS != "")
 	}
 	if s.Linux.Seccomp, err = buildSeccomp(sc, s); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berth-runtime/berth/sandbox/spec"
 	"github.com/berth-runtime/berth/test/harness"
 )
 
@@ -149,6 +150,51 @@ func TestPauseHoldsNoPrivilege(t *testing.T) {
 		assertCode(t, err, one(codes.InvalidArgument), "linux.security_context.run_as_user", "ID 1000 is not mapped")
 		e.removePod(t, pod)
 	})
+	e.assertNoLeaks(t)
+}
+
+// TestPauseProcMasked: root in a container of a shared-PID pod given
+// CAP_SYS_PTRACE reaches the pause's own /proc through /proc/1/root. That
+// /proc is masked as a default container's: kernel.core_pattern (host root
+// to whoever writes it) is read there but cannot be opened for writing, and
+// /proc/timer_list reads nothing. The probe opens core_pattern for
+// appending and writes nothing, so that it changes nothing even where the
+// open succeeds.
+func TestPauseProcMasked(t *testing.T) {
+	t.Parallel()
+	const corePattern = "/proc/sys/kernel/core_pattern"
+	before, err := os.ReadFile(corePattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if now, err := os.ReadFile(corePattern); err == nil && string(now) != string(before) {
+			t.Errorf("the host's core_pattern changed to %q; restoring %q", now, before)
+			os.WriteFile(corePattern, before, 0)
+		}
+	})
+	e := startPodEnv(t, v1.Config{})
+	cfg := podWithNamespaces(e, "pause-proc", &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_POD})
+	pod := e.runPod(t, cfg)
+	cc := e.ctrConfig("tracer", sleeper...)
+	cc.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+		Capabilities: &runtimeapi.Capability{AddCapabilities: []string{"SYS_PTRACE"}},
+		MaskedPaths:  spec.DefaultMaskedPaths, ReadonlyPaths: spec.DefaultReadonlyPaths}}
+	ctr := e.runContainer(t, pod, cfg, cc)
+
+	// The pause's /proc is reached at all: its core_pattern is the host's.
+	if got := e.sh(t, ctr, "cat /proc/1/root"+corePattern); got+"\n" != string(before) {
+		t.Fatalf("core_pattern through /proc/1/root reads %q, want the host's %q", got, before)
+	}
+	r := e.exec(t, ctr, "/bin/sh", "-c", ": >>/proc/1/root"+corePattern+" && echo opened")
+	if r.stdout != "" || !strings.Contains(r.stderr, "Read-only file system") {
+		t.Errorf("opening core_pattern through /proc/1/root for writing: stdout %q, stderr %q, want it refused as read-only", r.stdout, r.stderr)
+	}
+	if got := e.sh(t, ctr, "/bin/busybox head -c 100 /proc/1/root/proc/timer_list"); got != "" {
+		t.Errorf("/proc/timer_list through /proc/1/root reads %q, want nothing (masked)", got)
+	}
+	e.stop(t, ctr, 0)
+	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
 

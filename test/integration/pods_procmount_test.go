@@ -12,13 +12,16 @@ import (
 	"github.com/berth-runtime/berth/test/harness"
 )
 
-// TestProcMountUnmasked checks that masked_paths and readonly_paths are
-// used as sent (procMount, KEP-4265): the kubelet's default lists
-// (procMount Default) cover /proc/kcore, /proc/timer_list, /sys/firmware
-// and make /proc/sys read-only; empty lists (procMount Unmasked) leave every
-// one of them uncovered. In a plain pod, and in a pod with its own user
-// namespace (hostUsers: false, where Unmasked is meant to be used) when the
-// kernel has what those need.
+// TestProcMountUnmasked checks which /proc paths are masked and read-only
+// (procMount, KEP-4265). The kubelet's default lists (procMount Default)
+// cover /proc/kcore, /proc/timer_list, /sys/firmware and make /proc/sys
+// read-only. Empty lists, which are also what a client sending none (crictl,
+// a script) sends, get the same defaults in a pod in the host's user
+// namespace: root there cannot open /proc/sys/kernel/core_pattern for
+// writing nor read /proc/timer_list. Only in a pod with its own user
+// namespace (hostUsers: false, the only place Kubernetes allows procMount
+// Unmasked), when the kernel has what those need, do empty lists leave every
+// one of them uncovered.
 func TestProcMountUnmasked(t *testing.T) {
 	t.Parallel()
 	e := startPodEnvWith(t, v1.Config{}, harness.Options{State: stateOnTmpfs(t)})
@@ -28,7 +31,7 @@ func TestProcMountUnmasked(t *testing.T) {
 	}
 	t.Run("pod", func(t *testing.T) {
 		cfg := e.podConfig("procmount")
-		checkProcMasks(t, e, cfg, true)
+		checkProcMasks(t, e, cfg, false)
 	})
 	t.Run("userns-pod", func(t *testing.T) {
 		if h := st.GetRuntimeHandlers(); len(h) != 1 || !h[0].GetFeatures().GetUserNamespaces() {
@@ -37,16 +40,18 @@ func TestProcMountUnmasked(t *testing.T) {
 		cfg := e.podConfig("procmount-userns")
 		m := rootMapping(usernsHost, 65536)
 		usernsPod(cfg, &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}, runtimeapi.NamespaceMode_POD)
-		checkProcMasks(t, e, cfg, false)
+		checkProcMasks(t, e, cfg, true)
 	})
 	e.assertNoLeaks(t)
 }
 
 // checkProcMasks runs a container with the kubelet's default lists and one
 // with empty lists in a pod of cfg, and looks at what covers each path
-// (those this kernel has). hostRoot: the containers' root is the host's, who
-// may read /proc/timer_list (mode 0400).
-func checkProcMasks(t *testing.T, e *podEnv, cfg *runtimeapi.PodSandboxConfig, hostRoot bool) {
+// (those this kernel has). ownUserNS: the pod has its own user namespace,
+// where empty lists mask nothing; in the host's they are the defaults, and
+// the containers' root is the host's, who could otherwise write
+// core_pattern and read /proc/timer_list (mode 0400).
+func checkProcMasks(t *testing.T, e *podEnv, cfg *runtimeapi.PodSandboxConfig, ownUserNS bool) {
 	pod := e.runPod(t, cfg)
 	defer e.removePod(t, pod)
 	run := func(name string, masked, readonly []string) string {
@@ -56,7 +61,7 @@ func checkProcMasks(t *testing.T, e *podEnv, cfg *runtimeapi.PodSandboxConfig, h
 		return e.runContainer(t, pod, cfg, cc)
 	}
 	defaults := run("default", spec.DefaultMaskedPaths, spec.DefaultReadonlyPaths)
-	unmasked := run("unmasked", []string{}, []string{})
+	empty := run("empty", []string{}, []string{})
 
 	// covered maps each mount point in the container to its mount options.
 	covered := func(ctr string) map[string]string {
@@ -69,7 +74,7 @@ func checkProcMasks(t *testing.T, e *podEnv, cfg *runtimeapi.PodSandboxConfig, h
 		return m
 	}
 	checked := []string{"/proc/kcore", "/proc/timer_list", "/proc/keys", "/sys/firmware", "/proc/sys", "/proc/sysrq-trigger"}
-	inDefault, inUnmasked := covered(defaults), covered(unmasked)
+	inDefault, inEmpty := covered(defaults), covered(empty)
 	for _, p := range checked {
 		if _, err := os.Stat(p); err != nil {
 			continue // not in this kernel (as /proc/kcore without CONFIG_PROC_KCORE): nothing to mask
@@ -77,23 +82,35 @@ func checkProcMasks(t *testing.T, e *podEnv, cfg *runtimeapi.PodSandboxConfig, h
 		if _, ok := inDefault[p]; !ok {
 			t.Errorf("default lists: nothing mounted over %s", p)
 		}
-		if opts, ok := inUnmasked[p]; ok {
-			t.Errorf("empty lists: %s is covered by a mount (%s)", p, opts)
+		opts, ok := inEmpty[p]
+		if ownUserNS && ok {
+			t.Errorf("empty lists, own user namespace: %s is covered by a mount (%s)", p, opts)
+		}
+		if !ownUserNS && !ok {
+			t.Errorf("empty lists, host's user namespace: nothing mounted over %s", p)
 		}
 	}
 	if opts := inDefault["/proc/sys"]; !strings.HasPrefix(opts, "ro") {
 		t.Errorf("default lists: /proc/sys mounted %q, want read-only", opts)
 	}
-	if !hostRoot {
+	if ownUserNS {
 		return
 	}
-	// What the masks are for: /proc/timer_list shows the host's timers
-	// only where it is not masked.
-	timers := "/bin/busybox head -c 100 /proc/timer_list"
-	if got := e.sh(t, unmasked, timers); !strings.Contains(got, "Timer List") {
-		t.Errorf("empty lists: /proc/timer_list reads %q", got)
+	// What the masks are for, as the host's root: core_pattern cannot be
+	// opened for writing (the probe writes nothing, so it changes nothing
+	// where the open succeeds), and /proc/timer_list, which shows the host's
+	// timers, reads nothing.
+	host, err := os.ReadFile("/proc/timer_list")
+	if err != nil || !strings.Contains(string(host), "Timer List") {
+		t.Fatalf("the host's /proc/timer_list: %v, %.40q", err, host)
 	}
-	if got := e.sh(t, defaults, timers); got != "" {
-		t.Errorf("default lists: /proc/timer_list reads %q, want nothing (masked)", got)
+	for name, ctr := range map[string]string{"default lists": defaults, "empty lists": empty} {
+		r := e.exec(t, ctr, "/bin/sh", "-c", ": >>/proc/sys/kernel/core_pattern && echo opened")
+		if r.stdout != "" || !strings.Contains(r.stderr, "Read-only file system") {
+			t.Errorf("%s: opening core_pattern for writing: stdout %q, stderr %q, want it refused as read-only", name, r.stdout, r.stderr)
+		}
+		if got := e.sh(t, ctr, "/bin/busybox head -c 100 /proc/timer_list"); got != "" {
+			t.Errorf("%s: /proc/timer_list reads %q, want nothing (masked)", name, got)
+		}
 	}
 }
