@@ -23,6 +23,7 @@ import (
 type fakeCgroups struct {
 	mu        sync.Mutex
 	failNext  error
+	removeErr []error // RemovePod's next results, first first
 	live      map[string]bool
 	removedAt []string
 }
@@ -47,6 +48,11 @@ func (f *fakeCgroups) CreatePod(p string, _ *runtimeapi.LinuxContainerResources)
 func (f *fakeCgroups) RemovePod(p string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.removeErr) > 0 {
+		err := f.removeErr[0]
+		f.removeErr = f.removeErr[1:]
+		return err
+	}
 	delete(f.live, p)
 	f.removedAt = append(f.removedAt, p)
 	return nil
