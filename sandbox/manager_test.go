@@ -24,11 +24,12 @@ type fakeCgroups struct {
 	mu        sync.Mutex
 	failNext  error
 	removeErr []error // RemovePod's next results, first first
+	mode      cgroups.Mode
 	live      map[string]bool
 	removedAt []string
 }
 
-func (f *fakeCgroups) Mode() cgroups.Mode                      { return cgroups.Mode(0) }
+func (f *fakeCgroups) Mode() cgroups.Mode                      { return f.mode }
 func (f *fakeCgroups) PodCgroup(parent, uid string) string     { return parent + "/pod" + uid }
 func (f *fakeCgroups) ContainerCgroupsPath(p, c string) string { return p + "/" + c }
 func (f *fakeCgroups) Kill(string) error                       { return nil }
@@ -67,6 +68,11 @@ type fakeShim struct {
 // Pid names no process: stopShim's wait for the shim's exit ends at once.
 func (f *fakeShim) Info(_ *shim.Empty, r *shim.Info) error    { *r = shim.Info{Pid: 1 << 30}; return nil }
 func (f *fakeShim) Delete(*shim.IDRequest, *shim.Empty) error { return nil }
+
+// Kill: the fake makes no containers.
+func (f *fakeShim) Kill(req *shim.KillRequest, _ *shim.Empty) error {
+	return fmt.Errorf("%w: %s", shim.ErrNotFound, req.ID)
+}
 func (f *fakeShim) Shutdown(*shim.Empty, *shim.Empty) error {
 	f.quitOnce.Do(func() { close(f.quit) })
 	return nil

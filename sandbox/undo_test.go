@@ -3,11 +3,15 @@ package sandbox
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -141,5 +145,73 @@ func TestFailedCreateShowsExited(t *testing.T) {
 	st := statusOf(c, shim.State{ID: "c", Status: shim.StatusCreated})
 	if st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Reason != "Error" || !strings.Contains(st.Message, "unmount rootfs") {
 		t.Errorf("status %v %q %q; want EXITED, Error, naming the failed step", st.State, st.Reason, st.Message)
+	}
+}
+
+// fakeImages has one image, whose layers are a folder that does not exist
+// (so that mounting a rootfs fails), and fails Release with releaseErr
+// once, when set.
+type fakeImages struct {
+	releaseErr error
+	leased     map[string]bool
+}
+
+func (f *fakeImages) Get(ref string) (*image.Image, error) {
+	return &image.Image{ID: "sha256:img"}, nil
+}
+func (f *fakeImages) Lease(owner string, _ *image.Image) ([]string, error) {
+	f.leased[owner] = true
+	return []string{"/nonexistent/berth-test-layer"}, nil
+}
+
+func (f *fakeImages) Release(owner string) error {
+	if err := f.releaseErr; err != nil {
+		f.releaseErr = nil
+		return err
+	}
+	delete(f.leased, owner)
+	return nil
+}
+
+func (f *fakeImages) LeaseOwners() ([]string, error) { return slices.Collect(maps.Keys(f.leased)), nil }
+
+// TestCreateContainerKeepsRecordWhenRollbackFails: when CreateContainer
+// fails and its rollback cannot release the image lease, the container
+// stays, in memory and in bolt, reported exited and saying what failed,
+// with its lease; RemoveContainer then releases it and removes the record.
+func TestCreateContainerKeepsRecordWhenRollbackFails(t *testing.T) {
+	fastUndoRetries(t)
+	m, cg := podManager(t, nil)
+	cg.mode = cgroups.V2 // for the container's resources
+	images := &fakeImages{releaseErr: errors.New("lease store unavailable"), leased: map[string]bool{}}
+	m.opts.Images, m.opts.ContainerRoot = images, t.TempDir()
+	pod, err := m.RunPod(t.Context(), hostPodConfig("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"}, Image: &runtimeapi.ImageSpec{Image: "img"}}
+	if _, err := m.CreateContainer(t.Context(), pod.ID, cfg); err == nil || !strings.Contains(err.Error(), "rootfs: mount") {
+		t.Fatalf("CreateContainer = %v, want the mount's failure", err)
+	}
+	list, _ := m.ListContainers(t.Context(), Filter{})
+	if len(list) != 1 {
+		t.Fatalf("containers after a failed rollback: %v, want the container kept", list)
+	}
+	c := list[0]
+	if c.State != runtimeapi.ContainerState_CONTAINER_EXITED || !strings.Contains(c.Message, "release image layers") || !images.leased[c.ID] {
+		t.Errorf("kept container: %v %q, leased %v; want EXITED, naming the failed step, its lease kept", c.State, c.Message, images.leased)
+	}
+	reloaded := newView()
+	if err := m.opts.DB.View(reloaded.load); err != nil || len(reloaded.ctrs) != 1 || reloaded.ctrs[c.ID].c.CleanupFailed == "" {
+		t.Errorf("container records in bolt: %v %v; want the kept container, marked", reloaded.ctrs, err)
+	}
+	if err := m.RemoveContainer(t.Context(), c.ID); err != nil {
+		t.Fatalf("RemoveContainer: %v", err)
+	}
+	if list, _ := m.ListContainers(t.Context(), Filter{}); len(list) != 0 || len(images.leased) != 0 {
+		t.Errorf("after RemoveContainer: containers %v, leases %v", list, images.leased)
+	}
+	if _, err := m.CreateContainer(t.Context(), pod.ID, cfg); err == nil || !strings.Contains(err.Error(), "rootfs: mount") {
+		t.Errorf("the same container again: %v, want the mount's failure, not a name taken", err)
 	}
 }
