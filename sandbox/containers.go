@@ -286,6 +286,9 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	if c.CleanupFailed != "" {
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s: its create failed (%s): remove it", c.ID, c.CleanupFailed)
+	}
 	if st := m.containerState(c); st.Status != shim.StatusCreated {
 		return errkind.Errorf(errkind.FailedPrecondition, "container %s is %s, not created", c.ID, st.Status)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"golang.org/x/sys/unix"
@@ -204,6 +205,9 @@ func TestCreateContainerKeepsRecordWhenRollbackFails(t *testing.T) {
 	reloaded := newView()
 	if err := m.opts.DB.View(reloaded.load); err != nil || len(reloaded.ctrs) != 1 || reloaded.ctrs[c.ID].c.CleanupFailed == "" {
 		t.Errorf("container records in bolt: %v %v; want the kept container, marked", reloaded.ctrs, err)
+	}
+	if err := m.StartContainer(t.Context(), c.ID); !errors.Is(err, errkind.FailedPrecondition) {
+		t.Errorf("StartContainer of the kept container = %v, want FailedPrecondition", err)
 	}
 	if err := m.RemoveContainer(t.Context(), c.ID); err != nil {
 		t.Fatalf("RemoveContainer: %v", err)
