@@ -343,10 +343,12 @@ func (m *Manager) RemovePod(podCgroup string) error {
 	return nil
 }
 
-// checkNoProcs fails if dir or a cgroup below it has a process in it.
+// checkNoProcs fails if dir or a cgroup below it has a process in it, with
+// EBUSY, as rmdir would: a process may be on its way out, and a caller may
+// retry.
 func checkNoProcs(dir string) error {
 	return walkProcs(dir, func(cg string, pids []string) error {
-		return fmt.Errorf("cgroup %s still has processes (pids %s)", cg, strings.Join(pids, " "))
+		return fmt.Errorf("cgroup %s still has processes (pids %s): %w", cg, strings.Join(pids, " "), unix.EBUSY)
 	})
 }
 

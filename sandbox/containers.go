@@ -120,7 +120,11 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	u := &undo{log: m.log, op: "create container"}
-	defer u.run()
+	defer func() {
+		if err := u.run(); err != nil {
+			m.keepFailedContainer(c, err)
+		}
+	}()
 	u.add("forget container record", func() error { return m.deleteContainerRecord(c.ID) })
 
 	t := newTimeline(ctx)
@@ -202,6 +206,21 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	return c, nil
 }
 
+// keepFailedContainer keeps the record of a container whose rollback
+// failed, saying what failed, with what the steps before the failed one
+// made (its image lease, writable layer, bundle, mounts): it shows as
+// exited (statusOf), which the kubelet removes, and RemoveContainer undoes
+// whatever exists of it, after a restart too (the record is in bolt).
+func (m *Manager) keepFailedContainer(c *Container, failed error) {
+	c.CleanupFailed = failed.Error()
+	if err := m.saveContainer(c); err != nil {
+		// The record reserveContainer saved stays, and shows as created.
+		m.log.Error("record a failed rollback", "container", c.ID, "err", err)
+	}
+	m.log.Error("container kept after a failed rollback: RemoveContainer finishes it",
+		"pod", c.PodID, "container", c.ID, "name", c.Config.Metadata.Name, "err", failed)
+}
+
 // discardInShim undoes a create in the shim: kill, wait, delete. A
 // container the shim never made is not an error.
 func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id string) error {
@@ -267,6 +286,9 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	if c.CleanupFailed != "" {
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s: its create failed (%s): remove it", c.ID, c.CleanupFailed)
+	}
 	if st := m.containerState(c); st.Status != shim.StatusCreated {
 		return errkind.Errorf(errkind.FailedPrecondition, "container %s is %s, not created", c.ID, st.Status)
 	}

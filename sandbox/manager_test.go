@@ -23,11 +23,13 @@ import (
 type fakeCgroups struct {
 	mu        sync.Mutex
 	failNext  error
+	removeErr []error // RemovePod's next results, first first
+	mode      cgroups.Mode
 	live      map[string]bool
 	removedAt []string
 }
 
-func (f *fakeCgroups) Mode() cgroups.Mode                      { return cgroups.Mode(0) }
+func (f *fakeCgroups) Mode() cgroups.Mode                      { return f.mode }
 func (f *fakeCgroups) PodCgroup(parent, uid string) string     { return parent + "/pod" + uid }
 func (f *fakeCgroups) ContainerCgroupsPath(p, c string) string { return p + "/" + c }
 func (f *fakeCgroups) Kill(string) error                       { return nil }
@@ -47,6 +49,11 @@ func (f *fakeCgroups) CreatePod(p string, _ *runtimeapi.LinuxContainerResources)
 func (f *fakeCgroups) RemovePod(p string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.removeErr) > 0 {
+		err := f.removeErr[0]
+		f.removeErr = f.removeErr[1:]
+		return err
+	}
 	delete(f.live, p)
 	f.removedAt = append(f.removedAt, p)
 	return nil
@@ -61,6 +68,11 @@ type fakeShim struct {
 // Pid names no process: stopShim's wait for the shim's exit ends at once.
 func (f *fakeShim) Info(_ *shim.Empty, r *shim.Info) error    { *r = shim.Info{Pid: 1 << 30}; return nil }
 func (f *fakeShim) Delete(*shim.IDRequest, *shim.Empty) error { return nil }
+
+// Kill: the fake makes no containers.
+func (f *fakeShim) Kill(req *shim.KillRequest, _ *shim.Empty) error {
+	return fmt.Errorf("%w: %s", shim.ErrNotFound, req.ID)
+}
 func (f *fakeShim) Shutdown(*shim.Empty, *shim.Empty) error {
 	f.quitOnce.Do(func() { close(f.quit) })
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/shim"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -83,7 +84,12 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		return nil, err
 	}
 	u := &undo{log: m.log, op: "run pod"}
-	defer u.run()
+	var shimStarted func() (*shim.Client, error)
+	defer func() {
+		if err := u.run(); err != nil {
+			m.keepFailedPod(pod, shimStarted, err)
+		}
+	}()
 	u.add("forget pod record", func() error { return m.deletePodRecord(pod.ID) })
 
 	t := newTimeline(ctx)
@@ -96,7 +102,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	// The shim needs only the pod's folder: it starts (a 10 MB binary and a
 	// Go runtime, the longest step) while the namespaces, network, cgroup
 	// and files are made.
-	shimStarted := m.startShimAsync(ctx, dir)
+	shimStarted = m.startShimAsync(ctx, dir)
 	shimSet := false
 	u.add("stop starting shim", func() error {
 		if shimSet {
@@ -218,6 +224,27 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	m.metrics.observeTimeline("pod", pod.Timeline)
 	m.log.Info("pod ready", "pod", pod.ID, "name", cfg.Metadata.Name, "namespace", cfg.Metadata.Namespace, "timeline", pod.Timeline)
 	return pod, nil
+}
+
+// keepFailedPod keeps the record of a pod whose rollback failed, NOTREADY
+// and saying what failed, with what the steps before the failed one made
+// (its pins, IP, cgroup, files, shim), as containerd keeps such a sandbox:
+// the kubelet stops and removes a NOTREADY pod, and StopPod and RemovePod
+// undo whatever exists of it, after a restart too (the record is in bolt).
+// A shim still starting is waited for (shimStarted, when the run got that
+// far), so that RemovePod finds it on its socket.
+func (m *Manager) keepFailedPod(pod *Pod, shimStarted func() (*shim.Client, error), failed error) {
+	if shimStarted != nil {
+		shimStarted() // its error: no shim, nothing to stop
+	}
+	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	pod.CleanupFailed = failed.Error()
+	if err := m.savePod(pod); err != nil {
+		// The record saved before (reserved, or with its cgroup) stays.
+		m.log.Error("record a failed rollback", "pod", pod.ID, "err", err)
+	}
+	m.log.Error("pod kept NOTREADY after a failed rollback: StopPodSandbox and RemovePodSandbox finish it",
+		"pod", pod.ID, "name", pod.Config.Metadata.Name, "namespace", pod.Config.Metadata.Namespace, "err", failed)
 }
 
 // reservePod records the pod (NOTREADY) unless a pod with the same metadata

@@ -42,7 +42,11 @@ type Pod struct {
 	PausePID      int               `json:"pausePID,omitempty"`
 	Files         map[string]string `json:"files,omitempty"` // hosts, resolv, hostname, shm
 	Timeline      []Step            `json:"timeline,omitempty"`
-	RawConfig     json.RawMessage   `json:"config"`
+	// CleanupFailed says which step of a failed RunPod's rollback failed,
+	// and why: the pod is kept NOTREADY, holding what is left, for
+	// StopPodSandbox and RemovePodSandbox to finish (see keepFailedPod).
+	CleanupFailed string          `json:"cleanupFailed,omitempty"`
+	RawConfig     json.RawMessage `json:"config"`
 }
 
 // Container is the durable record of a container; its live state comes
@@ -77,6 +81,11 @@ type Container struct {
 	// (see layerDir); empty in records from before berth kept it, whose
 	// layers are under the persistent root.
 	LayerRoot string `json:"layerRoot,omitempty"`
+	// CleanupFailed says which step of a failed CreateContainer's rollback
+	// failed, and why: the container is kept, reported exited, holding
+	// what is left, for RemoveContainer to finish (see
+	// keepFailedContainer).
+	CleanupFailed string `json:"cleanupFailed,omitempty"`
 }
 
 // SignalInForce is the signal StopContainer sends first, and its CRI name:

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -267,7 +269,7 @@ func (l *layerUsages) usage(id string, upper func() string, log *slog.Logger) (b
 
 func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 	l.walkers <- struct{}{}
-	du, err := diskUsage(upper)
+	du, err := diskUsage(upper, layerWalkLimits)
 	<-l.walkers
 	if err != nil {
 		log.Warn("writable layer usage", "dir", upper, "err", err)
@@ -275,6 +277,14 @@ func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 		// Counted without them: a container must not freeze its figures
 		// (and escape eviction) by making one entry unreadable.
 		log.Warn("writable layer usage: entries not counted", "dir", upper, "skipped", du.skipped, "err", du.firstErr)
+	}
+	if du.stopped != nil {
+		// What was counted is reported: growing figures, not frozen ones.
+		log.Warn("writable layer usage: walk stopped early, the rest not counted", "dir", upper, "err", du.stopped)
+	}
+	if du.linkShares > 0 {
+		log.Warn("writable layer usage: more hard-linked files than one walk remembers; the rest counted by their share at each name",
+			"dir", upper, "remembered", layerWalkLimits.linkedFiles, "names", du.linkShares)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -323,9 +333,19 @@ func (m *Manager) usage(id, path string) (Usage, bool, error) {
 
 // layerFigures is what one walk of a writable layer found.
 type layerFigures struct {
-	bytes, inodes uint64 // of regular files' sizes; of entries, the top folder included
-	skipped       int    // entries that could not be looked at, or folders not read
-	firstErr      error  // why the first was skipped
+	// bytes are regular files' sizes (a hard-linked file once) and
+	// folders' blocks, as du counts them (a folder of a million names is
+	// megabytes of disk); inodes are the entries, the top folder included.
+	bytes, inodes uint64
+	skipped       int   // entries that could not be looked at, or folders not read
+	firstErr      error // why the first was skipped
+	// linkShares counts the names of hard-linked files met once the walk
+	// remembered its limit of them: each counts its share of the file's
+	// size (see countFile).
+	linkShares int
+	// stopped says why the walk ended before the last entry: what it had
+	// counted is reported (see walkLimits.heldBytes).
+	stopped error
 }
 
 // maxWalkFDs bounds the folder descriptors one walk holds open: one per
@@ -333,21 +353,51 @@ type layerFigures struct {
 // closed and opened again through ".." on the way back up.
 const maxWalkFDs = 64
 
+// walkLimits bound the memory of one walk, whatever a container makes.
+type walkLimits struct {
+	// linkedFiles bounds the hard-linked files the walk remembers, so that
+	// each counts once (16 bytes of key each): past it, see countFile.
+	linkedFiles int
+	// heldBytes bounds the folder levels and names the walk holds: each
+	// folder on its path keeps its place and at most one read of its
+	// names (namesBufSize). Past it, the walk stops where it is and
+	// reports what it counted, saying so.
+	heldBytes int
+}
+
+// layerWalkLimits are the walks' limits: a few MiB of hard-link map, and
+// 16 MiB of path, which only a chain of folders some hundred thousand
+// deep reaches.
+var layerWalkLimits = walkLimits{linkedFiles: 1 << 16, heldBytes: 16 << 20}
+
+// namesBufSize is one getdents read: the most names a folder on the walk's
+// path holds at a time.
+const namesBufSize = 32 << 10
+
+// frameBytes and nameOverhead are what the walk counts against its
+// heldBytes limit for a folder on its path and for a name, beside its
+// bytes: the size of walkFrame and of a string header, near enough.
+const frameBytes, nameOverhead = 80, 16
+
 // walkFrame is a folder on the walk's path from the top to where it is.
 type walkFrame struct {
 	fd       int // -1 while closed (the walk is deeper than maxWalkFDs below)
 	dev, ino uint64
-	names    []string // entries not visited yet
+	names    []string // read and not visited yet
+	held     int      // bytes of names counted against the heldBytes limit
+	read     bool     // every name read: nothing left to read from fd
+	pos      int64    // where the next read starts, kept while fd is closed
 }
 
-// diskUsage sums the sizes of the regular files under dir (a hard-linked
-// file once) and counts its entries. It never builds a path: each folder
-// is opened relative to its parent's descriptor (openat, fstatat), so a
-// container's chain of folders deeper than PATH_MAX is counted like any
-// other; so is everything beside an entry that cannot be looked at, which
-// is only counted in skipped. Only a top folder that cannot be opened
-// fails the walk; one that is gone is empty.
-func diskUsage(dir string) (du layerFigures, err error) {
+// diskUsage counts the space the files and folders under dir take (a
+// hard-linked file once) and its entries. It never builds a path: each
+// folder is opened relative to its parent's descriptor (openat, fstatat),
+// so a container's chain of folders deeper than PATH_MAX is counted like
+// any other; so is everything beside an entry that cannot be looked at,
+// which is only counted in skipped. Folders are read a buffer at a time, so
+// a folder of millions of names is never held whole. Only a top folder that
+// cannot be opened fails the walk; one that is gone is empty.
+func diskUsage(dir string, limits walkLimits) (du layerFigures, err error) {
 	top, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return du, nil
@@ -355,13 +405,13 @@ func diskUsage(dir string) (du layerFigures, err error) {
 	if err != nil {
 		return du, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	w := layerWalk{linked: map[fileID]bool{}, buf: make([]byte, 32<<10)}
+	w := layerWalk{limits: limits, linked: map[fileID]struct{}{}, buf: make([]byte, namesBufSize)}
 	var st unix.Stat_t
 	if err := unix.Fstat(top, &st); err != nil {
 		unix.Close(top)
 		return du, &os.PathError{Op: "stat", Path: dir, Err: err}
 	}
-	w.du.inodes++
+	w.countFolder(&st)
 	w.push(top, &st)
 	for len(w.path) > 0 {
 		w.step()
@@ -373,23 +423,36 @@ func diskUsage(dir string) (du layerFigures, err error) {
 type fileID struct{ dev, ino uint64 }
 
 type layerWalk struct {
+	limits walkLimits
 	du     layerFigures
 	path   []walkFrame
 	open   int // frames of path whose fd is open: the last ones
-	linked map[fileID]bool
+	held   int // bytes of path and its names, against limits.heldBytes
+	linked map[fileID]struct{}
 	buf    []byte // getdents
 }
 
-// step visits the next entry of the deepest folder, or leaves the folder
+// step visits the next entry of the deepest folder (whose fd is open),
+// reading more of it when its names read are done, or leaves the folder
 // when it has none left.
 func (w *layerWalk) step() {
+	if w.held > w.limits.heldBytes {
+		w.stop()
+		return
+	}
 	cur := &w.path[len(w.path)-1]
+	if len(cur.names) == 0 && !cur.read {
+		w.readNames(cur)
+	}
 	if len(cur.names) == 0 {
 		w.pop()
 		return
 	}
 	name := cur.names[0]
 	cur.names = cur.names[1:]
+	cost := len(name) + nameOverhead
+	cur.held -= cost
+	w.held -= cost
 	var st unix.Stat_t
 	if err := unix.Fstatat(cur.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		w.skip(err) // ENOENT: removed since the folder was read
@@ -397,47 +460,91 @@ func (w *layerWalk) step() {
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		if st.Nlink > 1 {
-			id := fileID{uint64(st.Dev), st.Ino} //nolint:unconvert // Dev's type differs between architectures
-			if w.linked[id] {
-				return
-			}
-			w.linked[id] = true
+		if !w.countFile(&st) {
+			return // another name of a file counted
 		}
-		w.du.bytes += uint64(st.Size)
 	case unix.S_IFDIR:
-		// Not following a symlink swapped in since the stat.
-		fd, err := unix.Openat(cur.fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			w.du.inodes++
-			w.skip(err)
-			return
-		}
-		if err := unix.Fstat(fd, &st); err != nil {
-			unix.Close(fd)
-			w.du.inodes++
-			w.skip(err)
-			return
-		}
-		w.push(fd, &st)
+		w.countFolder(&st)
+		w.enter(cur.fd, name)
+		return
+	default: // a symlink whose target is too long for its inode takes a block
+		w.du.bytes += uint64(st.Blocks) * 512
 	}
 	w.du.inodes++
 }
 
-// push reads the folder open at fd whole and makes it the deepest; past
-// maxWalkFDs open, the highest open folder is closed.
-func (w *layerWalk) push(fd int, st *unix.Stat_t) {
-	names, err := w.readNames(fd)
+// enter opens the folder name of the folder open at parent and makes it the
+// deepest.
+func (w *layerWalk) enter(parent int, name string) {
+	// Not following a symlink swapped in since the stat.
+	fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		w.skip(err) // what was read is still visited
+		w.skip(err)
+		return
 	}
-	w.path = append(w.path, walkFrame{fd: fd, dev: uint64(st.Dev), ino: st.Ino, names: names}) //nolint:unconvert // Dev's type differs between architectures
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		w.skip(err)
+		return
+	}
+	w.push(fd, &st)
+}
+
+// countFolder counts a folder's entry and blocks, as du does.
+func (w *layerWalk) countFolder(st *unix.Stat_t) {
+	w.du.inodes++
+	w.du.bytes += uint64(st.Blocks) * 512
+}
+
+// countFile counts a regular file's size, a hard-linked file's once: its
+// other names are found in linked, and false says it was counted before.
+// Once linked holds its limit, a hard-linked file not in it counts its
+// share at each name (size/links), which adds up to its size when, as in a
+// writable layer, all its names are in the walk: the bytes stay near right
+// (its inode, though, counts at each name), and the map stays bounded.
+func (w *layerWalk) countFile(st *unix.Stat_t) bool {
+	if st.Nlink <= 1 {
+		w.du.bytes += uint64(st.Size)
+		return true
+	}
+	id := fileID{uint64(st.Dev), st.Ino} //nolint:unconvert // Dev's type differs between architectures
+	if _, seen := w.linked[id]; seen {
+		return false
+	}
+	if len(w.linked) < w.limits.linkedFiles {
+		w.linked[id] = struct{}{}
+		w.du.bytes += uint64(st.Size)
+		return true
+	}
+	w.du.linkShares++
+	w.du.bytes += uint64(st.Size) / uint64(st.Nlink)
+	return true
+}
+
+// push makes the folder open at fd the deepest; past maxWalkFDs open, the
+// highest open folder is closed, its place in the folder kept.
+func (w *layerWalk) push(fd int, st *unix.Stat_t) {
+	w.path = append(w.path, walkFrame{fd: fd, dev: uint64(st.Dev), ino: st.Ino}) //nolint:unconvert // Dev's type differs between architectures
+	w.held += frameBytes
 	if w.open++; w.open > maxWalkFDs {
-		f := &w.path[len(w.path)-w.open]
-		unix.Close(f.fd)
-		f.fd = -1
-		w.open--
+		w.close(&w.path[len(w.path)-w.open])
 	}
+}
+
+// close closes a folder above the deepest ones, keeping where its next
+// read starts (a directory offset, which lseek takes back on a new open).
+func (w *layerWalk) close(f *walkFrame) {
+	if !f.read {
+		pos, err := unix.Seek(f.fd, 0, io.SeekCurrent)
+		if err != nil {
+			w.skipUnread(f, err)
+		}
+		f.pos = pos
+	}
+	unix.Close(f.fd)
+	f.fd = -1
+	w.open--
 }
 
 // pop leaves the deepest folder. A parent that was closed is opened again
@@ -446,6 +553,7 @@ func (w *layerWalk) push(fd int, st *unix.Stat_t) {
 func (w *layerWalk) pop() {
 	done := w.path[len(w.path)-1]
 	w.path = w.path[:len(w.path)-1]
+	w.held -= frameBytes + done.held
 	if len(w.path) > 0 {
 		if parent := &w.path[len(w.path)-1]; parent.fd < 0 {
 			w.reopen(parent, done.fd)
@@ -473,16 +581,35 @@ func (w *layerWalk) reopen(f *walkFrame, childFD int) {
 		w.skipRest(f, errors.New("a folder was moved during the walk"))
 		return
 	}
+	if !f.read {
+		if _, err := unix.Seek(fd, f.pos, io.SeekStart); err != nil {
+			unix.Close(fd)
+			w.skipRest(f, err)
+			return
+		}
+	}
 	f.fd = fd
 	w.open++
 }
 
+// skipRest gives up a folder whose place was lost: its names read and
+// not visited, and those not read (one more skipped: their number is not
+// known).
 func (w *layerWalk) skipRest(f *walkFrame, err error) {
 	w.du.skipped += len(f.names)
-	if w.du.firstErr == nil {
-		w.du.firstErr = err
+	w.noteSkip(err)
+	w.held -= f.held
+	f.names, f.held = nil, 0
+	w.skipUnread(f, err)
+}
+
+// skipUnread gives up reading more of a folder.
+func (w *layerWalk) skipUnread(f *walkFrame, err error) {
+	if !f.read {
+		f.read = true
+		w.du.skipped++
+		w.noteSkip(err)
 	}
-	f.names = nil
 }
 
 // skip notes an entry not counted; one removed since its folder was read
@@ -492,28 +619,49 @@ func (w *layerWalk) skip(err error) {
 		return
 	}
 	w.du.skipped++
+	w.noteSkip(err)
+}
+
+func (w *layerWalk) noteSkip(err error) {
 	if w.du.firstErr == nil {
 		w.du.firstErr = err
 	}
 }
 
-// readNames reads the names in the folder open at fd; on an error, those
-// read so far.
-func (w *layerWalk) readNames(fd int) ([]string, error) {
-	var names []string
-	for {
-		n, err := unix.Getdents(fd, w.buf)
+// stop ends a walk whose path and names passed their limit: what it
+// counted so far is the figure, marked stopped.
+func (w *layerWalk) stop() {
+	w.du.stopped = fmt.Errorf("the walk stopped %d folders deep: the folders and names it holds passed %d bytes", len(w.path), w.limits.heldBytes)
+	for _, f := range w.path {
+		if f.fd >= 0 {
+			unix.Close(f.fd)
+		}
+	}
+	w.path, w.open, w.held = nil, 0, 0
+}
+
+// readNames reads the next names of the folder f, open; at the end (or on
+// an error, skipped) it is marked read.
+func (w *layerWalk) readNames(f *walkFrame) {
+	for len(f.names) == 0 {
+		n, err := unix.Getdents(f.fd, w.buf)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return names, err
+			w.skipUnread(f, err)
+			return
 		}
 		if n <= 0 {
-			return names, nil
+			f.read = true
+			return
 		}
-		_, _, names = unix.ParseDirent(w.buf[:n], -1, names)
+		_, _, f.names = unix.ParseDirent(w.buf[:n], -1, f.names) // without . and ..
 	}
+	for _, name := range f.names {
+		f.held += len(name) + nameOverhead
+	}
+	w.held += f.held
 }
 
 // PodNetworkUsage reads the counters of the pod's interfaces from inside its

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ func TestLayerUsagesInBackground(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "f"), make([]byte, 4096), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	want := 4096 + folderBytes(t, dir)
 	var l layerUsages
 	if b, i := l.usage("c", func() string { return dir }, slog.Default()); b != 0 || i != 0 {
 		t.Fatalf("first call = %d bytes, %d inodes; want none before the walk ends", b, i)
@@ -30,18 +33,18 @@ func TestLayerUsagesInBackground(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		b, i := l.usage("c", func() string { return dir }, slog.Default())
-		if b == 4096 && i == 2 {
+		if b == want && i == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("usage = %d bytes, %d inodes; want 4096 and 2 (the folder and its file)", b, i)
+			t.Fatalf("usage = %d bytes, %d inodes; want %d and 2 (the folder and its file)", b, i, want)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	// Fresh figures are not walked again: a new file shows only later.
 	os.WriteFile(filepath.Join(dir, "g"), make([]byte, 4096), 0o644)
-	if b, _ := l.usage("c", func() string { return dir }, slog.Default()); b != 4096 {
-		t.Errorf("usage within %v = %d bytes, want the cached 4096", layerUsageMaxAge, b)
+	if b, _ := l.usage("c", func() string { return dir }, slog.Default()); b != want {
+		t.Errorf("usage within %v = %d bytes, want the cached %d", layerUsageMaxAge, b, want)
 	}
 	l.forget("c")
 	if _, ok := l.byID["c"]; ok {
@@ -211,6 +214,14 @@ func TestDiskUsageDeeperThanPathMax(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var folders uint64 // the folders' blocks, each taken once it is full
+	blocks := func(fd int) {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		folders += uint64(st.Blocks) * 512
+	}
 	for i := range levels {
 		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
 			t.Fatal(err)
@@ -224,6 +235,7 @@ func TestDiskUsageDeeperThanPathMax(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		blocks(fd)
 		unix.Close(fd)
 		fd = next
 	}
@@ -232,12 +244,13 @@ func TestDiskUsageDeeperThanPathMax(t *testing.T) {
 	if err := unix.Linkat(fd, "f2", fd, "f2-link", 0); err != nil {
 		t.Fatal(err)
 	}
+	blocks(fd)
 	if _, err := os.Stat(filepath.Join(dir, strings.Repeat(name+"/", levels), "f1")); !errors.Is(err, unix.ENAMETOOLONG) {
 		t.Fatalf("stat by path = %v, want ENAMETOOLONG (the chain must be deeper than PATH_MAX)", err)
 	}
 
 	before := openFDs(t)
-	du, err := diskUsage(dir)
+	du, err := diskUsage(dir, layerWalkLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,9 +258,132 @@ func TestDiskUsageDeeperThanPathMax(t *testing.T) {
 		t.Errorf("%d descriptors open after the walk, %d before", after, before)
 	}
 	wantInodes := uint64(1 + levels + 3 + 2) // the top, the chain, "beside" thrice, f1 and f2 once
-	if du.bytes != 3+4096+8192 || du.inodes != wantInodes || du.skipped != 0 {
-		t.Errorf("diskUsage = %d bytes, %d inodes, %d skipped (%v); want %d, %d, 0",
-			du.bytes, du.inodes, du.skipped, du.firstErr, 3+4096+8192, wantInodes)
+	if want := 3 + 4096 + 8192 + folders; du.bytes != want || du.inodes != wantInodes || du.skipped != 0 || du.stopped != nil {
+		t.Errorf("diskUsage = %d bytes, %d inodes, %d skipped (%v), stopped %v; want %d, %d, 0, not stopped",
+			du.bytes, du.inodes, du.skipped, du.firstErr, du.stopped, want, wantInodes)
+	}
+}
+
+// folderBytes is the space folder dir itself takes, as du counts it.
+func folderBytes(t *testing.T, dir string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(st.Blocks) * 512
+}
+
+// duBytes is what du -s --block-size=1 says dir takes.
+func duBytes(t *testing.T, dir string) uint64 {
+	t.Helper()
+	out, err := exec.Command("du", "-s", "--block-size=1", dir).Output()
+	if err != nil {
+		t.Fatalf("du: %v", err)
+	}
+	n, err := strconv.ParseUint(strings.Fields(string(out))[0], 10, 64)
+	if err != nil {
+		t.Fatalf("du said %q: %v", out, err)
+	}
+	return n
+}
+
+// writeTree makes under dir a folder of many long names (several blocks of
+// folder, several reads of its names), nested folders, files whose sizes
+// are whole blocks (so that their size is what du counts) and files with
+// two names each (linked of them).
+func writeTree(t *testing.T, dir string, linked int) {
+	t.Helper()
+	wide := filepath.Join(dir, "wide")
+	deep := filepath.Join(dir, "a", "b", "c")
+	for _, d := range []string{wide, deep} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2000 {
+		name := fmt.Sprintf("an-entry-with-a-name-long-enough-to-fill-blocks-%04d", i)
+		if err := os.WriteFile(filepath.Join(wide, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(deep, "data"), make([]byte, 3*4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range linked {
+		p := filepath.Join(deep, fmt.Sprintf("linked-%d", i))
+		if err := os.WriteFile(p, make([]byte, 2*4096), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Link(p, filepath.Join(dir, "a", fmt.Sprintf("other-name-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDiskUsageCountsFoldersAsDu: folders count their blocks, as du counts
+// them: a folder of thousands of names is several blocks of disk, which a
+// container could otherwise fill unseen. Files here are whole blocks, so
+// the walk's total is du's.
+func TestDiskUsageCountsFoldersAsDu(t *testing.T) {
+	dir := t.TempDir()
+	writeTree(t, dir, 3)
+	if top, wide := folderBytes(t, dir), folderBytes(t, filepath.Join(dir, "wide")); top > 0 && wide <= top {
+		t.Fatalf("the wide folder takes %d bytes, the top one %d: want several blocks", wide, top)
+	}
+	du, err := diskUsage(dir, layerWalkLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := duBytes(t, dir); du.bytes != want || du.skipped != 0 || du.stopped != nil || du.linkShares != 0 {
+		t.Errorf("diskUsage = %d bytes (skipped %d, stopped %v, shares %d); du -s --block-size=1 says %d",
+			du.bytes, du.skipped, du.stopped, du.linkShares, want)
+	}
+	// The top, wide and its 2000, a, b, c, data, the linked files once.
+	if want := uint64(1 + 1 + 2000 + 3 + 1 + 3); du.inodes != want {
+		t.Errorf("diskUsage = %d inodes, want %d", du.inodes, want)
+	}
+}
+
+// TestDiskUsageBounded: a walk remembers at most its limit of hard-linked
+// files; past it each further name counts its share, so that the bytes stay
+// du's. And a walk whose path passes its limit of held bytes stops there,
+// says so, reports what it counted and leaves no descriptor open.
+func TestDiskUsageBounded(t *testing.T) {
+	dir := t.TempDir()
+	const linked, remembered = 10, 4
+	writeTree(t, dir, linked)
+	du, err := diskUsage(dir, walkLimits{linkedFiles: remembered, heldBytes: layerWalkLimits.heldBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := duBytes(t, dir); du.bytes != want || du.linkShares != 2*(linked-remembered) || du.stopped != nil {
+		t.Errorf("diskUsage past %d linked files = %d bytes, %d names by share, stopped %v; want du's %d, %d, not stopped",
+			remembered, du.bytes, du.linkShares, du.stopped, want, 2*(linked-remembered))
+	}
+
+	deep := t.TempDir()
+	p := deep
+	for range 40 {
+		p = filepath.Join(p, "d")
+	}
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(p, "bottom"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := openFDs(t)
+	du, err = diskUsage(deep, walkLimits{linkedFiles: remembered, heldBytes: 10 * frameBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("%d descriptors open after the stopped walk, %d before", after, before)
+	}
+	if du.stopped == nil || du.inodes == 0 || du.inodes >= 41 || du.bytes >= 1<<20 {
+		t.Errorf("a walk past its limit: %d bytes, %d inodes, stopped %v; want stopped, with what it counted before",
+			du.bytes, du.inodes, du.stopped)
 	}
 }
 

@@ -132,6 +132,14 @@ func deref[T any](p *T) T {
 func statusOf(c *Container, st shim.State) *ContainerStatus {
 	cs := &ContainerStatus{Container: c, Pid: st.Pid, StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, ExitCode: int32(st.ExitCode),
 		Memo: &Memo{}}
+	if c.CleanupFailed != "" {
+		// Whatever the shim says of it (it may still hold it, created):
+		// the create failed, and the kubelet removes an exited container.
+		cs.State, cs.Reason = runtimeapi.ContainerState_CONTAINER_EXITED, "Error"
+		cs.ExitCode = shim.UnknownExitCode
+		cs.Message = "CreateContainer failed and its rollback did not finish (" + c.CleanupFailed + "): RemoveContainer finishes it"
+		return cs
+	}
 	switch st.Status {
 	case shim.StatusCreated:
 		cs.State = runtimeapi.ContainerState_CONTAINER_CREATED
