@@ -226,7 +226,7 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, imageVolumes map[int]string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
 	ns := namespaceOptions(pod.Config)
 	in := spec.Input{
-		ContainerID: c.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
+		ContainerID: c.ID, PodID: pod.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
 		NetNS: pod.Pins["net"], IPCNS: pod.Pins["ipc"], UTSNS: pod.Pins["uts"],
 		HostNet: ns.Network == runtimeapi.NamespaceMode_NODE, HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
 		PIDNS: pid.path, HostPID: pid.host,
