@@ -167,8 +167,8 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	if c.LogPath != "" {
-		if err := os.MkdirAll(filepath.Dir(c.LogPath), 0o755); err != nil {
-			return nil, fmt.Errorf("log directory: %w", err)
+		if err := makeLogFolder(pod.Config.GetLogDirectory(), c.LogPath); err != nil {
+			return nil, err
 		}
 	}
 	t.step("spec")
@@ -186,7 +186,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shimCallTimeout)
 	defer cancel()
 	if err := client.Create(createCtx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
-		LogDir: pod.Config.GetLogDirectory(), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
+		LogDir: logRoot(pod.Config.GetLogDirectory()), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
 	}
 	t.step("create")
