@@ -140,6 +140,15 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := openToPodRoot(m.bundleDir(pod.ID, c.ID), pod); err != nil {
 		return nil, err
 	}
+	if pidNS.target != "" {
+		pin := filepath.Join(m.bundleDir(pod.ID, c.ID), targetPIDPin)
+		// Before the bundle's removal, which a mounted pin would fail.
+		u.add("remove target PID namespace pin", func() error { return podns.RemovePin(pin) })
+		if err := m.pinTargetPIDNamespace(ctx, pod, pidNS.target, pin); err != nil {
+			return nil, err
+		}
+		pidNS.path = pin
+	}
 	l := m.podLayout(pod, c, lowers)
 	if err := rootfs.Mount(l); err != nil {
 		return nil, err
@@ -188,6 +197,13 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := client.Create(createCtx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
 		LogDir: logRoot(pod.Config.GetLogDirectory()), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
+	}
+	// The container's init has joined its target's PID namespace: the pin
+	// has served, and would keep the bundle from being removed.
+	if pidNS.target != "" {
+		if err := podns.RemovePin(pidNS.path); err != nil {
+			return nil, err
+		}
 	}
 	t.step("create")
 
