@@ -144,6 +144,15 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := openToPodRoot(m.bundleDir(pod.ID, c.ID), pod); err != nil {
 		return nil, err
 	}
+	if pidNS.target != "" {
+		pin := filepath.Join(m.bundleDir(pod.ID, c.ID), targetPIDPin)
+		// Before the bundle's removal, which a mounted pin would fail.
+		u.add("remove target PID namespace pin", func() error { return podns.RemovePin(pin) })
+		if err := m.pinTargetPIDNamespace(ctx, pod, pidNS.target, pin); err != nil {
+			return nil, err
+		}
+		pidNS.path = pin
+	}
 	l := m.podLayout(pod, c, lowers)
 	if err := rootfs.Mount(l); err != nil {
 		return nil, err
@@ -171,8 +180,8 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	if c.LogPath != "" {
-		if err := os.MkdirAll(filepath.Dir(c.LogPath), 0o755); err != nil {
-			return nil, fmt.Errorf("log directory: %w", err)
+		if err := makeLogFolder(pod.Config.GetLogDirectory(), c.LogPath); err != nil {
+			return nil, err
 		}
 	}
 	t.step("spec")
@@ -190,8 +199,15 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shimCallTimeout)
 	defer cancel()
 	if err := client.Create(createCtx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
-		LogDir: pod.Config.GetLogDirectory(), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
+		LogDir: logRoot(pod.Config.GetLogDirectory()), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
+	}
+	// The container's init has joined its target's PID namespace: the pin
+	// has served, and would keep the bundle from being removed.
+	if pidNS.target != "" {
+		if err := podns.RemovePin(pidNS.path); err != nil {
+			return nil, err
+		}
 	}
 	t.step("create")
 
@@ -245,7 +261,7 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, imageVolumes map[int]string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
 	ns := namespaceOptions(pod.Config)
 	in := spec.Input{
-		ContainerID: c.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
+		ContainerID: c.ID, PodID: pod.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
 		NetNS: pod.Pins["net"], IPCNS: pod.Pins["ipc"], UTSNS: pod.Pins["uts"],
 		HostNet: ns.Network == runtimeapi.NamespaceMode_NODE, HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
 		PIDNS: pid.path, HostPID: pid.host,

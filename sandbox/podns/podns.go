@@ -137,16 +137,21 @@ func validate(opts Options) error {
 // reuse names another process's namespace. On failure no pin is left.
 func PinProcess(dir string, k Kind, pid int) (string, error) {
 	p := filepath.Join(dir, string(k))
+	return p, PinProcessAt(p, k, pid)
+}
+
+// PinProcessAt is PinProcess with the pin at path p.
+func PinProcessAt(p string, k Kind, pid int) error {
 	f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {
-		return "", fmt.Errorf("podns: create pin: %w", err)
+		return fmt.Errorf("podns: create pin: %w", err)
 	}
 	f.Close()
 	src := fmt.Sprintf("/proc/%d/ns/%s", pid, k)
 	if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
-		return "", errors.Join(fmt.Errorf("podns: pin %s of process %d: %w", k, pid, err), os.Remove(p))
+		return errors.Join(fmt.Errorf("podns: pin %s of process %d: %w", k, pid, err), os.Remove(p))
 	}
-	return p, nil
+	return nil
 }
 
 // Remove unmounts and deletes every pin in dir. A missing pin is not an
@@ -162,17 +167,23 @@ func Remove(dir string) error {
 func removePins(pins map[Kind]string) error {
 	var errs []error
 	for _, p := range pins {
-		if err := unmountAll(p); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		// Unlinking also detaches copies of the pin that other mount
-		// namespaces made, so none of them keeps the namespace alive.
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
+		errs = append(errs, RemovePin(p))
 	}
 	return errors.Join(errs...)
+}
+
+// RemovePin unmounts and deletes the pin at p; a missing one is not an
+// error.
+func RemovePin(p string) error {
+	if err := unmountAll(p); err != nil {
+		return err
+	}
+	// Unlinking also detaches copies of the pin that other mount
+	// namespaces made, so none of them keeps the namespace alive.
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // unmountAll peels every mount stacked on p (a retried Create could stack

@@ -69,8 +69,10 @@ type CreateRequest struct {
 	Bundle string
 	// LogPath is the absolute CRI log file; empty discards the output.
 	LogPath string
-	// LogDir is the pod's log folder: the shim opens LogPath beneath it,
-	// refusing symlinks below it ("": beneath LogPath's own folder).
+	// LogDir is the folder the shim opens LogPath beneath, refusing
+	// symlinks below it ("": beneath LogPath's own folder). berthd sends
+	// the pod log root, the folder above the pod's log_directory, so that
+	// the pod's folder cannot be a symlink either.
 	LogDir string
 	// Stdin keeps a pipe open on the container's stdin.
 	Stdin bool

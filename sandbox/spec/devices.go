@@ -87,8 +87,8 @@ func validPermissions(p string) (string, error) {
 // rules. Privileged: every host device and a rule allowing all. Otherwise
 // DefaultDeviceRules. CRI devices come on top of either: their host path is
 // resolved (symlinks followed) and stat'ed; a directory brings every device
-// under it.
-func buildDevices(cri []*runtimeapi.Device, privileged bool) ([]specs.LinuxDevice, []specs.LinuxDeviceCgroup, error) {
+// under it, looked up for pod (see resolveHostPath).
+func buildDevices(pod string, cri []*runtimeapi.Device, privileged bool) ([]specs.LinuxDevice, []specs.LinuxDeviceCgroup, error) {
 	var devs []specs.LinuxDevice
 	var rules []specs.LinuxDeviceCgroup
 	if privileged {
@@ -106,7 +106,7 @@ func buildDevices(cri []*runtimeapi.Device, privileged bool) ([]specs.LinuxDevic
 		if err != nil {
 			return nil, nil, fmt.Errorf("device %q: %w", d.GetHostPath(), err)
 		}
-		found, err := criDevices(d)
+		found, err := criDevices(pod, d)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -130,7 +130,7 @@ func replaceDevice(devs []specs.LinuxDevice, d specs.LinuxDevice) []specs.LinuxD
 	return append(devs, d)
 }
 
-func criDevices(d *runtimeapi.Device) ([]specs.LinuxDevice, error) {
+func criDevices(pod string, d *runtimeapi.Device) ([]specs.LinuxDevice, error) {
 	hostPath, ctrPath := d.GetHostPath(), d.GetContainerPath()
 	if !filepath.IsAbs(hostPath) {
 		return nil, fmt.Errorf("device host_path %q must be an absolute path", hostPath)
@@ -142,7 +142,7 @@ func criDevices(d *runtimeapi.Device) ([]specs.LinuxDevice, error) {
 		return nil, fmt.Errorf("device %q: container_path %q must be an absolute path", hostPath, ctrPath)
 	}
 	ctrPath = path.Clean(ctrPath)
-	resolved, fi, err := resolveHostPath("device host_path", hostPath)
+	resolved, fi, err := resolveHostPath(pod, "device host_path", hostPath)
 	if err != nil {
 		return nil, err
 	}

@@ -60,7 +60,7 @@ func FuzzCRIMount(f *testing.F) {
 	f.Fuzz(func(t *testing.T, dst, src string, prop int32, readonly, rro bool, option string) {
 		m := &runtimeapi.Mount{ContainerPath: dst, HostPath: src, Propagation: runtimeapi.MountPropagation(prop),
 			Readonly: readonly, RecursiveReadOnly: rro, MountOptions: []string{option}}
-		bm, _, err := criMount(m, "")
+		bm, _, err := criMount("fuzz-pod", m, "")
 		if err != nil {
 			return
 		}

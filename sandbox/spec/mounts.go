@@ -85,14 +85,15 @@ var restrictingMountOptions = map[string]bool{
 
 // criMount turns one CRI mount into a bind mount of its (symlink-resolved)
 // host path, or of the image volume the sandbox mounted for it at
-// imageRoot, and returns the rootfs propagation it needs ("" for none).
-func criMount(m *runtimeapi.Mount, imageRoot string) (specs.Mount, string, error) {
+// imageRoot, and returns the rootfs propagation it needs ("" for none). A
+// host path is looked up for pod (see resolveHostPath).
+func criMount(pod string, m *runtimeapi.Mount, imageRoot string) (specs.Mount, string, error) {
 	dst := m.GetContainerPath()
 	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
 		return specs.Mount{}, "", fmt.Errorf("mount container_path %q: must be an absolute path other than /", dst)
 	}
 	dst = path.Clean(dst)
-	resolved, readonly, err := mountSource(dst, m, imageRoot)
+	resolved, readonly, err := mountSource(pod, dst, m, imageRoot)
 	if err != nil {
 		return specs.Mount{}, "", err
 	}
@@ -134,7 +135,7 @@ func criMount(m *runtimeapi.Mount, imageRoot string) (specs.Mount, string, error
 // mountSource is the host path a CRI mount binds, and whether the mount is
 // read-only: an image volume always is, whatever readonly says (the CRI
 // defines image mounts as read-only).
-func mountSource(dst string, m *runtimeapi.Mount, imageRoot string) (string, bool, error) {
+func mountSource(pod, dst string, m *runtimeapi.Mount, imageRoot string) (string, bool, error) {
 	if m.GetImage().GetImage() == "" {
 		if m.GetImageSubPath() != "" {
 			return "", false, fmt.Errorf("mount %s: image_sub_path %q needs an image", dst, m.GetImageSubPath())
@@ -143,7 +144,7 @@ func mountSource(dst string, m *runtimeapi.Mount, imageRoot string) (string, boo
 		if !filepath.IsAbs(src) {
 			return "", false, fmt.Errorf("mount %s: host_path %q must be an absolute path", dst, src)
 		}
-		resolved, _, err := resolveHostPath("mount "+dst+": host_path", src)
+		resolved, _, err := resolveHostPath(pod, "mount "+dst+": host_path", src)
 		return resolved, m.GetReadonly(), err
 	}
 	if m.GetHostPath() != "" {
@@ -210,7 +211,7 @@ func buildMounts(in Input, sc *runtimeapi.LinuxContainerSecurityContext) ([]spec
 		if err := checkMountIDMaps(in, m); err != nil {
 			return nil, "", err
 		}
-		cm, prop, err := criMount(m, in.ImageVolumes[i])
+		cm, prop, err := criMount(in.PodID, m, in.ImageVolumes[i])
 		if err != nil {
 			return nil, "", err
 		}

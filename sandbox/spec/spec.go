@@ -41,6 +41,7 @@ const (
 // joined when set, else HostNet shares the host's, else a new one.
 type Input struct {
 	ContainerID string
+	PodID       string // the sandbox's ID: the bound on hung host-path lookups is the pod's
 	Config      *runtimeapi.ContainerConfig
 	Pod         *runtimeapi.PodSandboxConfig
 	Image       ocispec.ImageConfig // Entrypoint, Cmd, Env, WorkingDir, User, StopSignal
@@ -122,7 +123,7 @@ func Generate(in Input) (*specs.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	devices, deviceRules, err := buildDevices(cfg.GetDevices(), privileged)
+	devices, deviceRules, err := buildDevices(in.PodID, cfg.GetDevices(), privileged)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -105,6 +106,74 @@ func TestLogFileRefusedPromptly(t *testing.T) {
 		Filter: &runtimeapi.ContainerFilter{PodSandboxId: pod}})
 	if err != nil || len(list.Containers) != 1 {
 		t.Errorf("containers after the refused creates: %v, %v; want only the fine one", list.GetContainers(), err)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestLogFolderSymlinkRefused: whoever can write the kubelet's pod log
+// root cannot swap a pod's log folder, or a folder of a container's log
+// path, for a symlink that leads berthd's folder making or the shim's log
+// out of it: CreateContainer fails at once naming the log, and nothing is
+// made or written outside (#34, finding 9: both followed the symlink).
+func TestLogFolderSymlinkRefused(t *testing.T) {
+	t.Parallel()
+	e := startPodEnv(t, v1.Config{})
+	root, outside := t.TempDir(), t.TempDir()
+
+	// The pod's own log folder is the symlink.
+	swapped := e.podConfig("logfolder-swapped")
+	swapped.LogDirectory = filepath.Join(root, "default_logfolder-swapped_uid")
+	if err := os.Symlink(outside, swapped.LogDirectory); err != nil {
+		t.Fatal(err)
+	}
+	// A folder of the log path is.
+	planted := e.podConfig("logfolder-planted")
+	planted.LogDirectory = filepath.Join(root, "default_logfolder-planted_uid")
+	if err := os.Mkdir(planted.LogDirectory, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(planted.LogDirectory, "app")); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct {
+		cfg     *runtimeapi.PodSandboxConfig
+		logPath string
+	}{
+		{swapped, "app/0.log"},
+		{planted, "app/sub/0.log"},
+	} {
+		pod := e.runPod(t, c.cfg)
+		cc := e.ctrConfig("app", "/bin/echo", "written")
+		cc.LogPath = c.logPath
+		start := time.Now()
+		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: c.cfg, Config: cc})
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("CreateContainer with %s took %v", c.logPath, took)
+		}
+		assertCode(t, err, one(codes.FailedPrecondition), filepath.Join(c.cfg.LogDirectory, c.logPath), "symlink")
+		if left, _ := os.ReadDir(outside); len(left) > 0 {
+			t.Errorf("after CreateContainer with %s, the folder outside the log root holds %v", filepath.Join(c.cfg.LogDirectory, c.logPath), left)
+		}
+		list, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{
+			Filter: &runtimeapi.ContainerFilter{PodSandboxId: pod}})
+		if err != nil || len(list.Containers) != 0 {
+			t.Errorf("containers after the refused create: %v, %v; want none", list.GetContainers(), err)
+		}
+		e.removePod(t, pod)
+	}
+
+	// A log folder of real folders still takes a log, made as deep as the
+	// path asks.
+	fine := e.podConfig("logfolder-fine")
+	fine.LogDirectory = filepath.Join(root, "default_logfolder-fine_uid")
+	pod := e.runPod(t, fine)
+	cc := e.ctrConfig("app", "/bin/echo", "written")
+	cc.LogPath = "app/deeper/0.log"
+	if st, text := e.runToExit(t, pod, fine, cc); st.ExitCode != 0 || !strings.Contains(text, "written") ||
+		st.LogPath != filepath.Join(fine.LogDirectory, cc.LogPath) {
+		t.Errorf("the container exited %d, logging %q to %s; want 0, its output, in %s", st.ExitCode, text, st.LogPath, filepath.Join(fine.LogDirectory, cc.LogPath))
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
