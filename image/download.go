@@ -102,21 +102,22 @@ type partWritten struct {
 
 // fetchBlob starts the download of blob d (size bytes) and returns its
 // content as a stream that ends with the digest check of the whole blob.
-// Waiting for the blob's partial file (another download of it) and for a
-// download slot is not a stall of the pull.
+// While it waits for the blob's partial file, the bytes the download
+// holding it writes are the pull's progress: one that writes none stalls
+// this pull too. Waiting for a download slot is not a stall of the pull.
 func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest.Digest, size int64, watch *progressWatch) (io.ReadCloser, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("blob %s: its descriptor says %d bytes", d, size)
 	}
-	watch.waiting.Add(1)
-	file, err := s.content.OpenPartial(ctx, d, size)
-	if err == nil {
-		if err = s.downloads.acquire(ctx); err != nil {
-			file.Close()
-		}
+	file, err := s.content.OpenPartial(ctx, d, size, watch.touch)
+	if err != nil {
+		return nil, err
 	}
+	watch.waiting.Add(1)
+	err = s.downloads.acquire(ctx)
 	watch.waiting.Add(-1)
 	if err != nil {
+		file.Close()
 		return nil, err
 	}
 	watch.touch() // the wait was not the pull's stall

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -42,17 +43,31 @@ type Partial struct {
 	d      digest.Digest
 	f      *os.File
 	offset int64
+	hold   *partialHold
 	unlock func()
 }
 
+// partialHold is a download holding a partial file: the others wait for
+// done, and count what it writes as their progress.
+type partialHold struct {
+	done    chan struct{}
+	written atomic.Int64
+}
+
+// followEvery is how often a download waiting for a partial file looks
+// whether the one holding it wrote.
+const followEvery = 100 * time.Millisecond
+
 // OpenPartial opens (creating it if need be) the partial download of d, a
-// blob of size bytes, waiting while another download of d holds it.
+// blob of size bytes, waiting while another download of d holds it; each
+// time that download wrote, the wait calls progressed (the waiter's
+// progress watch: a holder that writes nothing stalls its waiters too).
 // Offset says how much of it an earlier attempt completed.
-func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64) (*Partial, error) {
+func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64, progressed func()) (*Partial, error) {
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("content: %w", err)
 	}
-	unlock, err := s.lockPartial(ctx, d)
+	hold, unlock, err := s.lockPartial(ctx, d, progressed)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +76,7 @@ func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64) (*
 		unlock()
 		return nil, err
 	}
-	p.unlock = unlock
+	p.hold, p.unlock = hold, unlock
 	return p, nil
 }
 
@@ -97,27 +112,46 @@ func readOffset(path string) (int64, error) {
 }
 
 // lockPartial makes the caller the one download of d, waiting for the
-// current one to finish.
-func (s *Store) lockPartial(ctx context.Context, d digest.Digest) (unlock func(), err error) {
+// current one to finish, and calling progressed whenever it wrote.
+func (s *Store) lockPartial(ctx context.Context, d digest.Digest, progressed func()) (*partialHold, func(), error) {
 	for {
 		s.partialMu.Lock()
 		busy, ok := s.partialBusy[d]
 		if !ok {
-			done := make(chan struct{})
-			s.partialBusy[d] = done
+			hold := &partialHold{done: make(chan struct{})}
+			s.partialBusy[d] = hold
 			s.partialMu.Unlock()
-			return func() {
+			return hold, func() {
 				s.partialMu.Lock()
 				delete(s.partialBusy, d)
 				s.partialMu.Unlock()
-				close(done)
+				close(hold.done)
 			}, nil
 		}
 		s.partialMu.Unlock()
+		if err := busy.wait(ctx, progressed); err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+// wait returns when the download holding the file ends, or with ctx's
+// cause; it calls progressed whenever that download wrote.
+func (h *partialHold) wait(ctx context.Context, progressed func()) error {
+	tick := time.NewTicker(followEvery)
+	defer tick.Stop()
+	seen := h.written.Load()
+	for {
 		select {
-		case <-busy:
+		case <-h.done:
+			return nil
 		case <-ctx.Done():
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
+		case <-tick.C:
+			if n := h.written.Load(); n != seen {
+				seen = n
+				progressed()
+			}
 		}
 	}
 }
@@ -126,7 +160,11 @@ func (s *Store) lockPartial(ctx context.Context, d digest.Digest) (unlock func()
 func (p *Partial) Offset() int64 { return p.offset }
 
 // WriteAt writes downloaded bytes at their offset in the blob.
-func (p *Partial) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
+func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
+	n, err := p.f.WriteAt(b, off)
+	p.hold.written.Add(int64(n))
+	return n, err
+}
 
 // ReadAt reads bytes of the blob written earlier.
 func (p *Partial) ReadAt(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }

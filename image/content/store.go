@@ -20,13 +20,13 @@ type Store struct {
 	root string
 
 	partialMu   sync.Mutex
-	partialBusy map[digest.Digest]chan struct{} // closed when the download of a partial ends
+	partialBusy map[digest.Digest]*partialHold // the download holding each partial file
 }
 
 // Open creates the folders and discards writes a crash left in ingest/,
 // but for the partial downloads younger than PartialMaxAge.
 func Open(root string) (*Store, error) {
-	s := &Store{root: root, partialBusy: map[digest.Digest]chan struct{}{}}
+	s := &Store{root: root, partialBusy: map[digest.Digest]*partialHold{}}
 	for _, d := range []string{filepath.Join(root, "blobs", string(digest.SHA256)), s.ingest()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
