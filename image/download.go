@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/registry"
+	"github.com/berth-runtime/berth/image/unpack"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
@@ -108,6 +109,12 @@ type partWritten struct {
 func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest.Digest, size int64, watch *progressWatch) (io.ReadCloser, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("blob %s: its descriptor says %d bytes", d, size)
+	}
+	// The partial file is bounded by the blob's size: a blob bigger than
+	// a layer may unpack to is refused before a byte is written (its
+	// parts would be written ahead of the unpacker, which bounds the rest).
+	if max := s.opts.MaxLayerBytes; max > 0 && size > max {
+		return nil, fmt.Errorf("%w: blob %s: its descriptor says %d bytes, more than %d", unpack.ErrTooLarge, d, size, max)
 	}
 	file, err := s.content.OpenPartial(ctx, d, size, watch.touch)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
@@ -52,9 +53,14 @@ type layerSource struct {
 //
 // A failed store leaves nothing behind: layers it committed before the
 // failure are collected (in the background) unless another image uses them.
+// One that ran out of space has the partial downloads no pull is writing
+// removed too.
 func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byte, src layerSource, watch *progressWatch) (*Image, error) {
 	rec, err := s.storeHeld(ctx, img, n, keep, src, watch)
-	if err != nil {
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		s.requestGCFreeingPartials()
+	case err != nil:
 		s.requestGC()
 	}
 	return rec, err
@@ -284,7 +290,7 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	start := time.Now()
 	rc, check, err := src.open(ctx, l)
 	if err != nil {
-		return fmt.Errorf("layer %s: %w", diffID, err)
+		return layerError(diffID, err)
 	}
 	closeStream := sync.OnceValue(rc.Close)
 	defer closeStream()
@@ -313,11 +319,8 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	if err == nil {
 		err = check()
 	}
-	if errors.Is(err, unpack.ErrTooLarge) {
-		return fmt.Errorf("layer %s: %w (bounded by [image] max_layer_bytes and max_layer_entries in berthd's config)", diffID, err)
-	}
 	if err != nil {
-		return fmt.Errorf("layer %s: %w", diffID, err)
+		return layerError(diffID, err)
 	}
 	if got := digest.NewDigest(digest.SHA256, h); got != diffID {
 		return fmt.Errorf("layer %s: uncompressed content has digest %s (diff ID mismatch)", diffID, got)
@@ -335,6 +338,14 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	s.log.Debug("unpacked layer", "diffID", diffID, "bytes", stats.Bytes, "inodes", stats.Inodes,
 		"unpack", unpacked.Sub(start), "commit", time.Since(unpacked))
 	return nil
+}
+
+// layerError names the layer in err, and the bounds when it is too large.
+func layerError(diffID digest.Digest, err error) error {
+	if errors.Is(err, unpack.ErrTooLarge) {
+		return fmt.Errorf("layer %s: %w (bounded by [image] max_layer_bytes and max_layer_entries in berthd's config)", diffID, err)
+	}
+	return fmt.Errorf("layer %s: %w", diffID, err)
 }
 
 // countedReader adds the bytes read from r to n.

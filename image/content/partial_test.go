@@ -197,3 +197,103 @@ func TestRemoveStalePartials(t *testing.T) {
 		}
 	}
 }
+
+// TestPartialBoundedBySize: no byte is written past the size the partial
+// file was opened with, so the file never grows past the blob.
+func TestPartialBoundedBySize(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), 10, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.WriteAt([]byte("0123456789"), 0); err != nil {
+		t.Fatalf("a write of the whole blob: %v", err)
+	}
+	for _, off := range []int64{1, 10, 1 << 40, -1} {
+		if n, err := p.WriteAt([]byte("0123456789"), off); !errors.Is(err, ErrPastSize) || n != 0 {
+			t.Errorf("a write of 10 bytes at %d into a 10-byte blob: %d, %v; want 0, ErrPastSize", off, n, err)
+		}
+	}
+	if fi, err := os.Stat(s.partialPath(digest.FromString("blob"))); err != nil || fi.Size() != 10 {
+		t.Errorf("the partial file: %v, %v; want 10 bytes", fi, err)
+	}
+}
+
+// TestRemoveIdlePartials: asked to free them all (maxAge 0), the store
+// removes every partial download but the one a download holds, which it
+// goes on writing.
+func TestRemoveIdlePartials(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, busy := digest.FromString("idle"), digest.FromString("busy")
+	p, err := s.OpenPartial(context.Background(), idle, 10, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.WriteAt([]byte("x"), 0)
+	p.Checkpoint(1)
+	p.Close()
+	q, err := s.OpenPartial(context.Background(), busy, 10, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	q.WriteAt([]byte("x"), 0)
+	q.Checkpoint(1)
+	if err := s.RemoveStalePartials(0); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{s.partialPath(idle), s.partialPath(idle) + offsetSuffix} {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s is still there", f)
+		}
+	}
+	for _, f := range []string{s.partialPath(busy), s.partialPath(busy) + offsetSuffix} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("the held download's %s: %v", f, err)
+		}
+	}
+	if _, err := q.WriteAt([]byte("y"), 1); err != nil {
+		t.Errorf("the held download writes on: %v", err)
+	}
+}
+
+// TestUsageCountsPartials: the partial downloads are counted in Usage, by
+// what they hold on the disk (a part written far ahead leaves a hole).
+func TestUsageCountsPartials(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, inodesBefore, err := s.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 64 << 20
+	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), size, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := make([]byte, 1<<20)
+	if _, err := p.WriteAt(part, size-int64(len(part))); err != nil { // the last part, ahead of a hole
+		t.Fatal(err)
+	}
+	p.Checkpoint(0)
+	p.Close()
+	after, inodes, err := s.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if grew := after - before; grew < 1<<20 || grew > 2<<20 {
+		t.Errorf("Usage grew by %d bytes with a partial download holding 1 MiB at the end of a 64 MiB hole; want about 1 MiB", grew)
+	}
+	if inodes <= inodesBefore {
+		t.Errorf("Usage counts %d files with the partial download, %d without", inodes, inodesBefore)
+	}
+}
