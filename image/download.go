@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/registry"
+	"github.com/berth-runtime/berth/image/unpack"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
@@ -102,21 +103,28 @@ type partWritten struct {
 
 // fetchBlob starts the download of blob d (size bytes) and returns its
 // content as a stream that ends with the digest check of the whole blob.
-// Waiting for the blob's partial file (another download of it) and for a
-// download slot is not a stall of the pull.
+// While it waits for the blob's partial file, the bytes the download
+// holding it writes are the pull's progress: one that writes none stalls
+// this pull too. Waiting for a download slot is not a stall of the pull.
 func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest.Digest, size int64, watch *progressWatch) (io.ReadCloser, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("blob %s: its descriptor says %d bytes", d, size)
 	}
-	watch.waiting.Add(1)
-	file, err := s.content.OpenPartial(ctx, d, size)
-	if err == nil {
-		if err = s.downloads.acquire(ctx); err != nil {
-			file.Close()
-		}
+	// The partial file is bounded by the blob's size: a blob bigger than
+	// a layer may unpack to is refused before a byte is written (its
+	// parts would be written ahead of the unpacker, which bounds the rest).
+	if max := s.opts.MaxLayerBytes; max > 0 && size > max {
+		return nil, fmt.Errorf("%w: blob %s: its descriptor says %d bytes, more than %d", unpack.ErrTooLarge, d, size, max)
 	}
+	file, err := s.content.OpenPartial(ctx, d, size, watch.touch)
+	if err != nil {
+		return nil, err
+	}
+	watch.waiting.Add(1)
+	err = s.downloads.acquire(ctx)
 	watch.waiting.Add(-1)
 	if err != nil {
+		file.Close()
 		return nil, err
 	}
 	watch.touch() // the wait was not the pull's stall

@@ -52,6 +52,19 @@ func (s *Service) anyRemoving(keys []string) bool {
 // requestGC asks the background collector for a collection soon. It never
 // blocks: requests during a pending one are folded into it.
 func (s *Service) requestGC() {
+	s.wakeGC()
+}
+
+// requestGCFreeingPartials asks for a collection that also removes the
+// partial downloads no pull is writing, whatever their age: the node
+// wants its space back (the kubelet's image GC removes images; a pull ran
+// out of space).
+func (s *Service) requestGCFreeingPartials() {
+	s.freePartials.Store(true)
+	s.wakeGC()
+}
+
+func (s *Service) wakeGC() {
 	select {
 	case s.gcWake <- struct{}{}:
 	default:
@@ -93,7 +106,8 @@ func (s *Service) Close() {
 }
 
 // collectGarbage removes snapshots and blobs that no image, lease or hold
-// references, and partial downloads older than content.PartialMaxAge.
+// references, and the partial downloads no pull is writing that are older
+// than content.PartialMaxAge, or all of them when asked to free them.
 func (s *Service) collectGarbage() error {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
@@ -132,7 +146,11 @@ func (s *Service) collectGarbage() error {
 	}
 	s.holdCond.Broadcast()
 	s.holdMu.Unlock()
-	errs = append(errs, s.content.RemoveStalePartials(content.PartialMaxAge))
+	partialAge := content.PartialMaxAge
+	if s.freePartials.Swap(false) {
+		partialAge = 0
+	}
+	errs = append(errs, s.content.RemoveStalePartials(partialAge))
 	return errors.Join(errs...)
 }
 

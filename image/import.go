@@ -35,7 +35,7 @@ func (s *Service) Import(ctx context.Context, path string) ([]*Image, error) {
 	}
 	var out []*Image
 	add := func(img v1.Image, n names, keep [][]byte) error {
-		stored, err := s.store(ctx, img, n, keep, openLocalLayer, nil)
+		stored, err := s.store(ctx, img, n, keep, localLayers, nil)
 		if err != nil {
 			return fmt.Errorf("import %s: %w", path, err)
 		}

@@ -19,7 +19,7 @@ type progressWatch struct {
 	timeout time.Duration
 	last    atomic.Int64 // unix nanoseconds of the last byte or response
 	bytes   atomic.Int64 // received so far
-	waiting atomic.Int32 // > 0 while this pull waits on another pull's layer, a blob's partial file or a download slot
+	waiting atomic.Int32 // > 0 while this pull waits for a download slot
 	active  atomic.Int32 // this pull's own downloads running: while any runs, a wait is no excuse for a stall
 	stop    chan struct{}
 }
@@ -45,10 +45,10 @@ func watchProgress(ctx context.Context, cancel context.CancelCauseFunc, timeout 
 				if now.Sub(logged) >= progressLogEvery {
 					logged = now
 					log.Info("pull in progress", "ref", what, "bytes", w.bytes.Load(), "elapsed", now.Sub(start).Round(time.Second),
-						"waiting_on_other_pull", w.waiting.Load() > 0)
+						"waiting_for_download_slot", w.waiting.Load() > 0)
 				}
 				if w.waiting.Load() > 0 && w.active.Load() == 0 {
-					// The pull (or download) we wait on runs its own watch;
+					// The downloads holding the slots run their own watches;
 					// one of ours may be what we wait on, and it is watched here.
 					w.touch()
 					continue

@@ -57,7 +57,7 @@ type Service struct {
 	pulls   map[string]*pullFlight // one transfer per reference and credentials at a time
 
 	inflightMu sync.Mutex
-	inflight   map[string]*layerFlight // unpacks in progress, by chain ID
+	inflight   map[string]*layerFlight // unpacks in progress, by chain ID and blob
 
 	// Holds (gc.go) keep what pulls, imports and Lease are about to
 	// reference from collection; removing is what a collection is deleting.
@@ -66,11 +66,12 @@ type Service struct {
 	held     map[string]int
 	removing map[string]bool
 
-	gcMu      sync.Mutex // one collection at a time
-	gcWake    chan struct{}
-	gcStop    chan struct{}
-	gcDone    chan struct{}
-	closeOnce sync.Once
+	gcMu         sync.Mutex  // one collection at a time
+	freePartials atomic.Bool // the next collection removes every partial download no pull writes
+	gcWake       chan struct{}
+	gcStop       chan struct{}
+	gcDone       chan struct{}
+	closeOnce    sync.Once
 }
 
 // SetRegistries replaces the registry settings (berthd's SIGHUP): pulls
@@ -196,8 +197,9 @@ func (s *Service) List(filter string) ([]*Image, error) {
 
 // Remove deletes what ref names: a tag of an image that has other names
 // only loses that tag; otherwise the whole image goes, and then every layer
-// and blob no image needs any more, soon, in the background. A missing
-// image is not an error.
+// and blob no image needs any more, soon, in the background, with the
+// partial downloads no pull is writing: removing images is how the
+// kubelet's image GC frees the disk. A missing image is not an error.
 func (s *Service) Remove(ref string) error {
 	r, parseErr := reference.Parse(ref)
 	err := s.images.update(s.opts.DB, func(tx *bolt.Tx) error {
@@ -215,7 +217,7 @@ func (s *Service) Remove(ref string) error {
 		return err
 	}
 	crashpoint.Hit("remove image", "record deleted")
-	s.requestGC()
+	s.requestGCFreeingPartials()
 	return nil
 }
 

@@ -10,11 +10,14 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/gunzip"
 	"github.com/berth-runtime/berth/image/registry"
+	"github.com/berth-runtime/berth/image/snapshot"
 	"github.com/berth-runtime/berth/image/unpack"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/zstd"
@@ -32,9 +35,16 @@ const parallelLayers = 4
 // labels included), and each is decoded whenever its image is read.
 const maxConfigSize = 4 << 20
 
-// layerOpener returns a layer's uncompressed tar stream and a check to run
-// once the stream has been read to its end.
-type layerOpener func(context.Context, v1.Layer) (io.ReadCloser, func() error, error)
+// layerSource opens the layers of one store.
+type layerSource struct {
+	// open returns a layer's uncompressed tar stream and a check to run
+	// once the stream has been read to its end.
+	open func(context.Context, v1.Layer) (io.ReadCloser, func() error, error)
+	// blob names the content open reads for a layer (its blob's digest):
+	// pulls that read the same blob share one unpack of it. Nil: never
+	// shared (an import's files, whose compressed digest is not at hand).
+	blob func(v1.Layer) (string, error)
+}
 
 // store unpacks img's layers into snapshots and records the image under n.
 // The config is kept in the content store, and so are the manifests and
@@ -43,9 +53,14 @@ type layerOpener func(context.Context, v1.Layer) (io.ReadCloser, func() error, e
 //
 // A failed store leaves nothing behind: layers it committed before the
 // failure are collected (in the background) unless another image uses them.
-func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
-	rec, err := s.storeHeld(ctx, img, n, keep, open, watch)
-	if err != nil {
+// One that ran out of space has the partial downloads no pull is writing
+// removed too.
+func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byte, src layerSource, watch *progressWatch) (*Image, error) {
+	rec, err := s.storeHeld(ctx, img, n, keep, src, watch)
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		s.requestGCFreeingPartials()
+	case err != nil:
 		s.requestGC()
 	}
 	return rec, err
@@ -53,7 +68,7 @@ func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byt
 
 // storeHeld holds the image's layers and blobs from the moment it knows them
 // until its image record references them.
-func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][]byte, open layerOpener, watch *progressWatch) (*Image, error) {
+func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][]byte, src layerSource, watch *progressWatch) (*Image, error) {
 	m, err := img.Manifest()
 	if err != nil {
 		return nil, fmt.Errorf("manifest: %w", err)
@@ -94,7 +109,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	slots := semaphore.NewWeighted(parallelLayers)
 	g, gctx := errgroup.WithContext(ctx)
 	for i, l := range layers {
-		g.Go(func() error { return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], open, slots, watch) })
+		g.Go(func() error { return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], src, slots, watch) })
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -149,62 +164,133 @@ func decodeConfig(raw []byte, layers int) (ocispec.Image, []string, error) {
 }
 
 // ensureLayer makes sure the snapshot chainID exists, unpacking l if not.
-// Concurrent callers for one chain ID share one unpack: the first does it,
-// the others wait for its result (and pause their own progress watch, since
-// the first pull's watch covers the transfer).
-func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, slots *semaphore.Weighted, watch *progressWatch) error {
-	if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
-		if ok {
-			s.metrics.layer("reused")
+// Concurrent pulls that fetch the same blob for one chain ID share one
+// unpack: the first does it, the others wait for it (waitShared). A pull
+// whose blob differs (another registry's copy, or a hostile image that
+// names this layer's diff IDs) never waits on it: each unpacks its own,
+// and the first to pass its diff ID check is kept. When the shared unpack
+// fails, its waiters unpack their own blob rather than take another pull's
+// error.
+func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted, watch *progressWatch) error {
+	key := ""
+	if src.blob != nil {
+		blob, err := src.blob(l)
+		if err != nil {
+			return err
 		}
-		return err
+		key = chainID + " " + blob
 	}
-	s.inflightMu.Lock()
-	if f, ok := s.inflight[chainID]; ok {
-		s.inflightMu.Unlock()
-		if watch != nil {
-			watch.waiting.Add(1)
-			defer watch.waiting.Add(-1)
+	for {
+		if _, ok, err := s.snaps.Get(chainID); ok || err != nil {
+			if ok {
+				s.metrics.layer("reused")
+			}
+			return err
 		}
-		<-f.done
+		if key == "" {
+			return s.unpackOwn(ctx, l, chainID, diffID, src, slots, nil)
+		}
+		f, first := s.joinLayer(key)
+		if first {
+			return s.runLayerFlight(ctx, f, key, l, chainID, diffID, src, slots)
+		}
+		s.log.Debug("waiting for another pull's unpack of a layer", "layer", diffID)
+		if err := waitShared(ctx, f, watch); err != nil {
+			return err
+		}
 		if f.err == nil {
 			s.metrics.layer("reused")
+			return nil
 		}
-		return f.err
+		s.log.Info("another pull's unpack of a shared layer failed; this pull fetches it itself", "layer", diffID, "err", f.err)
 	}
-	f := &layerFlight{done: make(chan struct{})}
-	s.inflight[chainID] = f
-	s.inflightMu.Unlock()
+}
 
-	f.err = s.unpackLayer(ctx, l, chainID, diffID, open, slots)
-	if f.err == nil {
-		s.metrics.layer("unpacked")
-	}
+// layerFlight is one unpack in progress; err is set before done closes.
+type layerFlight struct {
+	done  chan struct{}
+	err   error
+	moved atomic.Int64 // bytes of the layer's stream read so far: its progress
+}
+
+// joinLayer returns the unpack in progress for key, or starts one (first).
+func (s *Service) joinLayer(key string) (f *layerFlight, first bool) {
 	s.inflightMu.Lock()
-	delete(s.inflight, chainID)
+	defer s.inflightMu.Unlock()
+	if f, ok := s.inflight[key]; ok {
+		return f, false
+	}
+	f = &layerFlight{done: make(chan struct{})}
+	s.inflight[key] = f
+	return f, true
+}
+
+// runLayerFlight unpacks the layer for the pulls that joined f.
+func (s *Service) runLayerFlight(ctx context.Context, f *layerFlight, key string, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted) error {
+	f.err = s.unpackOwn(ctx, l, chainID, diffID, src, slots, &f.moved)
+	s.inflightMu.Lock()
+	delete(s.inflight, key)
 	s.inflightMu.Unlock()
 	close(f.done)
 	return f.err
 }
 
-// layerFlight is one unpack in progress; err is set before done closes.
-type layerFlight struct {
-	done chan struct{}
-	err  error
+// unpackOwn unpacks l from this pull's own source, counting the bytes of
+// its stream in moved (if not nil). The snapshot of another pull that
+// unpacked the same layer from another blob and committed first is kept,
+// and this one dropped.
+func (s *Service) unpackOwn(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted, moved *atomic.Int64) error {
+	err := s.unpackLayer(ctx, l, chainID, diffID, src, slots, moved)
+	switch {
+	case errors.Is(err, snapshot.ErrExists):
+		s.metrics.layer("reused")
+		return nil
+	case err == nil:
+		s.metrics.layer("unpacked")
+	}
+	return err
+}
+
+// followEvery is how often a pull waiting on another's unpack looks
+// whether that unpack moved.
+const followEvery = 100 * time.Millisecond
+
+// waitShared waits for f, another pull's unpack of a layer this pull
+// needs. The bytes f moves count as this pull's progress, and nothing else
+// does: the wait ends with this pull's own context or its stall (no byte
+// for pull_progress_timeout), whatever the other pull's own bounds are.
+func waitShared(ctx context.Context, f *layerFlight, watch *progressWatch) error {
+	tick := time.NewTicker(followEvery)
+	defer tick.Stop()
+	seen := f.moved.Load()
+	for {
+		select {
+		case <-f.done:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-tick.C:
+			if n := f.moved.Load(); n != seen {
+				seen = n
+				watch.touch()
+			}
+		}
+	}
 }
 
 // unpackLayer fetches and unpacks l into a new snapshot while it holds one
-// of the slots, and commits the snapshot once it gave the slot back.
-func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, open layerOpener, slots *semaphore.Weighted) (err error) {
+// of the slots, and commits the snapshot once it gave the slot back. The
+// bytes of the layer's stream are added to moved, if not nil.
+func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted, moved *atomic.Int64) (err error) {
 	if err := slots.Acquire(ctx, 1); err != nil {
 		return err
 	}
 	releaseSlot := sync.OnceFunc(func() { slots.Release(1) })
 	defer releaseSlot()
 	start := time.Now()
-	rc, check, err := open(ctx, l)
+	rc, check, err := src.open(ctx, l)
 	if err != nil {
-		return fmt.Errorf("layer %s: %w", diffID, err)
+		return layerError(diffID, err)
 	}
 	closeStream := sync.OnceValue(rc.Close)
 	defer closeStream()
@@ -218,8 +304,11 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 		}
 	}()
 	var stream io.Reader = rc
+	if moved != nil {
+		stream = countedReader{rc, moved}
+	}
 	if s.opts.MaxLayerBytes > 0 {
-		stream = unpack.Bound(rc, s.opts.MaxLayerBytes)
+		stream = unpack.Bound(stream, s.opts.MaxLayerBytes)
 	}
 	h := sha256.New()
 	tee := io.TeeReader(stream, h)
@@ -230,11 +319,8 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	if err == nil {
 		err = check()
 	}
-	if errors.Is(err, unpack.ErrTooLarge) {
-		return fmt.Errorf("layer %s: %w (bounded by [image] max_layer_bytes and max_layer_entries in berthd's config)", diffID, err)
-	}
 	if err != nil {
-		return fmt.Errorf("layer %s: %w", diffID, err)
+		return layerError(diffID, err)
 	}
 	if got := digest.NewDigest(digest.SHA256, h); got != diffID {
 		return fmt.Errorf("layer %s: uncompressed content has digest %s (diff ID mismatch)", diffID, got)
@@ -254,12 +340,32 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	return nil
 }
 
+// layerError names the layer in err, and the bounds when it is too large.
+func layerError(diffID digest.Digest, err error) error {
+	if errors.Is(err, unpack.ErrTooLarge) {
+		return fmt.Errorf("layer %s: %w (bounded by [image] max_layer_bytes and max_layer_entries in berthd's config)", diffID, err)
+	}
+	return fmt.Errorf("layer %s: %w", diffID, err)
+}
+
+// countedReader adds the bytes read from r to n.
+type countedReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countedReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n.Add(int64(k))
+	return k, err
+}
+
 // remoteLayers opens the layers of a pull from blobs: each downloads into
 // its partial file, resuming where an earlier attempt stopped
 // (download.go), and streams through the decompressor its first bytes call
 // for (gzip, zstd or none).
-func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) layerOpener {
-	return func(ctx context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
+func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) layerSource {
+	open := func(ctx context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
 		d, err := l.Digest()
 		if err != nil {
 			return nil, nil, err
@@ -274,6 +380,11 @@ func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) laye
 		}
 		return decompressed(rc, s.gzip)
 	}
+	blob := func(l v1.Layer) (string, error) {
+		d, err := l.Digest() // the manifest's descriptor: nothing is fetched
+		return d.String(), err
+	}
+	return layerSource{open: open, blob: blob}
 }
 
 // decompressed reads a compressed layer blob whose stream ends with its
@@ -293,8 +404,10 @@ func decompressed(rc io.ReadCloser, gz gunzip.Decoder) (io.ReadCloser, func() er
 	return closers{un, rc}, check, nil
 }
 
-// openLocalLayer reads layers of an imported image, whose files the caller
-// named: the diff ID check is what verifies them.
+// localLayers reads the layers of an imported image, whose files the
+// caller named: the diff ID check is what verifies them.
+var localLayers = layerSource{open: openLocalLayer}
+
 func openLocalLayer(_ context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
 	rc, err := l.Uncompressed()
 	return rc, func() error { return nil }, err

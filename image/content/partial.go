@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -41,18 +42,33 @@ type Partial struct {
 	s      *Store
 	d      digest.Digest
 	f      *os.File
+	size   int64 // of the blob: no byte is written past it
 	offset int64
+	hold   *partialHold
 	unlock func()
 }
 
+// partialHold is a download holding a partial file: the others wait for
+// done, and count what it writes as their progress.
+type partialHold struct {
+	done    chan struct{}
+	written atomic.Int64
+}
+
+// followEvery is how often a download waiting for a partial file looks
+// whether the one holding it wrote.
+const followEvery = 100 * time.Millisecond
+
 // OpenPartial opens (creating it if need be) the partial download of d, a
-// blob of size bytes, waiting while another download of d holds it.
+// blob of size bytes, waiting while another download of d holds it; each
+// time that download wrote, the wait calls progressed (the waiter's
+// progress watch: a holder that writes nothing stalls its waiters too).
 // Offset says how much of it an earlier attempt completed.
-func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64) (*Partial, error) {
+func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64, progressed func()) (*Partial, error) {
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("content: %w", err)
 	}
-	unlock, err := s.lockPartial(ctx, d)
+	hold, unlock, err := s.lockPartial(ctx, d, progressed)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +77,7 @@ func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64) (*
 		unlock()
 		return nil, err
 	}
-	p.unlock = unlock
+	p.hold, p.unlock = hold, unlock
 	return p, nil
 }
 
@@ -81,7 +97,7 @@ func (s *Store) openPartialLocked(d digest.Digest, size int64) (*Partial, error)
 	}
 	// A missing or torn offset file means nothing is known complete.
 	saved, _ := readOffset(path + offsetSuffix)
-	return &Partial{s: s, d: d, f: f, offset: min(saved, fi.Size(), size)}, nil
+	return &Partial{s: s, d: d, f: f, size: size, offset: min(saved, fi.Size(), size)}, nil
 }
 
 func readOffset(path string) (int64, error) {
@@ -97,27 +113,54 @@ func readOffset(path string) (int64, error) {
 }
 
 // lockPartial makes the caller the one download of d, waiting for the
-// current one to finish.
-func (s *Store) lockPartial(ctx context.Context, d digest.Digest) (unlock func(), err error) {
+// current one to finish, and calling progressed whenever it wrote.
+func (s *Store) lockPartial(ctx context.Context, d digest.Digest, progressed func()) (*partialHold, func(), error) {
 	for {
-		s.partialMu.Lock()
-		busy, ok := s.partialBusy[d]
-		if !ok {
-			done := make(chan struct{})
-			s.partialBusy[d] = done
-			s.partialMu.Unlock()
-			return func() {
-				s.partialMu.Lock()
-				delete(s.partialBusy, d)
-				s.partialMu.Unlock()
-				close(done)
-			}, nil
+		hold, unlock, busy := s.tryLockPartial(d)
+		if busy == nil {
+			return hold, unlock, nil
 		}
+		if err := busy.wait(ctx, progressed); err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+// tryLockPartial makes the caller the one user of d's partial file, or
+// returns the download that holds it (busy).
+func (s *Store) tryLockPartial(d digest.Digest) (hold *partialHold, unlock func(), busy *partialHold) {
+	s.partialMu.Lock()
+	defer s.partialMu.Unlock()
+	if busy, ok := s.partialBusy[d]; ok {
+		return nil, nil, busy
+	}
+	hold = &partialHold{done: make(chan struct{})}
+	s.partialBusy[d] = hold
+	return hold, func() {
+		s.partialMu.Lock()
+		delete(s.partialBusy, d)
 		s.partialMu.Unlock()
+		close(hold.done)
+	}, nil
+}
+
+// wait returns when the download holding the file ends, or with ctx's
+// cause; it calls progressed whenever that download wrote.
+func (h *partialHold) wait(ctx context.Context, progressed func()) error {
+	tick := time.NewTicker(followEvery)
+	defer tick.Stop()
+	seen := h.written.Load()
+	for {
 		select {
-		case <-busy:
+		case <-h.done:
+			return nil
 		case <-ctx.Done():
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
+		case <-tick.C:
+			if n := h.written.Load(); n != seen {
+				seen = n
+				progressed()
+			}
 		}
 	}
 }
@@ -125,8 +168,19 @@ func (s *Store) lockPartial(ctx context.Context, d digest.Digest) (unlock func()
 // Offset is the length of the prefix an earlier attempt completed.
 func (p *Partial) Offset() int64 { return p.offset }
 
-// WriteAt writes downloaded bytes at their offset in the blob.
-func (p *Partial) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
+// ErrPastSize is returned (wrapped) for a write past the blob's size.
+var ErrPastSize = errors.New("write past the blob's size")
+
+// WriteAt writes downloaded bytes at their offset in the blob; none goes
+// past the size the file was opened with, which bounds the file.
+func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(b)) > p.size {
+		return 0, fmt.Errorf("blob %s: %w: %d bytes at %d of %d", p.d, ErrPastSize, len(b), off, p.size)
+	}
+	n, err := p.f.WriteAt(b, off)
+	p.hold.written.Add(int64(n))
+	return n, err
+}
 
 // ReadAt reads bytes of the blob written earlier.
 func (p *Partial) ReadAt(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }
@@ -161,7 +215,9 @@ func removeIfExists(path string) error {
 }
 
 // RemoveStalePartials deletes the partial downloads that no download holds
-// and that nothing wrote to for longer than maxAge.
+// and that nothing wrote to for longer than maxAge (0: every one no
+// download holds). A download that asks for a file while it is being
+// removed waits, and then starts it over.
 func (s *Store) RemoveStalePartials(maxAge time.Duration) error {
 	entries, err := os.ReadDir(s.partialDir())
 	if errors.Is(err, fs.ErrNotExist) {
@@ -177,15 +233,16 @@ func (s *Store) RemoveStalePartials(maxAge time.Duration) error {
 		if !ok {
 			continue
 		}
-		d := digest.NewDigestFromEncoded(digest.Algorithm(alg), hex)
-		s.partialMu.Lock()
-		_, busy := s.partialBusy[d]
-		s.partialMu.Unlock()
 		info, err := e.Info()
-		if busy || err != nil || time.Since(info.ModTime()) <= maxAge {
+		if err != nil || time.Since(info.ModTime()) <= maxAge {
+			continue
+		}
+		_, unlock, busy := s.tryLockPartial(digest.NewDigestFromEncoded(digest.Algorithm(alg), hex))
+		if busy != nil {
 			continue
 		}
 		errs = append(errs, removeIfExists(filepath.Join(s.partialDir(), e.Name())))
+		unlock()
 	}
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package content
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,7 +18,7 @@ func TestPartialKeepsItsCheckpointAcrossOpens(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest.FromString("blob")
-	p, err := s.OpenPartial(context.Background(), d, 10)
+	p, err := s.OpenPartial(context.Background(), d, 10, nothing)
 	if err != nil || p.Offset() != 0 {
 		t.Fatalf("first open: offset %v, %v", p, err)
 	}
@@ -36,7 +37,7 @@ func TestPartialKeepsItsCheckpointAcrossOpens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = s.OpenPartial(context.Background(), d, 10)
+	p, err = s.OpenPartial(context.Background(), d, 10, nothing)
 	if err != nil || p.Offset() != 5 {
 		t.Fatalf("reopened: offset %d, %v; want 5", p.Offset(), err)
 	}
@@ -52,13 +53,13 @@ func TestPartialOffsetNeverPastTheData(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest.FromString("blob")
-	p, _ := s.OpenPartial(context.Background(), d, 100)
+	p, _ := s.OpenPartial(context.Background(), d, 100, nothing)
 	if _, err := p.WriteAt([]byte("abc"), 0); err != nil {
 		t.Fatal(err)
 	}
 	p.Checkpoint(50) // more than the file holds (a power cut lost the rest)
 	p.Close()
-	p, _ = s.OpenPartial(context.Background(), d, 100)
+	p, _ = s.OpenPartial(context.Background(), d, 100, nothing)
 	if p.Offset() != 3 {
 		t.Errorf("offset %d, want the 3 bytes the file holds", p.Offset())
 	}
@@ -66,7 +67,7 @@ func TestPartialOffsetNeverPastTheData(t *testing.T) {
 	if err := os.WriteFile(s.partialPath(d)+offsetSuffix, []byte("garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, _ = s.OpenPartial(context.Background(), d, 100)
+	p, _ = s.OpenPartial(context.Background(), d, 100, nothing)
 	if p.Offset() != 0 {
 		t.Errorf("offset %d from a torn offset file, want 0", p.Offset())
 	}
@@ -79,18 +80,18 @@ func TestPartialOneDownloadAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest.FromString("blob")
-	p, err := s.OpenPartial(context.Background(), d, 10)
+	p, err := s.OpenPartial(context.Background(), d, 10, nothing)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := s.OpenPartial(ctx, d, 10); err == nil {
+	if _, err := s.OpenPartial(ctx, d, 10, nothing); err == nil {
 		t.Fatal("a second download of the same blob opened its partial file")
 	}
 	got := make(chan error, 1)
 	go func() {
-		q, err := s.OpenPartial(context.Background(), d, 10)
+		q, err := s.OpenPartial(context.Background(), d, 10, nothing)
 		if err == nil {
 			q.Close()
 		}
@@ -102,6 +103,56 @@ func TestPartialOneDownloadAtATime(t *testing.T) {
 	}
 }
 
+// nothing is the progress callback of a wait whose progress the test ignores.
+func nothing() {}
+
+// TestPartialWaiterFollowsHolder: a download waiting for another's
+// partial file counts that download's writes as its progress, and only
+// them (a holder that writes nothing gives the waiter none, so the
+// waiter's own progress timeout ends the wait); its own context ends the
+// wait too.
+func TestPartialWaiterFollowsHolder(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := digest.FromString("blob")
+	p, err := s.OpenPartial(context.Background(), d, 1<<20, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	progressed := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() {
+		_, err := s.OpenPartial(ctx, d, 1<<20, func() {
+			select {
+			case progressed <- struct{}{}:
+			default:
+			}
+		})
+		waited <- err
+	}()
+	select {
+	case <-progressed:
+		t.Fatal("the waiter was told of progress while the holder wrote nothing")
+	case <-time.After(3 * followEvery):
+	}
+	if _, err := p.WriteAt([]byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-progressed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder wrote, and the waiter was not told of progress")
+	}
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the waiter's wait ended with %v, want its own context's cancellation", err)
+	}
+}
+
 func TestRemoveStalePartials(t *testing.T) {
 	s, err := Open(t.TempDir())
 	if err != nil {
@@ -109,7 +160,7 @@ func TestRemoveStalePartials(t *testing.T) {
 	}
 	old, fresh, busy := digest.FromString("old"), digest.FromString("fresh"), digest.FromString("busy")
 	for _, d := range []digest.Digest{old, fresh, busy} {
-		p, err := s.OpenPartial(context.Background(), d, 10)
+		p, err := s.OpenPartial(context.Background(), d, 10, nothing)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,5 +195,105 @@ func TestRemoveStalePartials(t *testing.T) {
 		if !want[n] {
 			t.Errorf("left %s", n)
 		}
+	}
+}
+
+// TestPartialBoundedBySize: no byte is written past the size the partial
+// file was opened with, so the file never grows past the blob.
+func TestPartialBoundedBySize(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), 10, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.WriteAt([]byte("0123456789"), 0); err != nil {
+		t.Fatalf("a write of the whole blob: %v", err)
+	}
+	for _, off := range []int64{1, 10, 1 << 40, -1} {
+		if n, err := p.WriteAt([]byte("0123456789"), off); !errors.Is(err, ErrPastSize) || n != 0 {
+			t.Errorf("a write of 10 bytes at %d into a 10-byte blob: %d, %v; want 0, ErrPastSize", off, n, err)
+		}
+	}
+	if fi, err := os.Stat(s.partialPath(digest.FromString("blob"))); err != nil || fi.Size() != 10 {
+		t.Errorf("the partial file: %v, %v; want 10 bytes", fi, err)
+	}
+}
+
+// TestRemoveIdlePartials: asked to free them all (maxAge 0), the store
+// removes every partial download but the one a download holds, which it
+// goes on writing.
+func TestRemoveIdlePartials(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, busy := digest.FromString("idle"), digest.FromString("busy")
+	p, err := s.OpenPartial(context.Background(), idle, 10, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.WriteAt([]byte("x"), 0)
+	p.Checkpoint(1)
+	p.Close()
+	q, err := s.OpenPartial(context.Background(), busy, 10, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	q.WriteAt([]byte("x"), 0)
+	q.Checkpoint(1)
+	if err := s.RemoveStalePartials(0); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{s.partialPath(idle), s.partialPath(idle) + offsetSuffix} {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s is still there", f)
+		}
+	}
+	for _, f := range []string{s.partialPath(busy), s.partialPath(busy) + offsetSuffix} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("the held download's %s: %v", f, err)
+		}
+	}
+	if _, err := q.WriteAt([]byte("y"), 1); err != nil {
+		t.Errorf("the held download writes on: %v", err)
+	}
+}
+
+// TestUsageCountsPartials: the partial downloads are counted in Usage, by
+// what they hold on the disk (a part written far ahead leaves a hole).
+func TestUsageCountsPartials(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, inodesBefore, err := s.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 64 << 20
+	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), size, nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := make([]byte, 1<<20)
+	if _, err := p.WriteAt(part, size-int64(len(part))); err != nil { // the last part, ahead of a hole
+		t.Fatal(err)
+	}
+	p.Checkpoint(0)
+	p.Close()
+	after, inodes, err := s.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if grew := after - before; grew < 1<<20 || grew > 2<<20 {
+		t.Errorf("Usage grew by %d bytes with a partial download holding 1 MiB at the end of a 64 MiB hole; want about 1 MiB", grew)
+	}
+	if inodes <= inodesBefore {
+		t.Errorf("Usage counts %d files with the partial download, %d without", inodes, inodesBefore)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -20,13 +21,13 @@ type Store struct {
 	root string
 
 	partialMu   sync.Mutex
-	partialBusy map[digest.Digest]chan struct{} // closed when the download of a partial ends
+	partialBusy map[digest.Digest]*partialHold // the download holding each partial file
 }
 
 // Open creates the folders and discards writes a crash left in ingest/,
 // but for the partial downloads younger than PartialMaxAge.
 func Open(root string) (*Store, error) {
-	s := &Store{root: root, partialBusy: map[digest.Digest]chan struct{}{}}
+	s := &Store{root: root, partialBusy: map[digest.Digest]*partialHold{}}
 	for _, d := range []string{filepath.Join(root, "blobs", string(digest.SHA256)), s.ingest()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -107,20 +108,47 @@ func (s *Store) Delete(d digest.Digest) error {
 	return nil
 }
 
-// Usage counts the bytes and files the stored blobs take.
+// Usage counts the bytes and files the stored blobs and the downloads
+// (ingest/, the partial ones to resume included) take. A partial download
+// is counted by the blocks it has on the disk: its parts are written at
+// their offsets, and the file may have holes.
 func (s *Store) Usage() (bytes, inodes uint64, err error) {
-	err = filepath.WalkDir(filepath.Join(s.root, "blobs"), func(_ string, e fs.DirEntry, err error) error {
+	for _, dir := range []string{filepath.Join(s.root, "blobs"), s.ingest()} {
+		b, n, err := usage(dir)
+		if err != nil {
+			return 0, 0, err
+		}
+		bytes, inodes = bytes+b, inodes+n
+	}
+	return bytes, inodes, nil
+}
+
+// usage counts the bytes (the smaller of size and blocks on the disk) and
+// files under dir. A file removed during the walk is not counted.
+func usage(dir string) (bytes, inodes uint64, err error) {
+	err = filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
 		inodes++
-		if e.Type().IsRegular() {
-			info, err := e.Info()
-			if err != nil {
-				return err
-			}
-			bytes += uint64(info.Size())
+		if !e.Type().IsRegular() {
+			return nil
 		}
+		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		size := uint64(info.Size())
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			size = min(size, uint64(st.Blocks)*512)
+		}
+		bytes += size
 		return nil
 	})
 	return bytes, inodes, err

@@ -5,6 +5,7 @@ package snapshot
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,6 +18,10 @@ import (
 )
 
 var bucket = []byte("snapshots")
+
+// ErrExists is returned (wrapped) by Commit when the chain ID has a
+// snapshot already: another unpack of the same layer committed first.
+var ErrExists = errors.New("snapshot exists")
 
 const tmpPrefix = "tmp-"
 
@@ -220,7 +225,7 @@ func (s *Store) Commit(chainID, fsDir string, size, inodes int64) (Snapshot, err
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
 		if b.Get([]byte(chainID)) != nil {
-			return fmt.Errorf("snapshot %s already exists", chainID)
+			return ErrExists
 		}
 		seq, err := b.NextSequence()
 		if err != nil {

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -57,4 +59,27 @@ func TestImageRemovalFreesSpace(t *testing.T) {
 	}
 	mustPull(t, d, p.Name, p.ID)
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+}
+
+// TestImageFsInfoCountsReturnedPull (#34, finding 11): ImageFsInfo asked
+// right after PullImage returned counts the layers that pull stored, pull
+// after pull, as the kubelet tier's image GC test fills a filesystem. The
+// layers are big (16 MiB of random bytes, gzip: a unpack of a while, whose
+// files the after-pull flush has not written yet when PullImage answers).
+func TestImageFsInfoCountsReturnedPull(t *testing.T) {
+	reg, d := start(t, "")
+	t.Parallel()
+	const fillerSize = 16 << 20
+	base := imageStoreUsed(t, d)
+	rng := rand.NewChaCha8([32]byte{11})
+	for i := range 4 {
+		data := make([]byte, fillerSize)
+		_, _ = rng.Read(data)
+		img := harness.NewImage(t, harness.ImageSpec{Layers: [][]harness.File{{harness.Reg("filler", string(data), 0o644)}}})
+		p := reg.Push(t, fmt.Sprintf("berth/filler:%d", i), img)
+		mustPull(t, d, p.Name, p.ID)
+		if grew, want := imageStoreUsed(t, d)-base, int64(i+1)*fillerSize; grew < want {
+			t.Fatalf("ImageFsInfo right after pull %d returned: grew by %d bytes, want at least %d (%d layers of %d bytes)", i+1, grew, want, i+1, fillerSize)
+		}
+	}
 }
