@@ -1,4 +1,4 @@
-// Command berth-shim is berth's per-pod monitor (see DESIGN.md, "Process
+// Command berth-shim is berth's per-pod monitor (see docs/architecture.md, "Process
 // model"):
 //
 //	berth-shim serve --dir POD_DIR   serve a pod (package sandbox/shim/server)

@@ -1,5 +1,5 @@
 // Command berthd is berth's node daemon: it serves the Kubernetes CRI on a unix
-// socket. This file only wires the packages together; see DESIGN.md.
+// socket. This file only wires the packages together; see docs/architecture.md.
 package main
 
 import (

@@ -5,41 +5,17 @@ import (
 	"strings"
 
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/sandbox/sysctl"
 	"golang.org/x/sys/unix"
 )
 
-// dotted returns key in the kubelet's dotted form, where "/" stands for a
-// dot inside one name ("net.ipv4.conf.eth0/100.rp_filter"). A key whose
-// first separator is "/" is in slash form and is converted.
-func dotted(key string) string {
-	if i := strings.IndexAny(key, "./"); i >= 0 && key[i] == '/' {
-		return swapDots(key)
-	}
-	return key
-}
-
-func swapDots(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '.':
-			return '/'
-		case '/':
-			return '.'
-		}
-		return r
-	}, s)
-}
-
-// sysctlPath maps a key to its file under /proc/sys, refusing anything that
-// could step outside it.
+// sysctlPath is sysctl.Path with the error the pod's caller gets.
 func sysctlPath(key string) (string, error) {
-	rel := swapDots(dotted(key))
-	for part := range strings.SplitSeq(rel, "/") {
-		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, "\x00\n") {
-			return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q: malformed key", key)
-		}
+	p, err := sysctl.Path(key)
+	if err != nil {
+		return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q: %w", key, err)
 	}
-	return "/proc/sys/" + rel, nil
+	return p, nil
 }
 
 // sysctlKind says which namespace holds the sysctl key: only these are
@@ -48,7 +24,7 @@ func sysctlKind(key string) (Kind, error) {
 	if _, err := sysctlPath(key); err != nil {
 		return "", err
 	}
-	d := dotted(key)
+	d := sysctl.Dotted(key)
 	switch {
 	case strings.HasPrefix(d, "net."):
 		return Net, nil

@@ -7,23 +7,23 @@ import (
 
 func TestSysctlKeys(t *testing.T) {
 	for _, tc := range []struct {
-		key, path string
-		kind      Kind
-		err       string
+		key  string
+		kind Kind
+		err  string
 	}{
-		{key: "net.ipv4.ip_unprivileged_port_start", path: "/proc/sys/net/ipv4/ip_unprivileged_port_start", kind: Net},
-		{key: "net.ipv4.conf.eth0/100.rp_filter", path: "/proc/sys/net/ipv4/conf/eth0.100/rp_filter", kind: Net},
-		{key: "net/ipv4/conf/eth0.100/rp_filter", path: "/proc/sys/net/ipv4/conf/eth0.100/rp_filter", kind: Net},
-		{key: "kernel.shm_rmid_forced", path: "/proc/sys/kernel/shm_rmid_forced", kind: IPC},
-		{key: "kernel.msgmax", path: "/proc/sys/kernel/msgmax", kind: IPC},
-		{key: "kernel.sem", path: "/proc/sys/kernel/sem", kind: IPC},
-		{key: "fs.mqueue.msg_max", path: "/proc/sys/fs/mqueue/msg_max", kind: IPC},
-		{key: "kernel.domainname", path: "/proc/sys/kernel/domainname", kind: UTS},
+		{key: "net.ipv4.ip_unprivileged_port_start", kind: Net},
+		{key: "net.ipv4.conf.eth0/100.rp_filter", kind: Net},
+		{key: "net/ipv4/conf/eth0.100/rp_filter", kind: Net},
+		{key: "kernel.shm_rmid_forced", kind: IPC},
+		{key: "kernel.msgmax", kind: IPC},
+		{key: "kernel.sem", kind: IPC},
+		{key: "fs.mqueue.msg_max", kind: IPC},
+		{key: "kernel.domainname", kind: UTS},
 		{key: "vm.swappiness", err: "not namespaced"},
 		{key: "kernel.hostname", err: "Hostname"},
-		{key: "net..ipv4", err: "malformed"},
-		{key: "net/../../etc", err: "malformed"},
-		{key: "net.ipv4.", err: "malformed"},
+		// The key rule itself is sandbox/sysctl's, tested there; here, that
+		// its refusal names the key.
+		{key: "net/../../etc", err: "not a sysctl name"},
 	} {
 		kind, err := sysctlKind(tc.key)
 		if tc.err != "" {
@@ -34,9 +34,6 @@ func TestSysctlKeys(t *testing.T) {
 		}
 		if err != nil || kind != tc.kind {
 			t.Errorf("%s: kind %q, %v; want %q", tc.key, kind, err, tc.kind)
-		}
-		if p, _ := sysctlPath(tc.key); p != tc.path {
-			t.Errorf("%s: path %q, want %q", tc.key, p, tc.path)
 		}
 	}
 }

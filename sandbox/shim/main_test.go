@@ -51,7 +51,7 @@ func setup(tmp string) error {
 		return makeRootfs(rootfs, filepath.Join(dir, "berth-pause"))
 	}
 	shimBin = filepath.Join(tmp, "berth-shim")
-	// seccomp: libcontainer's seccomp support, as the Makefile builds the helper.
+	// seccomp: libcontainer's seccomp support, as the Makefile builds berth-shim-helper.
 	args := []string{"build", "-tags", "seccomp", "-o", tmp + "/"}
 	if os.Getenv("BERTH_RACE") != "" {
 		args = append(args, "-race") // races are reported in shim.log, checked by cleanup

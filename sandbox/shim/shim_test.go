@@ -454,7 +454,7 @@ func TestShimRSS(t *testing.T) {
 
 	// What each pod pays for its shim, with room for noise: the anonymous
 	// memory in small pages (heap, stacks, runtime metadata: about 1.2 MiB
-	// since libcontainer runs in helpers, 2.7 MiB while the shim ran it
+	// since libcontainer runs in berth-shim-helper, 2.7 MiB while the shim ran it
 	// itself), in huge pages (on the VM's kernel, whose transparent huge
 	// pages default to always, the one 2 MiB page the Go runtime may fault
 	// in its heap before the shim turns them off for itself), the threads
@@ -586,7 +586,7 @@ func TestEventsPushed(t *testing.T) {
 // TestContainerExitsWhileExecsComeIn: a container whose PID 1 ends while
 // execs keep coming (a probe every second, as in Kubernetes' e2e suite)
 // exits. An exec that was joining the container's PID namespace as it
-// died is killed by the kernel and left a zombie of the serving helper;
+// died is killed by the kernel and left a zombie of the exec server;
 // unreaped, it held the container's init in its exit forever, and
 // StopContainer failed with "still runs after SIGKILL".
 func TestContainerExitsWhileExecsComeIn(t *testing.T) {
@@ -619,8 +619,8 @@ func TestContainerExitsWhileExecsComeIn(t *testing.T) {
 				t.Errorf("round %d: state %+v, want exit code 3", round, st)
 			}
 		case <-time.After(10 * time.Second):
-			t.Errorf("round %d: the container did not exit within 10 s of its PID 1's end; the helper's zombies: %v",
-				round, zombieChildren(servingHelpers(p.pid)...))
+			t.Errorf("round %d: the container did not exit within 10 s of its PID 1's end; the exec server's zombies: %v",
+				round, zombieChildren(execServers(p.pid)...))
 		}
 		close(stop)
 		<-done
@@ -653,9 +653,9 @@ func zombieChildren(pids ...int) []string {
 	return out
 }
 
-// servingHelpers lists the shim's children that serve execs
+// execServers lists the shim's children that serve execs
 // (berth-shim-helper helper --serve).
-func servingHelpers(shimPID int) []int {
+func execServers(shimPID int) []int {
 	var out []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -666,7 +666,7 @@ func servingHelpers(shimPID int) []int {
 		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
 		stat, _ := os.ReadFile("/proc/" + e.Name() + "/stat")
 		i := strings.LastIndexByte(string(stat), ')')
-		if i < 0 || !strings.Contains(string(cmd), shim.HelperServeArg) {
+		if i < 0 || !strings.Contains(string(cmd), shim.ExecServerArg) {
 			continue
 		}
 		if f := strings.Fields(string(stat[i+1:])); len(f) > 1 && f[1] == strconv.Itoa(shimPID) {
@@ -676,34 +676,34 @@ func servingHelpers(shimPID int) []int {
 	return out
 }
 
-// TestExecHelperLingers: execs close together go through one helper that
+// TestExecServerLingers: execs close together go through one exec server that
 // serves them, which is let go once no exec came for a moment, and the
 // next exec starts another; the shim's exit takes it along.
-func TestExecHelperLingers(t *testing.T) {
+func TestExecServerLingers(t *testing.T) {
 	p := newPod(t)
 	ctx := ctxT(t)
 	p.run("c", []string{"sleep", "1000"})
-	var helpers []int
+	var servers []int
 	for i := range 3 {
 		r, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"echo", strconv.Itoa(i)}})
 		if err != nil || string(r.Stdout) != strconv.Itoa(i)+"\n" {
 			t.Fatalf("exec %d: %+v %v", i, r, err)
 		}
-		helpers = append(helpers, servingHelpers(p.pid)...)
+		servers = append(servers, execServers(p.pid)...)
 	}
-	if len(helpers) != 3 || helpers[0] != helpers[1] || helpers[1] != helpers[2] {
-		t.Fatalf("serving helpers during three execs: %v, want the same one each time", helpers)
+	if len(servers) != 3 || servers[0] != servers[1] || servers[1] != servers[2] {
+		t.Fatalf("exec servers during three execs: %v, want the same one each time", servers)
 	}
-	if !waitGone(t, helpers[0]) {
-		t.Fatalf("the serving helper %d outlived its idle time", helpers[0])
+	if !waitGone(t, servers[0]) {
+		t.Fatalf("the exec server %d outlived its idle time", servers[0])
 	}
 	r, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"echo", "again"}})
 	if err != nil || string(r.Stdout) != "again\n" {
-		t.Fatalf("exec after the helper went: %+v %v", r, err)
+		t.Fatalf("exec after the exec server went: %+v %v", r, err)
 	}
-	again := servingHelpers(p.pid)
-	if len(again) != 1 || again[0] == helpers[0] {
-		t.Fatalf("serving helpers after the first went: %v", again)
+	again := execServers(p.pid)
+	if len(again) != 1 || again[0] == servers[0] {
+		t.Fatalf("exec servers after the first went: %v", again)
 	}
 	p.c.Kill(ctx, "c", syscall.SIGKILL, false)
 	p.wait("c")
@@ -715,7 +715,7 @@ func TestExecHelperLingers(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !waitGone(t, again[0]) {
-		t.Fatal("the serving helper outlived its shim")
+		t.Fatal("the exec server outlived its shim")
 	}
 	p.start() // for the cleanup
 }

@@ -137,7 +137,7 @@ func (s *Stream) Close() error {
 
 // ReadStreamMsg reads one message into v, with the fds that came with it.
 // Its buffer is the message's size: readers wait in it for a connection's
-// whole life (attach, an exec's stream, the exec helper's replies), and a
+// whole life (attach, an exec's stream, the exec server's replies), and a
 // buffer of maxStreamMsg each was a MiB of garbage per message and a MiB
 // held per waiting reader in the shim (one per pod).
 func ReadStreamMsg(conn *net.UnixConn, v any) ([]*os.File, error) {

@@ -11,7 +11,7 @@ import (
 )
 
 // seqpacketPair is a connected pair of SOCK_SEQPACKET sockets, as the
-// stream socket and the exec helper's socket are.
+// stream socket and the exec server's socket are.
 func seqpacketPair(t *testing.T) (a, b *net.UnixConn) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -58,7 +58,7 @@ func TestStreamMsgSizes(t *testing.T) {
 }
 
 // TestStreamMsgGarbage: reading a small message allocates about its size,
-// not the bound (a MiB per message was the exec helper's replies' garbage,
+// not the bound (a MiB per message was the exec server's replies' garbage,
 // and a MiB held by every reader waiting on a stream).
 func TestStreamMsgGarbage(t *testing.T) {
 	a, b := seqpacketPair(t)

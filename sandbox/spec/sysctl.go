@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/berth-runtime/berth/sandbox/sysctl"
 )
 
 // ipcSysctls are the IPC-namespaced sysctls besides fs.mqueue.*.
@@ -25,36 +27,6 @@ var utsSysctls = map[string]bool{
 	"kernel.domainname": true,
 }
 
-// normalizeSysctl turns the slash form ("net/ipv4/conf/eth0.100/rp_filter")
-// into the dotted one ("net.ipv4.conf.eth0/100.rp_filter"), as the kubelet does.
-func normalizeSysctl(key string) string {
-	slash, dot := strings.IndexByte(key, '/'), strings.IndexByte(key, '.')
-	if slash < 0 || (dot >= 0 && dot < slash) {
-		return key
-	}
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '/':
-			return '.'
-		case '.':
-			return '/'
-		}
-		return r
-	}, key)
-}
-
-// validSysctlName checks a dotted name part by part: a '/' in a part stands
-// for a '.' in the file name (an interface "eth0.100"), so a part of "/" or
-// "//" would be the path "." or ".." and climb out of its namespace's folder.
-func validSysctlName(key string) bool {
-	for _, part := range strings.Split(key, ".") {
-		if part == "" || part == "/" || part == "//" {
-			return false
-		}
-	}
-	return !strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r == 0x7f })
-}
-
 // buildSysctls keeps the pod's sysctls, each of which must belong to a
 // namespace the container does not share with the host: net.* needs its own
 // network namespace, the IPC ones their own IPC namespace, kernel.hostname and
@@ -68,9 +40,9 @@ func buildSysctls(in Input, hostUTS bool) (map[string]string, error) {
 	out := make(map[string]string, len(src))
 	for _, k := range slices.Sorted(maps.Keys(src)) {
 		v := src[k]
-		key := normalizeSysctl(strings.TrimSpace(k))
-		if !validSysctlName(key) {
-			return nil, fmt.Errorf("sysctl %q: not a sysctl name (an empty, \".\" or \"..\" part, a space or a control character)", k)
+		key := sysctl.Dotted(strings.TrimSpace(k))
+		if _, err := sysctl.Path(key); err != nil {
+			return nil, fmt.Errorf("sysctl %q: %w", k, err)
 		}
 		switch {
 		case strings.HasPrefix(key, "net."):

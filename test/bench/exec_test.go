@@ -21,7 +21,7 @@ const execs = 50
 // as a streaming exec (Exec, then the URL driven over SPDY with kubectl's
 // client library: connect, run, exit code) and prints the p50/p99 of both;
 // then ExecSyncs apart from each other, as a kubelet's exec probes come
-// (every 10 s by default), which find no serving exec helper.
+// (every 10 s by default), which find no exec server running.
 func TestExecLatency(t *testing.T) {
 	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
@@ -77,7 +77,7 @@ func TestExecLatency(t *testing.T) {
 }
 
 // apartExecs ExecSyncs apartGap after each other: longer than the shim
-// keeps a serving exec helper (sandbox/shim/server's execLinger, 2 s).
+// keeps the exec server (sandbox/shim/server's execLinger, 2 s).
 const (
 	apartExecs = 8
 	apartGap   = 3 * time.Second

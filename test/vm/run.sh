@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The VM tier (`make test-vm`, DESIGN.md "Tests" 3): the privileged tests on a
+# The VM tier (`make test-vm`, docs/architecture.md, "Tests" 3): the privileged tests on a
 # unified cgroup v2 kernel. It builds static test binaries (`go test -c`) and
 # berthd, berthctl, berth-shim, berth-pause; puts them with busybox-static on an ext4 disk
 # image; boots Debian's linux-image-amd64 (prepared by test/vm/deps.sh) in

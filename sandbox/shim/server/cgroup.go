@@ -15,7 +15,7 @@ import (
 
 // A container's cgroups, as far as the shim handles them itself: its
 // processes, its OOM kills, and their removal when libcontainer need not
-// (see shim.HelperReply.DeleteByHelper).
+// (see shim.OpReply.DeleteByOp).
 
 // oomKills reads the oom_kill count of a cgroup's memory.events (v2) or
 // memory.oom_control (v1).

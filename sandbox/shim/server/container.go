@@ -32,9 +32,9 @@ type ctr struct {
 	oomEvents string // its OOM kill count
 	oom0      uint64
 	// cgroupPaths are its cgroups, which delete removes itself unless
-	// deleteByHelper (see shim.HelperReply).
-	cgroupPaths    map[string]string
-	deleteByHelper bool
+	// deleteByOp (see shim.OpReply).
+	cgroupPaths map[string]string
+	deleteByOp  bool
 
 	// startMu orders Create's setup and Start's started.json before the
 	// exit handling.
@@ -101,8 +101,8 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	// startMu keeps onExit out until the bookkeeping below is done.
 	c.startMu.Lock()
 	// The init stops at the exec fifo ("created") until Start.
-	hreq := &shim.HelperRequest{Op: shim.HelperCreate, ID: req.ID, Bundle: bundle, Stdio: c.io.helperStdio()}
-	sp, r, err := s.spawn(hreq, c.io.child, c.onExit(s))
+	opReq := &shim.OpRequest{Op: shim.OpCreate, ID: req.ID, Bundle: bundle, Stdio: c.io.opStdio()}
+	sp, r, err := s.spawn(opReq, c.io.child, c.onExit(s))
 	if err != nil {
 		c.startMu.Unlock()
 		c.io.close()
@@ -111,7 +111,7 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	c.init = sp
 	c.state.Pid = sp.pid
 	c.cgroup, c.oomEvents = r.Cgroup, r.OOMEvents
-	c.cgroupPaths, c.deleteByHelper = r.CgroupPaths, r.DeleteByHelper || r.CgroupPaths == nil
+	c.cgroupPaths, c.deleteByOp = r.CgroupPaths, r.DeleteByOp || r.CgroupPaths == nil
 	c.oom0, _ = oomKills(c.oomEvents)
 	err = c.io.started(c.log, req.Stdin)
 	c.startMu.Unlock()
@@ -121,7 +121,7 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 		case <-c.exited:
 		case <-time.After(10 * time.Second):
 		}
-		s.helper(&shim.HelperRequest{Op: shim.HelperDelete, ID: req.ID}, nil, nil)
+		s.runOp(&shim.OpRequest{Op: shim.OpDelete, ID: req.ID}, nil, nil)
 		c.init.close()
 		return err
 	}
@@ -252,8 +252,8 @@ func (s *Server) delete(id string) error {
 	default:
 		return fmt.Errorf("%w: %s", shim.ErrNotStopped, id)
 	}
-	if c.deleteByHelper {
-		_, err = s.helper(&shim.HelperRequest{Op: shim.HelperDelete, ID: id}, nil, nil)
+	if c.deleteByOp {
+		_, err = s.runOp(&shim.OpRequest{Op: shim.OpDelete, ID: id}, nil, nil)
 	} else {
 		err = s.destroy(c)
 	}
@@ -269,7 +269,7 @@ func (s *Server) delete(id string) error {
 	return nil
 }
 
-// update has a helper apply new limits and record them in the bundle's
+// update has an op process apply new limits and record them in the bundle's
 // spec, so that status and a restarted shim see them.
 func (s *Server) update(req *shim.UpdateRequest) error {
 	c, err := s.get(req.ID)
@@ -281,7 +281,7 @@ func (s *Server) update(req *shim.UpdateRequest) error {
 		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
 	default:
 	}
-	_, err = s.helper(&shim.HelperRequest{Op: shim.HelperUpdate, ID: c.id, Bundle: c.bundle, Resources: req.Resources}, nil, nil)
+	_, err = s.runOp(&shim.OpRequest{Op: shim.OpUpdate, ID: c.id, Bundle: c.bundle, Resources: req.Resources}, nil, nil)
 	return err
 }
 

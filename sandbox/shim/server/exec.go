@@ -40,8 +40,8 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 	s.mu.Lock()
 	initPid := c.state.Pid
 	s.mu.Unlock()
-	sp, err := s.execViaHelper(&shim.HelperRequest{Op: shim.HelperExec, ID: c.id, Bundle: c.bundle, Pid: initPid,
-		Stdio: shim.HelperStdio{Stdout: true, Stderr: true}, Exec: req}, []*os.File{outW, errW})
+	sp, err := s.execViaServer(&shim.OpRequest{Op: shim.OpExec, ID: c.id, Bundle: c.bundle, Pid: initPid,
+		Stdio: shim.OpStdio{Stdout: true, Stderr: true}, Exec: req}, []*os.File{outW, errW})
 	outW.Close()
 	errW.Close()
 	if err != nil {
@@ -129,10 +129,10 @@ func (s *Server) runningCtr(id string, args []string) (*ctr, error) {
 	return c, nil
 }
 
-// spawnExec has a helper start req's command in c with the container's
+// spawnExec has an op process start req's command in c with the container's
 // own process settings, less what req changes, with files as its stdio.
-func (s *Server) spawnExec(c *ctr, req *shim.ExecRequest, stdio shim.HelperStdio, files []*os.File) (*spawned, error) {
-	sp, _, err := s.spawn(&shim.HelperRequest{Op: shim.HelperExec, ID: c.id, Bundle: c.bundle, Stdio: stdio, Exec: req}, files, nil)
+func (s *Server) spawnExec(c *ctr, req *shim.ExecRequest, stdio shim.OpStdio, files []*os.File) (*spawned, error) {
+	sp, _, err := s.spawn(&shim.OpRequest{Op: shim.OpExec, ID: c.id, Bundle: c.bundle, Stdio: stdio, Exec: req}, files, nil)
 	return sp, err
 }
 

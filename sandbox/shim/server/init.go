@@ -16,7 +16,7 @@ import (
 
 // wantsTTY reports whether the container gets a pty: asked for, or set in
 // its spec. Only that field is decoded: the shim never builds encoding/json's
-// tables of the whole OCI spec (the helper reads the spec).
+// tables of the whole OCI spec (berth-shim-helper reads the spec).
 func wantsTTY(bundle string, asked bool) (bool, error) {
 	b, err := os.ReadFile(filepath.Join(bundle, shim.ConfigFile))
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 // Leftovers are containers in this pod folder that this shim process did
 // not create: an earlier shim of the pod died. They are not its children,
 // so it cannot learn their exit code; it can still report, signal and
-// remove them through libcontainer's saved state, which a helper reads.
+// remove them through libcontainer's saved state, which an op process reads.
 
 func (s *Server) leftoverState(id string) (shim.State, error) {
 	st, ex, err := shim.ReadRecords(shim.ContainerDir(s.dir, id))
@@ -23,7 +23,7 @@ func (s *Server) leftoverState(id string) (shim.State, error) {
 		return shim.StateFromRecords(id, st, ex), nil
 	}
 	state := shim.StateFromRecords(id, st, nil)
-	r, err := s.helper(&shim.HelperRequest{Op: shim.HelperState, ID: id}, nil, nil)
+	r, err := s.runOp(&shim.OpRequest{Op: shim.OpState, ID: id}, nil, nil)
 	if err != nil {
 		return shim.State{}, err
 	}
@@ -60,11 +60,11 @@ func (s *Server) waitLeftover(id string, timeout <-chan time.Time) (shim.State, 
 	}
 }
 
-// leftoverOp has a helper signal or delete a leftover. One that
+// leftoverOp has an op process signal or delete a leftover. One that
 // libcontainer no longer knows is fine when its records say it existed
 // (it was removed already); else it is not found.
-func (s *Server) leftoverOp(req *shim.HelperRequest) error {
-	r, err := s.helper(req, nil, nil)
+func (s *Server) leftoverOp(req *shim.OpRequest) error {
+	r, err := s.runOp(req, nil, nil)
 	if err != nil || !r.NotFound {
 		return err
 	}
@@ -75,9 +75,9 @@ func (s *Server) leftoverOp(req *shim.HelperRequest) error {
 }
 
 func (s *Server) killLeftover(id string, sig unix.Signal, all bool) error {
-	return s.leftoverOp(&shim.HelperRequest{Op: shim.HelperKill, ID: id, Signal: int(sig), All: all})
+	return s.leftoverOp(&shim.OpRequest{Op: shim.OpKill, ID: id, Signal: int(sig), All: all})
 }
 
 func (s *Server) deleteLeftover(id string) error {
-	return s.leftoverOp(&shim.HelperRequest{Op: shim.HelperDelete, ID: id})
+	return s.leftoverOp(&shim.OpRequest{Op: shim.OpDelete, ID: id})
 }

@@ -25,11 +25,12 @@ func (e exit) code() (code, sig int) {
 }
 
 // reaper is the single place children are waited for. The shim is a
-// child subreaper, so container inits, exec'd processes (once the helper
-// that started them exits), the helpers and every orphan below them end up
-// here; wait4(-1) reaps them all and hands the status of the ones
-// registered to their owner. A process is registered while the helper that
-// started it still lives (see Server.helper), so its exit cannot come first.
+// child subreaper, so container inits, exec'd processes (once the op
+// process that started them exits), berth-shim-helper's processes and
+// every orphan below them end up here; wait4(-1) reaps them all and hands
+// the status of the ones registered to their owner. A process is
+// registered while the op process that started it still lives (see
+// Server.runOp), so its exit cannot come first.
 type reaper struct {
 	mu      sync.Mutex
 	waiters map[int]func(exit)
@@ -71,7 +72,7 @@ func (r *reaper) reap() {
 }
 
 // deliver hands an exit to the pid's waiter: one the shim reaped (its own
-// child) or one a serving helper reaped (the helper's child).
+// child) or one the exec server reaped (its child).
 func (r *reaper) deliver(pid int, ws unix.WaitStatus) {
 	r.mu.Lock()
 	fn := r.waiters[pid]

@@ -4,7 +4,8 @@
 // attach and exec streams. It serves the API of package shim
 // (shim.ServeConn). It never runs libcontainer itself: creating a
 // container, starting an exec, changing limits and deleting are each done
-// by a short-lived helper process (package helper), so that what
+// by berth-shim-helper (package ops): an op process per operation, the
+// exec server for execs that come close together, so that what
 // libcontainer leaves resident is not paid once per pod.
 package server
 
@@ -44,8 +45,8 @@ type Server struct {
 	trimMu sync.Mutex
 	trim   *time.Timer // pending trimSoon, nil when none
 
-	ehMu sync.Mutex
-	eh   *execHelper // the helper serving ExecSync, nil when none
+	execSrvMu sync.Mutex
+	execSrv   *execServer // the one serving ExecSync, nil when none
 }
 
 // Run serves the pod folder dir until Shutdown (or SIGTERM/SIGINT while no
@@ -57,7 +58,7 @@ func Run(dir string, ready *os.File) error {
 		return err
 	}
 	// Orphans below the shim (a container's init or an exec'd process once
-	// the helper that started it exits, runc init's intermediate stages)
+	// the op process that started it exits, runc init's intermediate stages)
 	// are reparented to it, not to pid 1.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("set child subreaper: %w", err)
@@ -123,7 +124,7 @@ func Run(dir string, ready *os.File) error {
 	<-s.quit
 	l.Close()
 	sl.Close()
-	s.stopExecHelper()
+	s.stopExecServer()
 	log.Printf("shutting down")
 	return nil
 }

@@ -15,12 +15,12 @@ import (
 )
 
 // stdio is a container's side of its init's standard streams; the other
-// ends (child) go to the helper that creates it.
+// ends (child) go to the op process that creates it.
 type stdio struct {
 	stdin   io.WriteCloser // kept open so the container sees an open stdin
 	out     *os.File       // stdout, or the pty master
 	err     *os.File       // stderr; nil with a tty
-	child   []*os.File     // the container's ends (shim.HelperStdio's order), closed once it has them
+	child   []*os.File     // the container's ends (shim.OpStdio's order), closed once it has them
 	console *os.File       // our end of the console socket (tty)
 	done    chan struct{}  // closed when output copying ended
 	fan     fanout         // attached clients
@@ -66,12 +66,12 @@ func newStdio(stdin, tty bool) (_ *stdio, err error) {
 	return s, nil
 }
 
-// helperStdio describes the child ends for the helper.
-func (s *stdio) helperStdio() shim.HelperStdio {
+// opStdio describes the child ends for the op process.
+func (s *stdio) opStdio() shim.OpStdio {
 	if s.console != nil {
-		return shim.HelperStdio{TTY: true}
+		return shim.OpStdio{TTY: true}
 	}
-	return shim.HelperStdio{Stdin: s.stdin != nil, Stdout: true, Stderr: true}
+	return shim.OpStdio{Stdin: s.stdin != nil, Stdout: true, Stderr: true}
 }
 
 // started runs after the spawn: drop the container's ends, receive the

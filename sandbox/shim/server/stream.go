@@ -95,16 +95,16 @@ func (s *Server) startStream(req *shim.StreamRequest, files []*os.File) (sp *spa
 	if err != nil {
 		return nil, nil, err
 	}
-	hs := shim.HelperStdio{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr}
+	opStdio := shim.OpStdio{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr}
 	var io *stdio
 	if req.TTY {
 		if io, err = newStdio(false, true); err != nil {
 			return nil, nil, err
 		}
 		defer io.close()
-		hs, files = io.helperStdio(), io.child
+		opStdio, files = io.opStdio(), io.child
 	}
-	sp, err = s.spawnExec(c, &req.Exec, hs, files)
+	sp, err = s.spawnExec(c, &req.Exec, opStdio, files)
 	if err != nil {
 		return nil, nil, err
 	}

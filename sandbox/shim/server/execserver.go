@@ -13,30 +13,30 @@ import (
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
-// execLinger is how long the shim keeps a serving helper after its last
+// execLinger is how long the shim keeps the exec server after its last
 // exec ended: execs that come closer together than this (a client's loop,
 // several probes at once) start none.
 const execLinger = 2 * time.Second
 
-// execHelper is a helper serving execs (shim.HelperServeArg).
-type execHelper struct {
+// execServer is berth-shim-helper serving execs (shim.ExecServerArg).
+type execServer struct {
 	conn    *net.UnixConn
-	replies chan shim.HelperReply
+	replies chan shim.OpReply
 	dead    chan struct{} // closed when the connection ended
 	gone    chan struct{} // closed when the process has exited
 
 	mu      sync.Mutex // one request at a time
-	running int        // execs started and not exited; guarded by Server.ehMu
+	running int        // execs started and not exited; guarded by Server.execSrvMu
 	idle    *time.Timer
 }
 
-// execViaHelper starts an exec through the serving helper, starting one
-// when there is none. The process is the helper's child: its exit comes as
-// a message, or, if the helper dies first, from the reaper.
-func (s *Server) execViaHelper(req *shim.HelperRequest, files []*os.File) (*spawned, error) {
+// execViaServer starts an exec through the exec server, starting one
+// when there is none. The process is the exec server's child: its exit comes
+// as a message, or, if the exec server dies first, from the reaper.
+func (s *Server) execViaServer(req *shim.OpRequest, files []*os.File) (*spawned, error) {
 	req.Root = s.lcRoot
 	for try := 0; ; try++ {
-		h, err := s.execHelperFor()
+		h, err := s.execServerFor()
 		if err != nil {
 			return nil, err
 		}
@@ -48,20 +48,20 @@ func (s *Server) execViaHelper(req *shim.HelperRequest, files []*os.File) (*spaw
 	}
 }
 
-// execOn sends the exec to h; sent says whether the helper got it.
-func (s *Server) execOn(h *execHelper, req *shim.HelperRequest, files []*os.File) (_ *spawned, sent bool, _ error) {
+// execOn sends the exec to h; sent says whether the exec server got it.
+func (s *Server) execOn(h *execServer, req *shim.OpRequest, files []*os.File) (_ *spawned, sent bool, _ error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := shim.WriteStreamMsg(h.conn, req, files...); err != nil {
 		s.execDone(h)
 		s.retire(h, true)
-		return nil, false, fmt.Errorf("exec helper: %w", err)
+		return nil, false, fmt.Errorf("exec server: %w", err)
 	}
-	var r shim.HelperReply
+	var r shim.OpReply
 	select {
 	case r = <-h.replies:
 	case <-h.dead:
-		return nil, true, errors.New("exec helper exited (see shim.log)")
+		return nil, true, errors.New("exec server exited (see shim.log)")
 	}
 	if r.Error != "" {
 		s.execDone(h)
@@ -75,22 +75,22 @@ func (s *Server) execOn(h *execHelper, req *shim.HelperRequest, files []*os.File
 		s.execDone(h)
 		sp.exited <- e
 	})
-	// Only now may the helper wait for it: until then its pid cannot be
+	// Only now may the exec server wait for it: until then its pid cannot be
 	// reused, and the pidfd above is the process's.
-	if err := shim.WriteStreamMsg(h.conn, &shim.HelperRequest{Op: shim.HelperRegistered, Pid: r.Pid}); err != nil {
-		// The helper is gone: the process is the shim's child now, and the
+	if err := shim.WriteStreamMsg(h.conn, &shim.OpRequest{Op: shim.OpRegistered, Pid: r.Pid}); err != nil {
+		// The exec server is gone: the process is the shim's child now, and the
 		// reaper reports it.
 		s.retire(h, true)
 	}
 	return sp, true, nil
 }
 
-// execHelperFor returns the serving helper, started if there is none, with
+// execServerFor returns the exec server, started if there is none, with
 // one more exec counted on it.
-func (s *Server) execHelperFor() (*execHelper, error) {
-	s.ehMu.Lock()
-	defer s.ehMu.Unlock()
-	if h := s.eh; h != nil {
+func (s *Server) execServerFor() (*execServer, error) {
+	s.execSrvMu.Lock()
+	defer s.execSrvMu.Unlock()
+	if h := s.execSrv; h != nil {
 		h.running++
 		h.idle.Stop()
 		return h, nil
@@ -99,35 +99,35 @@ func (s *Server) execHelperFor() (*execHelper, error) {
 	if err != nil {
 		return nil, err
 	}
-	ours, theirs := os.NewFile(uintptr(fds[0]), "exec-helper"), os.NewFile(uintptr(fds[1]), "exec-helper-c")
+	ours, theirs := os.NewFile(uintptr(fds[0]), "exec-server"), os.NewFile(uintptr(fds[1]), "exec-server-c")
 	defer theirs.Close()
 	fc, err := net.FileConn(ours)
 	ours.Close()
 	if err != nil {
 		return nil, err
 	}
-	p, err := os.StartProcess(s.helperBin, []string{s.helperBin, shim.HelperArg, shim.HelperServeArg, s.dir},
+	p, err := os.StartProcess(s.helperBin, []string{s.helperBin, shim.OpsArg, shim.ExecServerArg, s.dir},
 		&os.ProcAttr{Files: []*os.File{nil, nil, os.Stderr, theirs}})
 	if err != nil {
 		fc.Close()
 		return nil, fmt.Errorf("start %s: %w", shim.HelperBinary, err)
 	}
-	h := &execHelper{conn: fc.(*net.UnixConn), replies: make(chan shim.HelperReply, 1),
+	h := &execServer{conn: fc.(*net.UnixConn), replies: make(chan shim.OpReply, 1),
 		dead: make(chan struct{}), gone: make(chan struct{}), running: 1}
 	s.reaper.register(p.Pid, func(exit) { close(h.gone) })
 	p.Release() // the reaper reaps it
 	h.idle = time.AfterFunc(execLinger, func() { s.retire(h, false) })
 	h.idle.Stop()
-	go s.readExecHelper(h)
-	s.eh = h
+	go s.readExecServer(h)
+	s.execSrv = h
 	return h, nil
 }
 
-// readExecHelper passes the helper's replies to the request waiting and
+// readExecServer passes the exec server's replies to the request waiting and
 // its exit reports to the reaper's waiters.
-func (s *Server) readExecHelper(h *execHelper) {
+func (s *Server) readExecServer(h *execServer) {
 	for {
-		var r shim.HelperReply
+		var r shim.OpReply
 		files, err := shim.ReadStreamMsg(h.conn, &r)
 		closeFiles(files)
 		if err != nil {
@@ -143,38 +143,38 @@ func (s *Server) readExecHelper(h *execHelper) {
 	}
 }
 
-// execDone counts an exec ended; the helper is let go once none came for
+// execDone counts an exec ended; the exec server is let go once none came for
 // execLinger.
-func (s *Server) execDone(h *execHelper) {
-	s.ehMu.Lock()
-	defer s.ehMu.Unlock()
-	if h.running--; h.running == 0 && s.eh == h {
+func (s *Server) execDone(h *execServer) {
+	s.execSrvMu.Lock()
+	defer s.execSrvMu.Unlock()
+	if h.running--; h.running == 0 && s.execSrv == h {
 		h.idle.Reset(execLinger)
 	}
 }
 
-// retire hangs up on the helper (it exits), unless it is not broken and
+// retire hangs up on the exec server (it exits), unless it is not broken and
 // an exec runs through it again (the idle timer fired as one came in).
-func (s *Server) retire(h *execHelper, broken bool) {
-	s.ehMu.Lock()
-	defer s.ehMu.Unlock()
+func (s *Server) retire(h *execServer, broken bool) {
+	s.execSrvMu.Lock()
+	defer s.execSrvMu.Unlock()
 	if !broken && h.running > 0 {
 		return
 	}
-	if s.eh == h {
-		s.eh = nil
+	if s.execSrv == h {
+		s.execSrv = nil
 	}
 	h.conn.Close()
 }
 
-// stopExecHelper lets the serving helper go as the shim exits, and waits
+// stopExecServer lets the exec server go as the shim exits, and waits
 // (a second at most) until it has: nothing of a stopped pod may outlive
 // its shim.
-func (s *Server) stopExecHelper() {
-	s.ehMu.Lock()
-	h := s.eh
-	s.eh = nil
-	s.ehMu.Unlock()
+func (s *Server) stopExecServer() {
+	s.execSrvMu.Lock()
+	h := s.execSrv
+	s.execSrv = nil
+	s.execSrvMu.Unlock()
 	if h == nil {
 		return
 	}

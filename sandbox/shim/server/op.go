@@ -25,39 +25,39 @@ func helperBinary() (string, error) {
 	return bin, nil
 }
 
-// helper runs one helper process for req, with files as its stdio (see
-// shim.HelperStdio), and returns its reply. When the helper started a
-// process, took runs with its pid before the helper is let go: until then
-// the process is the helper's child, so its exit cannot be reaped before
-// took has registered it. A failure the helper reports is returned as its
+// runOp runs one op process for req, with files as its stdio (see
+// shim.OpStdio), and returns its reply. When the op process started a
+// process, took runs with its pid before the op process is let go: until
+// then the process is the op process's child, so its exit cannot be reaped
+// before took has registered it. A failure the op process reports is returned as its
 // text, which keeps the prefix of shim's errors for berthd's client.
-func (s *Server) helper(req *shim.HelperRequest, files []*os.File, took func(pid int)) (shim.HelperReply, error) {
+func (s *Server) runOp(req *shim.OpRequest, files []*os.File, took func(pid int)) (shim.OpReply, error) {
 	req.Root = s.lcRoot
 	reqR, reqW, err := os.Pipe()
 	if err != nil {
-		return shim.HelperReply{}, err
+		return shim.OpReply{}, err
 	}
-	defer reqW.Close() // lets the helper exit
+	defer reqW.Close() // lets the op process exit
 	repR, repW, err := os.Pipe()
 	if err != nil {
 		reqR.Close()
-		return shim.HelperReply{}, err
+		return shim.OpReply{}, err
 	}
 	defer repR.Close()
-	p, err := os.StartProcess(s.helperBin, []string{s.helperBin, shim.HelperArg},
+	p, err := os.StartProcess(s.helperBin, []string{s.helperBin, shim.OpsArg},
 		&os.ProcAttr{Files: append([]*os.File{reqR, repW, os.Stderr}, files...)})
 	reqR.Close()
 	repW.Close()
 	if err != nil {
-		return shim.HelperReply{}, fmt.Errorf("start %s: %w", shim.HelperBinary, err)
+		return shim.OpReply{}, fmt.Errorf("start %s: %w", shim.HelperBinary, err)
 	}
 	p.Release() // the reaper reaps it (wait4(-1))
 	if err := json.NewEncoder(reqW).Encode(req); err != nil {
-		return shim.HelperReply{}, fmt.Errorf("%s %s: request: %w", shim.HelperBinary, req.Op, err)
+		return shim.OpReply{}, fmt.Errorf("%s %s: request: %w", shim.HelperBinary, req.Op, err)
 	}
-	var r shim.HelperReply
+	var r shim.OpReply
 	if err := json.NewDecoder(repR).Decode(&r); err != nil {
-		return shim.HelperReply{}, fmt.Errorf("%s %s exited without a reply (see shim.log): %w", shim.HelperBinary, req.Op, err)
+		return shim.OpReply{}, fmt.Errorf("%s %s exited without a reply (see shim.log): %w", shim.HelperBinary, req.Op, err)
 	}
 	if r.Error != "" {
 		return r, errors.New(r.Error)
@@ -68,7 +68,7 @@ func (s *Server) helper(req *shim.HelperRequest, files []*os.File, took func(pid
 	return r, nil
 }
 
-// spawned is a process a helper started for the shim: its pid, a pidfd to
+// spawned is a process an op process or the exec server started for the shim: its pid, a pidfd to
 // signal it by (never a recycled pid), and its exit.
 type spawned struct {
 	pid    int
@@ -76,11 +76,11 @@ type spawned struct {
 	exited chan exit
 }
 
-// spawn has a helper start a process (create or exec) and registers it
+// spawn has an op process start a process (create or exec) and registers it
 // with the reaper; onExit, if set, runs at its exit besides.
-func (s *Server) spawn(req *shim.HelperRequest, files []*os.File, onExit func(exit)) (*spawned, shim.HelperReply, error) {
+func (s *Server) spawn(req *shim.OpRequest, files []*os.File, onExit func(exit)) (*spawned, shim.OpReply, error) {
 	sp := &spawned{pidfd: -1, exited: make(chan exit, 1)}
-	r, err := s.helper(req, files, func(pid int) {
+	r, err := s.runOp(req, files, func(pid int) {
 		sp.pid = pid
 		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 			sp.pidfd = fd

@@ -1,10 +1,11 @@
-// Package helper is berth-shim-helper: a short-lived process that does one
-// libcontainer operation for a pod's shim (create, exec, update, delete, and
-// state and kill of containers an earlier shim left) and exits, so that the
-// shim, which stays for the pod's lifetime, never holds what running
-// libcontainer leaves resident. The exchange is package shim's
-// HelperRequest and HelperReply (see sandbox/shim/helper.go).
-package helper
+// Package ops is berth-shim-helper's work for a pod's shim: the libcontainer
+// operations (create, exec, update, delete, and state and kill of containers
+// an earlier shim left), done by an op process (Run: one operation, then it
+// exits) or by the exec server (ServeExecs: execs while they keep coming),
+// so that the shim, which stays for the pod's lifetime, never holds what
+// running libcontainer leaves resident. The exchange is package shim's
+// OpRequest and OpReply (see sandbox/shim/ops.go).
+package ops
 
 import (
 	"encoding/json"
@@ -28,12 +29,12 @@ import (
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
-// Run reads the request on stdin, does it, writes the reply on stdout and
+// Run is an op process: it reads the request on stdin, does it, writes the reply on stdout and
 // returns once the shim closes stdin: until then the process it started
 // stays its child, so the shim cannot reap it before it knows its pid.
 func Run() int {
 	in := json.NewDecoder(os.Stdin)
-	var req shim.HelperRequest
+	var req shim.OpRequest
 	if err := in.Decode(&req); err != nil {
 		fmt.Fprintf(os.Stderr, "berth-shim-helper: request: %v\n", err)
 		return 2
@@ -51,10 +52,10 @@ func Run() int {
 	return 0
 }
 
-// Serve serves execs on fd 3 (see shim.HelperServeArg) until the shim
-// hangs up. Processes still running then become the shim's children (it
-// registered them), and it reaps them.
-func Serve() int {
+// ServeExecs is the exec server: it serves execs on fd 3 (see
+// shim.ExecServerArg) until the shim hangs up. Processes still running then
+// become the shim's children (it registered them), and it reaps them.
+func ServeExecs() int {
 	f := os.NewFile(3, "shim")
 	syscall.CloseOnExec(3)
 	fc, err := net.FileConn(f)
@@ -70,23 +71,23 @@ func Serve() int {
 	}
 	targets = map[string]target{}
 	var send sync.Mutex
-	reply := func(r shim.HelperReply) error {
+	reply := func(r shim.OpReply) error {
 		send.Lock()
 		defer send.Unlock()
 		return shim.WriteStreamMsg(conn, r)
 	}
 	k := newKeeper()
 	for {
-		var req shim.HelperRequest
+		var req shim.OpRequest
 		files, err := shim.ReadStreamMsg(conn, &req)
 		if err != nil {
 			return 0 // the shim hung up
 		}
 		switch req.Op {
-		case shim.HelperRegistered:
+		case shim.OpRegistered:
 			go k.waitAndReport(req.Pid, reply)
 			continue
-		case shim.HelperExec:
+		case shim.OpExec:
 		default:
 			req.Op = "serve " + req.Op // unknown: do says so
 		}
@@ -100,11 +101,11 @@ func Serve() int {
 	}
 }
 
-// keeper reaps the children of a helper that serves execs. A failed exec
+// keeper reaps the exec server's children. A failed exec
 // leaves libcontainer's intermediate processes (runc:[1:CHILD],
-// runc:[2:INIT]) as this helper's children, unreaped: libcontainer was
+// runc:[2:INIT]) as the exec server's children, unreaped: libcontainer was
 // written for runc, whose process ends after one exec and leaves them to a
-// subreaper. A serving helper lives on while execs keep coming (probes),
+// subreaper. The exec server lives on while execs keep coming (probes),
 // and a zombie of one that had joined the container's PID namespace keeps
 // the container's init from ever finishing its exit: the kernel waits for
 // every process of the namespace to be reaped. So the keeper reaps every
@@ -135,7 +136,7 @@ func newKeeper() *keeper {
 
 // do does the request with no sweep in between, and keeps the exec'd
 // process from the sweeps.
-func (k *keeper) do(req *shim.HelperRequest, files []*os.File) shim.HelperReply {
+func (k *keeper) do(req *shim.OpRequest, files []*os.File) shim.OpReply {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	r := do(req, files)
@@ -173,9 +174,9 @@ func children() []int {
 	return pids
 }
 
-// waitAndReport waits for a process this helper started and sends its
+// waitAndReport waits for a process this exec server started and sends its
 // exit.
-func (k *keeper) waitAndReport(pid int, reply func(shim.HelperReply) error) {
+func (k *keeper) waitAndReport(pid int, reply func(shim.OpReply) error) {
 	var ws unix.WaitStatus
 	for {
 		_, err := unix.Wait4(pid, &ws, 0, nil)
@@ -184,12 +185,12 @@ func (k *keeper) waitAndReport(pid int, reply func(shim.HelperReply) error) {
 		}
 		if err != nil {
 			k.forget(pid)
-			return // not this helper's child: the shim reaps it
+			return // not this exec server's child: the shim reaps it
 		}
 		break
 	}
 	k.forget(pid)
-	reply(shim.HelperReply{Exited: pid, WaitStatus: int(ws)})
+	reply(shim.OpReply{Exited: pid, WaitStatus: int(ws)})
 }
 
 func (k *keeper) forget(pid int) {
@@ -211,24 +212,24 @@ func stdioFiles(n int) []*os.File {
 	return files
 }
 
-func do(req *shim.HelperRequest, files []*os.File) shim.HelperReply {
-	var r shim.HelperReply
+func do(req *shim.OpRequest, files []*os.File) shim.OpReply {
+	var r shim.OpReply
 	var err error
 	switch req.Op {
-	case shim.HelperCreate:
+	case shim.OpCreate:
 		err = create(req, files, &r)
-	case shim.HelperExec:
+	case shim.OpExec:
 		err = execIn(req, files, &r)
-	case shim.HelperUpdate:
+	case shim.OpUpdate:
 		err = update(req)
-	case shim.HelperDelete:
+	case shim.OpDelete:
 		err = remove(req, &r)
-	case shim.HelperState:
+	case shim.OpState:
 		err = state(req, &r)
-	case shim.HelperKill:
+	case shim.OpKill:
 		err = kill(req, &r)
 	default:
-		err = fmt.Errorf("unknown helper operation %q", req.Op)
+		err = fmt.Errorf("unknown operation %q", req.Op)
 	}
 	if err != nil {
 		r.Error = err.Error()
@@ -236,8 +237,8 @@ func do(req *shim.HelperRequest, files []*os.File) shim.HelperReply {
 	return r
 }
 
-// setStdio gives the process the fds of stdio, in HelperStdio's order.
-func setStdio(p *libcontainer.Process, stdio shim.HelperStdio, files []*os.File) {
+// setStdio gives the process the fds of stdio, in OpStdio's order.
+func setStdio(p *libcontainer.Process, stdio shim.OpStdio, files []*os.File) {
 	if stdio.TTY {
 		p.ConsoleSocket = files[0]
 		return
@@ -264,7 +265,7 @@ func setStdio(p *libcontainer.Process, stdio shim.HelperStdio, files []*os.File)
 
 // create makes the container and spawns its init, which stops at the exec
 // fifo ("created") until the shim opens it.
-func create(req *shim.HelperRequest, files []*os.File, r *shim.HelperReply) error {
+func create(req *shim.OpRequest, files []*os.File, r *shim.OpReply) error {
 	spec, err := loadSpec(req.Bundle)
 	if err != nil {
 		return err
@@ -296,7 +297,7 @@ func create(req *shim.HelperRequest, files []*os.File, r *shim.HelperReply) erro
 		r.Cgroup, r.OOMEvents = cgroupFiles(st.CgroupPaths)
 		r.CgroupPaths = st.CgroupPaths
 	}
-	r.DeleteByHelper = cfg.Cgroups.Systemd || len(cfg.Hooks[configs.Poststop]) > 0 || cfg.IntelRdt != nil
+	r.DeleteByOp = cfg.Cgroups.Systemd || len(cfg.Hooks[configs.Poststop]) > 0 || cfg.IntelRdt != nil
 	return nil
 }
 
@@ -321,7 +322,7 @@ func cgroupFiles(paths map[string]string) (procs, oom string) {
 
 // execIn starts a process in the container with the container's own
 // process settings, less what the request changes.
-func execIn(req *shim.HelperRequest, files []*os.File, r *shim.HelperReply) error {
+func execIn(req *shim.OpRequest, files []*os.File, r *shim.OpReply) error {
 	if req.Exec == nil || len(req.Exec.Args) == 0 {
 		return errors.New("exec: no command")
 	}
@@ -346,7 +347,7 @@ type target struct {
 	base    *libcontainer.Process
 }
 
-// targets keeps, in a helper that serves execs, each container's target
+// targets keeps, in the exec server, each container's target
 // between execs: decoding its spec and its libcontainer state (both carry
 // the seccomp profile) took a fifth of an exec's CPU. A container created
 // again under the same ID has another init, so the init's pid is part of
@@ -354,7 +355,7 @@ type target struct {
 // not apply.)
 var targets map[string]target
 
-func loadTarget(req *shim.HelperRequest) (target, error) {
+func loadTarget(req *shim.OpRequest) (target, error) {
 	if t, ok := targets[req.ID]; ok && req.Pid > 0 && t.initPid == req.Pid {
 		return t, nil
 	}
@@ -403,7 +404,7 @@ func execProcess(p *libcontainer.Process, req *shim.ExecRequest) *libcontainer.P
 // update applies new limits through libcontainer, then rewrites the
 // bundle's spec so that status and a restarted shim see them. Device rules
 // stay as the container was created with.
-func update(req *shim.HelperRequest) error {
+func update(req *shim.OpRequest) error {
 	if req.Resources == nil {
 		return errors.New("update: no resources")
 	}
@@ -435,7 +436,7 @@ func update(req *shim.HelperRequest) error {
 
 // load is the container's libcontainer state; r.NotFound when there is
 // none.
-func load(req *shim.HelperRequest, r *shim.HelperReply) (*libcontainer.Container, error) {
+func load(req *shim.OpRequest, r *shim.OpReply) (*libcontainer.Container, error) {
 	c, err := libcontainer.Load(req.Root, req.ID)
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, libcontainer.ErrNotExist) {
 		r.NotFound = true
@@ -446,7 +447,7 @@ func load(req *shim.HelperRequest, r *shim.HelperReply) (*libcontainer.Container
 
 // remove destroys a stopped container: its cgroup, its state, and what is
 // left in its cgroup when it shared the pod's PID namespace.
-func remove(req *shim.HelperRequest, r *shim.HelperReply) error {
+func remove(req *shim.OpRequest, r *shim.OpReply) error {
 	c, err := load(req, r)
 	if c == nil || err != nil {
 		return err
@@ -457,7 +458,7 @@ func remove(req *shim.HelperRequest, r *shim.HelperReply) error {
 	return c.Destroy()
 }
 
-func state(req *shim.HelperRequest, r *shim.HelperReply) error {
+func state(req *shim.OpRequest, r *shim.OpReply) error {
 	c, err := load(req, r)
 	if c == nil || err != nil {
 		return err
@@ -480,7 +481,7 @@ func state(req *shim.HelperRequest, r *shim.HelperReply) error {
 	return nil
 }
 
-func kill(req *shim.HelperRequest, r *shim.HelperReply) error {
+func kill(req *shim.OpRequest, r *shim.OpReply) error {
 	c, err := load(req, r)
 	if c == nil || err != nil {
 		return err
