@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
+	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/gunzip"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/snapshot"
@@ -251,31 +252,12 @@ func (s *Service) unpackOwn(ctx context.Context, l v1.Layer, chainID string, dif
 	return err
 }
 
-// followEvery is how often a pull waiting on another's unpack looks
-// whether that unpack moved.
-const followEvery = 100 * time.Millisecond
-
 // waitShared waits for f, another pull's unpack of a layer this pull
 // needs. The bytes f moves count as this pull's progress, and nothing else
 // does: the wait ends with this pull's own context or its stall (no byte
 // for pull_progress_timeout), whatever the other pull's own bounds are.
 func waitShared(ctx context.Context, f *layerFlight, watch *progressWatch) error {
-	tick := time.NewTicker(followEvery)
-	defer tick.Stop()
-	seen := f.moved.Load()
-	for {
-		select {
-		case <-f.done:
-			return nil
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-tick.C:
-			if n := f.moved.Load(); n != seen {
-				seen = n
-				watch.touch()
-			}
-		}
-	}
+	return content.Follow(ctx, f.done, &f.moved, watch.touch)
 }
 
 // unpackLayer fetches and unpacks l into a new snapshot while it holds one

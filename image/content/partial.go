@@ -55,8 +55,8 @@ type partialHold struct {
 	written atomic.Int64
 }
 
-// followEvery is how often a download waiting for a partial file looks
-// whether the one holding it wrote.
+// followEvery is how often a wait on another's work (Follow) looks whether
+// that work moved.
 const followEvery = 100 * time.Millisecond
 
 // OpenPartial opens (creating it if need be) the partial download of d, a
@@ -120,7 +120,7 @@ func (s *Store) lockPartial(ctx context.Context, d digest.Digest, progressed fun
 		if busy == nil {
 			return hold, unlock, nil
 		}
-		if err := busy.wait(ctx, progressed); err != nil {
+		if err := Follow(ctx, busy.done, &busy.written, progressed); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -144,20 +144,23 @@ func (s *Store) tryLockPartial(d digest.Digest) (hold *partialHold, unlock func(
 	}, nil
 }
 
-// wait returns when the download holding the file ends, or with ctx's
-// cause; it calls progressed whenever that download wrote.
-func (h *partialHold) wait(ctx context.Context, progressed func()) error {
+// Follow waits until done is closed, or returns ctx's cause; every
+// followEvery it calls progressed if moved (the bytes another party's work
+// moved) changed since it last looked. A pull waiting on another's work
+// (its partial file here, its unpack in the image package) counts that
+// work's bytes as its own progress, and nothing else.
+func Follow(ctx context.Context, done <-chan struct{}, moved *atomic.Int64, progressed func()) error {
 	tick := time.NewTicker(followEvery)
 	defer tick.Stop()
-	seen := h.written.Load()
+	seen := moved.Load()
 	for {
 		select {
-		case <-h.done:
+		case <-done:
 			return nil
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-tick.C:
-			if n := h.written.Load(); n != seen {
+			if n := moved.Load(); n != seen {
 				seen = n
 				progressed()
 			}
