@@ -173,9 +173,9 @@ func TestChooseAuto(t *testing.T) {
 	}
 }
 
-// TestRaceCountsWhatTheDecoderLeaves: the measurement inflates and hashes
-// on one thread, so a decoder that slows the hashing after it loses; one
-// that fails on the sample never wins.
+// TestRaceSample: the measurement's sample is a good gzip stream of
+// sampleSize bytes that compresses as a layer of files does, and a decoder
+// that fails on its stream takes forever, so it never wins.
 func TestRaceSample(t *testing.T) {
 	src := sample()
 	got, err := builtin(src)
