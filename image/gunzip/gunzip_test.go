@@ -333,3 +333,19 @@ func BenchmarkInflate(b *testing.B) {
 		})
 	}
 }
+
+// TestChooseWithoutISAL: where libisal.so.2 cannot be loaded, isa-l is an
+// error naming the cause (berthd does not start), auto falls back to the
+// builtin decoder and says why.
+func TestChooseWithoutISAL(t *testing.T) {
+	load := loadISAL
+	t.Cleanup(func() { loadISAL = load })
+	loadISAL = func() error { return errors.New("libisal.so.2: cannot open shared object file") }
+	if _, err := Choose(ISAL); err == nil || !strings.Contains(err.Error(), "cannot open shared object file") {
+		t.Fatalf("Choose(isa-l) without the library = %v; want an error naming the cause", err)
+	}
+	d, err := Choose(Auto)
+	if err != nil || d.Name() != Builtin || !strings.Contains(d.Why, "cannot open shared object file") {
+		t.Fatalf("Choose(auto) without the library = %s (%q), %v; want builtin with the cause", d.Name(), d.Why, err)
+	}
+}
