@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -209,8 +211,26 @@ func TestCreateContainerKeepsRecordWhenRollbackFails(t *testing.T) {
 	if err := m.StartContainer(t.Context(), c.ID); !errors.Is(err, errkind.FailedPrecondition) {
 		t.Errorf("StartContainer of the kept container = %v, want FailedPrecondition", err)
 	}
+	// A TARGET container's create that stopped before its pin's undo
+	// leaves the pin mounted in the bundle: RemoveContainer must take it
+	// (the bundle's removal would fail on it for ever). Pins are bind
+	// mounts: root only, as make test runs.
+	pin := filepath.Join(m.bundleDir(pod.ID, c.ID), targetPIDPin)
+	if os.Geteuid() == 0 {
+		// This rollback stopped later, after the bundle's removal: put the
+		// bundle back as an earlier stop would have left it.
+		if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := podns.PinProcessAt(pin, podns.PID, os.Getpid()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := m.RemoveContainer(t.Context(), c.ID); err != nil {
 		t.Fatalf("RemoveContainer: %v", err)
+	}
+	if _, err := os.Lstat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the target PID namespace pin is still there after RemoveContainer: %v", err)
 	}
 	if list, _ := m.ListContainers(t.Context(), Filter{}); len(list) != 0 || len(images.leased) != 0 {
 		t.Errorf("after RemoveContainer: containers %v, leases %v", list, images.leased)
