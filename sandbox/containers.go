@@ -442,16 +442,11 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 		return err
 	}
 	crashpoint.Hit("remove container", "rootfs unmounted")
-	// A TARGET container's PID namespace pin lives in its bundle until the
-	// shim created it; a create whose rollback stopped early (the record
-	// kept), or a crash in between, leaves it mounted there.
-	if err := podns.RemovePin(filepath.Join(m.bundleDir(c.PodID, c.ID), targetPIDPin)); err != nil {
+	if err := os.RemoveAll(m.layerDir(c)); err != nil {
 		return err
 	}
-	for _, d := range []string{m.layerDir(c), m.bundleDir(c.PodID, c.ID)} {
-		if err := os.RemoveAll(d); err != nil {
-			return err
-		}
+	if err := m.removeBundle(c.PodID, c.ID); err != nil {
+		return err
 	}
 	crashpoint.Hit("remove container", "folders removed")
 	m.layers.forget(c.ID)

@@ -219,5 +219,17 @@ func (m *Manager) reclaimBundle(podID, id string) error {
 	if err := m.unmountImageVolumes(podID, id); err != nil {
 		return err
 	}
-	return os.RemoveAll(m.bundleDir(podID, id))
+	return m.removeBundle(podID, id)
+}
+
+// removeBundle removes a container's bundle folder, and first the TARGET
+// PID namespace pin that lives in it until the shim created the container:
+// a create whose rollback stopped early (its record kept), or a crash in
+// between, leaves the pin mounted there, which the removal would fail on.
+func (m *Manager) removeBundle(podID, id string) error {
+	dir := m.bundleDir(podID, id)
+	if err := podns.RemovePin(filepath.Join(dir, targetPIDPin)); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
 }
