@@ -233,10 +233,15 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 // the kubelet stops and removes a NOTREADY pod, and StopPod and RemovePod
 // undo whatever exists of it, after a restart too (the record is in bolt).
 // A shim still starting is waited for (shimStarted, when the run got that
-// far), so that RemovePod finds it on its socket.
+// far) and kept as the pod's, so that StopPod and RemovePod reach it.
 func (m *Manager) keepFailedPod(pod *Pod, shimStarted func() (*shim.Client, error), failed error) {
 	if shimStarted != nil {
-		shimStarted() // its error: no shim, nothing to stop
+		// Its error: no shim, nothing to stop. Its client is kept (the
+		// same one again where the run had set it), so that StopPod and
+		// RemovePod use it rather than leave it open beside their own.
+		if client, err := shimStarted(); err == nil {
+			m.setShim(pod.ID, client)
+		}
 	}
 	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
 	pod.CleanupFailed = failed.Error()

@@ -46,7 +46,11 @@ func (m *Manager) startShimAsync(ctx context.Context, dir string) func() (*shim.
 func (m *Manager) setShim(podID string, c *shim.Client) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old := m.shims[podID]; old != nil && old != c {
+	old := m.shims[podID]
+	if old == c {
+		return // already the pod's, and followed
+	}
+	if old != nil {
 		old.Close()
 	}
 	m.shims[podID] = c
