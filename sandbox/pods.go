@@ -16,7 +16,6 @@ import (
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
-	"github.com/berth-runtime/berth/sandbox/spec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -417,7 +416,6 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 	if err := m.deletePodRecord(pod.ID); err != nil {
 		return err
 	}
-	spec.ForgetPod(pod.ID)
 	m.publishPod(EventContainerDeleted, pod, pod.ID)
 	return nil
 }

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -25,29 +26,31 @@ var hostPathTimeout = 10 * time.Second
 // kubelet's etc-hosts and termination-log among them) from being looked at.
 const maxHungLookupsPerPod = 16
 
+// maxHungLookups bounds the unanswered lookups of the node, far above any
+// one pod's: each holds an OS thread in the kernel, and berthd dies at
+// Go's 10000 threads. Pods of a CronJob on a dead NFS server, each with
+// its own volume paths, would otherwise add threads without end; removing
+// a pod does not end its lookups.
+const maxHungLookups = 1024
+
 // hostLookup is one look at a host path, shared by every caller that asks
 // for the path while it is under way (pods mounting one host folder). It
 // counts against the pod that started it.
 type hostLookup struct {
 	started  time.Time
-	pod      *podLookups
+	pod      string
 	done     chan struct{} // closed once the fields below are set
 	resolved string
 	fi       os.FileInfo
 	err      error
 }
 
-// podLookups counts one pod's lookups that have not answered yet.
-type podLookups struct{ unanswered int }
-
-// hostLookups are the host paths whose lookup has not answered yet, and
-// the pods with such lookups. A pod is in pods only while it has one (or
-// until ForgetPod), so the map does not grow with the pods a node has run.
+// hostLookups are the host paths whose lookup has not answered yet: a few
+// at most on a healthy node, maxHungLookups on the sickest.
 var hostLookups = struct {
 	sync.Mutex
 	paths map[string]*hostLookup
-	pods  map[string]*podLookups
-}{paths: map[string]*hostLookup{}, pods: map[string]*podLookups{}}
+}{paths: map[string]*hostLookup{}}
 
 // resolveHostPath resolves the symlinks of host path p, named by field
 // ("mount /data: host_path"), for the pod whose ID is pod, and stats what
@@ -89,17 +92,10 @@ func lookUpHostPath(pod, field, p string) (*hostLookup, error) {
 		}
 		return l, nil
 	}
-	owner := hostLookups.pods[pod]
-	if owner == nil {
-		owner = &podLookups{}
-		hostLookups.pods[pod] = owner
+	if err := roomForLookup(pod); err != nil {
+		return nil, errkind.Errorf(errkind.ResourceExhausted, "%s %q: not looked at while %v", field, p, err)
 	}
-	if owner.unanswered >= maxHungLookupsPerPod {
-		return nil, errkind.Errorf(errkind.ResourceExhausted, "%s %q: not looked at while lookups of %d other host paths of pod %s have no answer",
-			field, p, maxHungLookupsPerPod, pod)
-	}
-	owner.unanswered++
-	l := &hostLookup{started: time.Now(), pod: owner, done: make(chan struct{})}
+	l := &hostLookup{started: time.Now(), pod: pod, done: make(chan struct{})}
 	hostLookups.paths[p] = l
 	go func() {
 		l.resolved, l.err = filepath.EvalSymlinks(p)
@@ -110,20 +106,26 @@ func lookUpHostPath(pod, field, p string) (*hostLookup, error) {
 		// next look at p (a second mount of it) starts afresh.
 		hostLookups.Lock()
 		delete(hostLookups.paths, p)
-		l.pod.unanswered--
-		if l.pod.unanswered == 0 && hostLookups.pods[pod] == l.pod {
-			delete(hostLookups.pods, pod)
-		}
 		hostLookups.Unlock()
 		close(l.done)
 	}()
 	return l, nil
 }
 
-// ForgetPod drops the count of a removed pod's unanswered lookups: its ID
-// never asks again. Its lookups still hung go when they answer.
-func ForgetPod(pod string) {
-	hostLookups.Lock()
-	defer hostLookups.Unlock()
-	delete(hostLookups.pods, pod)
+// roomForLookup says why pod may not start another lookup, if it may
+// not; hostLookups is locked.
+func roomForLookup(pod string) error {
+	if len(hostLookups.paths) >= maxHungLookups {
+		return fmt.Errorf("lookups of %d host paths of the node have no answer", maxHungLookups)
+	}
+	n := 0
+	for _, l := range hostLookups.paths {
+		if l.pod == pod {
+			n++
+		}
+	}
+	if n >= maxHungLookupsPerPod {
+		return fmt.Errorf("lookups of %d other host paths of pod %s have no answer", n, pod)
+	}
+	return nil
 }

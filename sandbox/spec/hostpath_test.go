@@ -2,6 +2,8 @@ package spec
 
 import (
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,8 +32,8 @@ func TestResolveHostPath(t *testing.T) {
 
 	hung := filepath.Join(dir, "hung")
 	// A lookup begun longer ago than the timeout that has not answered.
-	hanging := &hostLookup{started: time.Now().Add(-2 * hostPathTimeout), pod: &podLookups{unanswered: 1}, done: make(chan struct{})}
-	setHostLookups(t, map[string]*hostLookup{hung: hanging}, nil)
+	hanging := &hostLookup{started: time.Now().Add(-2 * hostPathTimeout), pod: "pod-a", done: make(chan struct{})}
+	setHostLookups(t, map[string]*hostLookup{hung: hanging})
 	if _, _, err := resolveHostPath("pod-b", "mount /data: host_path", hung); !errors.Is(err, errkind.DeadlineExceeded) ||
 		!strings.Contains(err.Error(), hung) {
 		t.Errorf("a path whose lookup hangs: %v, want deadline exceeded naming it", err)
@@ -42,55 +44,50 @@ func TestResolveHostPath(t *testing.T) {
 // pod hang, that pod's next new path is refused, and only that pod's:
 // another pod's host paths are still looked at (#34, finding 4: the bound
 // was the node's, and one pod on a hung server failed every other pod's
-// CreateContainer). The counts go when the lookups answer, and with the pod.
+// CreateContainer). An answered lookup counts no more.
 func TestResolveHostPathBoundPerPod(t *testing.T) {
 	dir := t.TempDir()
-	hungPod := &podLookups{unanswered: maxHungLookupsPerPod}
-	paths := map[string]*hostLookup{}
-	for i := range maxHungLookupsPerPod {
-		paths[filepath.Join(dir, "hung", string(rune('a'+i)))] = &hostLookup{started: time.Now(), pod: hungPod, done: make(chan struct{})}
-	}
-	setHostLookups(t, paths, map[string]*podLookups{"pod-a": hungPod})
-
+	setHostLookups(t, hungLookups(dir, "pod-a", maxHungLookupsPerPod))
 	_, _, err := resolveHostPath("pod-a", "mount /data: host_path", dir)
 	if !errors.Is(err, errkind.ResourceExhausted) || !strings.Contains(err.Error(), "pod-a") {
 		t.Errorf("pod-a with %d lookups hanging: %v, want resource exhausted naming the pod", maxHungLookupsPerPod, err)
 	}
-	if got, _, err := resolveHostPath("pod-b", "mount /data: host_path", dir); err != nil || got != dir {
-		t.Errorf("pod-b beside pod-a's %d hung lookups = %q, %v; want %q", maxHungLookupsPerPod, got, err, dir)
+	for range 2 { // the second: pod-b's answered lookup no longer counts
+		if got, _, err := resolveHostPath("pod-b", "mount /data: host_path", dir); err != nil || got != dir {
+			t.Errorf("pod-b beside pod-a's %d hung lookups = %q, %v; want %q", maxHungLookupsPerPod, got, err, dir)
+		}
 	}
 	hostLookups.Lock()
-	_, counted := hostLookups.pods["pod-b"]
+	left := len(hostLookups.paths)
 	hostLookups.Unlock()
-	if counted {
-		t.Error("pod-b's answered lookup is still counted")
-	}
-	ForgetPod("pod-a")
-	hostLookups.Lock()
-	_, counted = hostLookups.pods["pod-a"]
-	hostLookups.Unlock()
-	if counted {
-		t.Error("pod-a is still counted once forgotten")
+	if left != maxHungLookupsPerPod {
+		t.Errorf("%d lookups unanswered after pod-b's answered, want pod-a's %d", left, maxHungLookupsPerPod)
 	}
 }
 
-// setHostLookups makes paths and pods the lookups under way until the
-// test ends.
-func setHostLookups(t *testing.T, paths map[string]*hostLookup, pods map[string]*podLookups) {
-	hostLookups.Lock()
-	defer hostLookups.Unlock()
-	for p, l := range paths {
-		hostLookups.paths[p] = l
+// TestResolveHostPathBoundNodeWide: the node's unanswered lookups, each an
+// OS thread stuck in the kernel, stop at maxHungLookups whichever pods
+// began them (a removed pod's included): berthd dies at Go's 10000 threads.
+func TestResolveHostPathBoundNodeWide(t *testing.T) {
+	dir := t.TempDir()
+	paths := map[string]*hostLookup{}
+	for i := range maxHungLookups / maxHungLookupsPerPod {
+		maps.Copy(paths, hungLookups(filepath.Join(dir, fmt.Sprint(i)), fmt.Sprint("pod-", i), maxHungLookupsPerPod))
 	}
-	for p, c := range pods {
-		hostLookups.pods[p] = c
+	setHostLookups(t, paths)
+	_, _, err := resolveHostPath("pod-new", "mount /data: host_path", dir)
+	if !errors.Is(err, errkind.ResourceExhausted) || !strings.Contains(err.Error(), "of the node") {
+		t.Errorf("a new pod beside %d hung lookups: %v, want resource exhausted naming the node's bound", maxHungLookups, err)
 	}
-	t.Cleanup(func() {
-		hostLookups.Lock()
-		defer hostLookups.Unlock()
-		clear(hostLookups.paths)
-		clear(hostLookups.pods)
-	})
+}
+
+// hungLookups are n lookups of pod under dir that never answer.
+func hungLookups(dir, pod string, n int) map[string]*hostLookup {
+	paths := map[string]*hostLookup{}
+	for i := range n {
+		paths[filepath.Join(dir, "hung", fmt.Sprint(i))] = &hostLookup{started: time.Now(), pod: pod, done: make(chan struct{})}
+	}
+	return paths
 }
 
 // TestResolveHostPathAgain looks at one host path many times in a row, as
@@ -114,8 +111,8 @@ func TestResolveHostPathShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	under := &hostLookup{started: time.Now(), pod: &podLookups{unanswered: 1}, done: make(chan struct{})}
-	setHostLookups(t, map[string]*hostLookup{dir: under}, nil)
+	under := &hostLookup{started: time.Now(), pod: "pod-a", done: make(chan struct{})}
+	setHostLookups(t, map[string]*hostLookup{dir: under})
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		under.resolved, under.fi = dir, fi
@@ -128,4 +125,16 @@ func TestResolveHostPathShared(t *testing.T) {
 	if err != nil || got != dir || gotFI != fi {
 		t.Errorf("resolveHostPath during another's lookup = %q, %v, %v; want %q and that lookup's answer", got, gotFI, err, dir)
 	}
+}
+
+// setHostLookups makes paths the lookups under way until the test ends.
+func setHostLookups(t *testing.T, paths map[string]*hostLookup) {
+	hostLookups.Lock()
+	defer hostLookups.Unlock()
+	maps.Copy(hostLookups.paths, paths)
+	t.Cleanup(func() {
+		hostLookups.Lock()
+		defer hostLookups.Unlock()
+		clear(hostLookups.paths)
+	})
 }
