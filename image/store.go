@@ -189,9 +189,9 @@ func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, d
 			return err
 		}
 		if key == "" {
-			return s.unpackOwn(ctx, l, chainID, diffID, src, slots, nil)
+			return s.unpackOwn(ctx, l, chainID, diffID, src, slots)
 		}
-		f, first := s.joinLayer(key)
+		f, first := s.joinLayer(key, watch)
 		if first {
 			return s.runLayerFlight(ctx, f, key, l, chainID, diffID, src, slots)
 		}
@@ -209,26 +209,30 @@ func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, d
 
 // layerFlight is one unpack in progress; err is set before done closes.
 type layerFlight struct {
-	done  chan struct{}
-	err   error
-	moved atomic.Int64 // bytes of the layer's stream read so far: its progress
+	done chan struct{}
+	err  error
+	// progress is the progress clock of the pull doing the unpack (its
+	// watch's last): its bytes, and its waits for slots that its own watch
+	// excuses, such as this unpack's wait for one of its pull's slots.
+	progress *atomic.Int64
 }
 
-// joinLayer returns the unpack in progress for key, or starts one (first).
-func (s *Service) joinLayer(key string) (f *layerFlight, first bool) {
+// joinLayer returns the unpack in progress for key, or starts one (first)
+// for the pull watched by watch.
+func (s *Service) joinLayer(key string, watch *progressWatch) (f *layerFlight, first bool) {
 	s.inflightMu.Lock()
 	defer s.inflightMu.Unlock()
 	if f, ok := s.inflight[key]; ok {
 		return f, false
 	}
-	f = &layerFlight{done: make(chan struct{})}
+	f = &layerFlight{done: make(chan struct{}), progress: &watch.last}
 	s.inflight[key] = f
 	return f, true
 }
 
 // runLayerFlight unpacks the layer for the pulls that joined f.
 func (s *Service) runLayerFlight(ctx context.Context, f *layerFlight, key string, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted) error {
-	f.err = s.unpackOwn(ctx, l, chainID, diffID, src, slots, &f.moved)
+	f.err = s.unpackOwn(ctx, l, chainID, diffID, src, slots)
 	s.inflightMu.Lock()
 	delete(s.inflight, key)
 	s.inflightMu.Unlock()
@@ -236,12 +240,11 @@ func (s *Service) runLayerFlight(ctx context.Context, f *layerFlight, key string
 	return f.err
 }
 
-// unpackOwn unpacks l from this pull's own source, counting the bytes of
-// its stream in moved (if not nil). The snapshot of another pull that
+// unpackOwn unpacks l from this pull's own source. The snapshot of another pull that
 // unpacked the same layer from another blob and committed first is kept,
 // and this one dropped.
-func (s *Service) unpackOwn(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted, moved *atomic.Int64) error {
-	err := s.unpackLayer(ctx, l, chainID, diffID, src, slots, moved)
+func (s *Service) unpackOwn(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted) error {
+	err := s.unpackLayer(ctx, l, chainID, diffID, src, slots)
 	switch {
 	case errors.Is(err, snapshot.ErrExists):
 		s.metrics.layer("reused")
@@ -253,17 +256,17 @@ func (s *Service) unpackOwn(ctx context.Context, l v1.Layer, chainID string, dif
 }
 
 // waitShared waits for f, another pull's unpack of a layer this pull
-// needs. The bytes f moves count as this pull's progress, and nothing else
-// does: the wait ends with this pull's own context or its stall (no byte
-// for pull_progress_timeout), whatever the other pull's own bounds are.
+// needs, until it ends or this pull's own context does. That pull's
+// progress counts as this one's: a stall of it (by the same
+// pull_progress_timeout) cancels it and fails f, and this pull then
+// fetches the layer itself.
 func waitShared(ctx context.Context, f *layerFlight, watch *progressWatch) error {
-	return content.Follow(ctx, f.done, &f.moved, watch.touch)
+	return content.Follow(ctx, f.done, f.progress, watch.touch)
 }
 
 // unpackLayer fetches and unpacks l into a new snapshot while it holds one
-// of the slots, and commits the snapshot once it gave the slot back. The
-// bytes of the layer's stream are added to moved, if not nil.
-func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted, moved *atomic.Int64) (err error) {
+// of the slots, and commits the snapshot once it gave the slot back.
+func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted) (err error) {
 	if err := slots.Acquire(ctx, 1); err != nil {
 		return err
 	}
@@ -286,11 +289,8 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 		}
 	}()
 	var stream io.Reader = rc
-	if moved != nil {
-		stream = countedReader{rc, moved}
-	}
 	if s.opts.MaxLayerBytes > 0 {
-		stream = unpack.Bound(stream, s.opts.MaxLayerBytes)
+		stream = unpack.Bound(rc, s.opts.MaxLayerBytes)
 	}
 	h := sha256.New()
 	tee := io.TeeReader(stream, h)
@@ -328,18 +328,6 @@ func layerError(diffID digest.Digest, err error) error {
 		return fmt.Errorf("layer %s: %w (bounded by [image] max_layer_bytes and max_layer_entries in berthd's config)", diffID, err)
 	}
 	return fmt.Errorf("layer %s: %w", diffID, err)
-}
-
-// countedReader adds the bytes read from r to n.
-type countedReader struct {
-	r io.Reader
-	n *atomic.Int64
-}
-
-func (c countedReader) Read(p []byte) (int, error) {
-	k, err := c.r.Read(p)
-	c.n.Add(int64(k))
-	return k, err
 }
 
 // remoteLayers opens the layers of a pull from blobs: each downloads into
