@@ -127,18 +127,15 @@ func (l *lease) addrOf(v4 bool) (netip.Addr, bool) {
 // answers succeeds, MLD reports serve no IPv6 multicast where pods have no
 // IPv6, and it solicits no router (accept_ra is 0, veth.go).
 func forbiddenIPv6(l *lease) [][]expr.Any {
-	var rules [][]expr.Any
 	ip6, ok := l.addr6()
-	if !ok {
+	mac := net.HardwareAddr(l.MAC)
+	// A lease with an address but no MAC is none berth wrote (it pinned
+	// MACs before it gave IPv6): without the MAC there is no link-local
+	// address to allow, so it sends no IPv6 either.
+	if !ok || mac == nil {
 		return [][]expr.Any{ofType(unix.ETH_P_IPV6)}
 	}
-	mac := net.HardwareAddr(l.MAC)
-	if mac == nil { // no lease berth wrote: it pinned MACs before it gave IPv6
-		for _, typ := range []byte{icmpv6RouterAdv, icmpv6NeighAdv, icmpv6Redirect} {
-			rules = append(rules, icmpv6Type(typ))
-		}
-		return rules
-	}
+	var rules [][]expr.Any
 	own, ll := ip6.AsSlice(), linkLocal(mac).AsSlice()
 	unspecified := netip.IPv6Unspecified().AsSlice()
 	rules = append(rules,

@@ -269,7 +269,7 @@ func findShim(configured string) (string, error) {
 }
 
 // findPause returns the berth-pause installed beside the shim: the two are
-// built and shipped together. The shim's helper, which the shim finds
+// built and shipped together. berth-shim-helper, which the shim finds
 // beside itself, is checked for here too, so that a node without it fails
 // at start rather than at its first pod.
 func findPause(shimBinary string) (string, error) {
