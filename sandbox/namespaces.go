@@ -127,7 +127,7 @@ func (m *Manager) pinTargetPIDNamespace(ctx context.Context, pod *Pod, target, p
 	if err != nil {
 		return err
 	}
-	err = pinPIDNamespace(pin, pid, func() error {
+	err = pinLiveProcessPIDNamespace(pin, pid, func() error {
 		again, err := runningPID()
 		if err == nil && again != pid {
 			err = errProcessGone
@@ -144,14 +144,14 @@ func (m *Manager) pinTargetPIDNamespace(ctx context.Context, pod *Pod, target, p
 // errProcessGone: the process whose namespace was to be pinned exited.
 var errProcessGone = errors.New("its process is gone")
 
-// pinPIDNamespace pins the PID namespace of process pid at pin, once
+// pinLiveProcessPIDNamespace pins the PID namespace of process pid at pin, once
 // confirm has said pid is still the process meant. A PID names a process
 // only while it lives: after its exit, another may take it. So a pidfd
 // holds the process first, confirm then makes sure it is the one meant, and
 // once the namespace is pinned through /proc/<pid> the pidfd's process must
 // still be there, or the pin may be of whoever took the PID since, and is
 // removed.
-func pinPIDNamespace(pin string, pid int, confirm func() error) error {
+func pinLiveProcessPIDNamespace(pin string, pid int, confirm func() error) error {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err == unix.ESRCH {
 		return errProcessGone

@@ -104,7 +104,7 @@ func TestPinPIDNamespaceReusedPID(t *testing.T) {
 	pid := target.Process.Pid
 	targetNS := inode(t, fmt.Sprintf("/proc/%d/ns/pid", pid))
 	pin := filepath.Join(t.TempDir(), "pin")
-	err := pinPIDNamespace(pin, pid, func() error {
+	err := pinLiveProcessPIDNamespace(pin, pid, func() error {
 		target.Process.Kill()
 		target.Wait()
 		startInOwnPIDNamespace(t, pid)
@@ -124,10 +124,10 @@ func TestPinPIDNamespaceReusedPID(t *testing.T) {
 	live := startInOwnPIDNamespace(t, -1)
 	want := inode(t, fmt.Sprintf("/proc/%d/ns/pid", live.Process.Pid))
 	refused := errors.New("not the target")
-	if err := pinPIDNamespace(pin, live.Process.Pid, func() error { return refused }); err != refused {
+	if err := pinLiveProcessPIDNamespace(pin, live.Process.Pid, func() error { return refused }); err != refused {
 		t.Errorf("pin when confirm refuses: %v, want %v", err, refused)
 	}
-	if err := pinPIDNamespace(pin, live.Process.Pid, func() error { return nil }); err != nil {
+	if err := pinLiveProcessPIDNamespace(pin, live.Process.Pid, func() error { return nil }); err != nil {
 		t.Fatalf("pin of a live process: %v", err)
 	}
 	if got := inode(t, pin); got != want {
