@@ -2,7 +2,6 @@ package podns
 
 import (
 	"errors"
-	"strings"
 
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/sysctl"
@@ -25,18 +24,18 @@ func sysctlKind(key string) (Kind, error) {
 		return "", err
 	}
 	d := sysctl.Dotted(key)
-	switch {
-	case strings.HasPrefix(d, "net."):
+	switch sysctl.NamespaceOf(d) {
+	case sysctl.Net:
 		return Net, nil
-	case d == "kernel.sem", strings.HasPrefix(d, "kernel.shm"),
-		strings.HasPrefix(d, "kernel.msg"), strings.HasPrefix(d, "fs.mqueue."):
+	case sysctl.IPC:
 		return IPC, nil
-	case d == "kernel.domainname":
+	case sysctl.UTS:
+		if d == "kernel.hostname" {
+			return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q: set Options.Hostname instead", key)
+		}
 		return UTS, nil
-	case d == "kernel.hostname":
-		return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q: set Options.Hostname instead", key)
 	}
-	return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q is not namespaced", key)
+	return "", errkind.Errorf(errkind.Invalid, "podns: sysctl %q is not namespaced, or not one a container may set", key)
 }
 
 // writeSysctl must run on the thread inside the pod's namespaces: files

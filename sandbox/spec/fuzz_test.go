@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/sandbox/sysctl"
 )
 
 // FuzzSysctls: a sysctl accepted must land, once the runtime turns its dots
@@ -34,7 +36,7 @@ func FuzzSysctls(f *testing.F) {
 				if hostNet {
 					t.Errorf("sysctl %q (%s) accepted with the host network", key, p)
 				}
-			case strings.HasPrefix(p, "/proc/sys/fs/mqueue/") || ipcSysctls[strings.ReplaceAll(strings.TrimPrefix(p, "/proc/sys/"), "/", ".")]:
+			case strings.HasPrefix(p, "/proc/sys/fs/mqueue/") || sysctl.NamespaceOf(strings.ReplaceAll(strings.TrimPrefix(p, "/proc/sys/"), "/", ".")) == sysctl.IPC:
 				if hostIPC {
 					t.Errorf("sysctl %q (%s) accepted with the host IPC namespace", key, p)
 				}

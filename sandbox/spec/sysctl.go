@@ -4,28 +4,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	"github.com/berth-runtime/berth/sandbox/sysctl"
 )
-
-// ipcSysctls are the IPC-namespaced sysctls besides fs.mqueue.*.
-var ipcSysctls = map[string]bool{
-	"kernel.msgmax":          true,
-	"kernel.msgmnb":          true,
-	"kernel.msgmni":          true,
-	"kernel.sem":             true,
-	"kernel.shmall":          true,
-	"kernel.shmmax":          true,
-	"kernel.shmmni":          true,
-	"kernel.shm_rmid_forced": true,
-}
-
-// utsSysctls are set by the hostname; they belong to the UTS namespace.
-var utsSysctls = map[string]bool{
-	"kernel.hostname":   true,
-	"kernel.domainname": true,
-}
 
 // buildSysctls keeps the pod's sysctls, each of which must belong to a
 // namespace the container does not share with the host: net.* needs its own
@@ -40,20 +21,20 @@ func buildSysctls(in Input, hostUTS bool) (map[string]string, error) {
 	out := make(map[string]string, len(src))
 	for _, k := range slices.Sorted(maps.Keys(src)) {
 		v := src[k]
-		key := sysctl.Dotted(strings.TrimSpace(k))
+		key := sysctl.Dotted(k)
 		if _, err := sysctl.Path(key); err != nil {
 			return nil, fmt.Errorf("sysctl %q: %w", k, err)
 		}
-		switch {
-		case strings.HasPrefix(key, "net."):
+		switch sysctl.NamespaceOf(key) {
+		case sysctl.Net:
 			if in.HostNet {
 				return nil, fmt.Errorf("sysctl %q: not allowed with the host network namespace", k)
 			}
-		case ipcSysctls[key] || strings.HasPrefix(key, "fs.mqueue."):
+		case sysctl.IPC:
 			if in.HostIPC {
 				return nil, fmt.Errorf("sysctl %q: not allowed with the host IPC namespace", k)
 			}
-		case utsSysctls[key]:
+		case sysctl.UTS:
 			if hostUTS {
 				return nil, fmt.Errorf("sysctl %q: not allowed with the host UTS namespace", k)
 			}

@@ -56,3 +56,37 @@ func swapDots(s string) string {
 		return r
 	}, s)
 }
+
+// Namespace is the namespace that holds a sysctl: only these can be set
+// for one pod, any other key would change the whole node.
+type Namespace string
+
+const (
+	Net      Namespace = "net"
+	IPC      Namespace = "ipc"
+	UTS      Namespace = "uts"
+	NodeWide Namespace = ""
+)
+
+// ipcKeys are the IPC namespace's sysctls besides fs.mqueue.*: the list
+// libcontainer takes in a container's spec, so that a pod is refused the
+// others (kernel.shm_next_id) when it starts rather than in every
+// CreateContainer after.
+var ipcKeys = map[string]bool{
+	"kernel.msgmax": true, "kernel.msgmnb": true, "kernel.msgmni": true, "kernel.sem": true,
+	"kernel.shmall": true, "kernel.shmmax": true, "kernel.shmmni": true, "kernel.shm_rmid_forced": true,
+}
+
+// NamespaceOf says which namespace holds the sysctl named by dotted (a key
+// in Dotted form).
+func NamespaceOf(dotted string) Namespace {
+	switch {
+	case strings.HasPrefix(dotted, "net."):
+		return Net
+	case ipcKeys[dotted], strings.HasPrefix(dotted, "fs.mqueue."):
+		return IPC
+	case dotted == "kernel.hostname", dotted == "kernel.domainname":
+		return UTS
+	}
+	return NodeWide
+}

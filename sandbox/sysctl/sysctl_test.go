@@ -33,3 +33,16 @@ func TestPathRefusesMalformed(t *testing.T) {
 		}
 	}
 }
+
+func TestNamespaceOf(t *testing.T) {
+	for key, want := range map[string]Namespace{
+		"net.core.somaxconn": Net, "net.ipv4.conf.eth0/100.rp_filter": Net,
+		"kernel.shm_rmid_forced": IPC, "kernel.sem": IPC, "fs.mqueue.msg_max": IPC,
+		"kernel.hostname": UTS, "kernel.domainname": UTS,
+		"kernel.shm_next_id": NodeWide, "vm.swappiness": NodeWide, "kernel.msg": NodeWide, "netfilter.x": NodeWide,
+	} {
+		if got := NamespaceOf(key); got != want {
+			t.Errorf("NamespaceOf(%q) = %q, want %q", key, got, want)
+		}
+	}
+}
