@@ -86,7 +86,10 @@ func TestPullRefusesBlobOverMaxLayerBytes(t *testing.T) {
 func TestPartialDownloadsCountedAndFreed(t *testing.T) {
 	harness.RequireIntegration(t)
 	t.Parallel()
-	reg, px, d := startBehindProxy(t, harness.ImageTOML("2s"))
+	// 10 s without a byte ends a pull: the cut one below, never the live
+	// one, whose bytes a loaded machine (make test's -race suite on 2
+	// cores) once held back for 2 s.
+	reg, px, d := startBehindProxy(t, harness.ImageTOML("10s"))
 	small := reg.Push(t, "berth/small:1", harness.BusyboxImage(t, harness.ImageSpec{}))
 	smallRef := px.Host() + "/berth/small:1"
 	mustPull(t, d, smallRef, small.ID)
@@ -106,7 +109,7 @@ func TestPartialDownloadsCountedAndFreed(t *testing.T) {
 	}
 
 	// A pull that is still writing when an image is removed: slowed to
-	// about 12 s, never 2 s without a byte.
+	// about 12 s, never 10 s without a byte.
 	liveRef, live, liveImg := randomLayers(t, reg, px, "berth/live:1", 3<<20)
 	liveLayer := harness.LayerDigests(t, liveImg)[0]
 	px.LimitRate(256 << 10)
