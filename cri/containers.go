@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 )
 
 func (r *RuntimeService) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
@@ -78,7 +78,7 @@ func (r *RuntimeService) ListContainers(ctx context.Context, req *runtimeapi.Lis
 }
 
 // listContainers is the entries of the containers f selects.
-func (r *RuntimeService) listContainers(ctx context.Context, f sandbox.Filter) ([]*runtimeapi.Container, error) {
+func (r *RuntimeService) listContainers(ctx context.Context, f store.Filter) ([]*runtimeapi.Container, error) {
 	all, err := r.pods.ListContainers(ctx, f)
 	if err != nil {
 		return nil, err
@@ -110,7 +110,7 @@ func (r *RuntimeService) ContainerStatus(ctx context.Context, req *runtimeapi.Co
 }
 
 // containerStatus is c's CRI status.
-func containerStatus(c *sandbox.ContainerStatus) *runtimeapi.ContainerStatus {
+func containerStatus(c *store.ContainerStatus) *runtimeapi.ContainerStatus {
 	image := &runtimeapi.ImageSpec{}
 	ref := containerImage(c.Container, image)
 	st := &runtimeapi.ContainerStatus{
@@ -191,7 +191,7 @@ func (r *RuntimeService) UpdateContainerResources(ctx context.Context, req *runt
 // status, which the view replaces when the container changes: the kubelet
 // lists every container each second, and their encoding was most of such
 // a call's time.
-func listedContainer(c *sandbox.ContainerStatus) (*runtimeapi.Container, error) {
+func listedContainer(c *store.ContainerStatus) (*runtimeapi.Container, error) {
 	if msg, _ := c.Memo.Load().(*runtimeapi.Container); msg != nil {
 		return msg, nil
 	}
@@ -208,7 +208,7 @@ func listedContainer(c *sandbox.ContainerStatus) (*runtimeapi.Container, error) 
 	return msg, nil
 }
 
-func containerImage(c *sandbox.Container, spec *runtimeapi.ImageSpec) (ref string) {
+func containerImage(c *store.Container, spec *runtimeapi.ImageSpec) (ref string) {
 	*spec = runtimeapi.ImageSpec{
 		Image:              cmp.Or(c.ImageName, c.Config.GetImage().GetImage()),
 		Annotations:        c.Config.GetImage().GetAnnotations(),

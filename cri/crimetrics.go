@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 )
 
 // The CRI metrics (ListMetricDescriptors, ListPodSandboxMetrics) are what
@@ -107,7 +108,7 @@ func (r *RuntimeService) StreamPodSandboxMetrics(_ *runtimeapi.StreamPodSandboxM
 // whose figures cannot be read is logged and left out, as in
 // ListPodSandboxStats.
 func (r *RuntimeService) eachPodMetrics(ctx context.Context, send func(*runtimeapi.PodSandboxMetrics) error) error {
-	pods, err := r.pods.ListPods(sandbox.Filter{})
+	pods, err := r.pods.ListPods(store.Filter{})
 	if err != nil {
 		return grpcError(err)
 	}
@@ -130,7 +131,7 @@ func (r *RuntimeService) eachPodMetrics(ctx context.Context, send func(*runtimea
 	return nil
 }
 
-func (r *RuntimeService) podMetrics(ctx context.Context, p *sandbox.Pod) (*runtimeapi.PodSandboxMetrics, error) {
+func (r *RuntimeService) podMetrics(ctx context.Context, p *store.Pod) (*runtimeapi.PodSandboxMetrics, error) {
 	md := p.Config.GetMetadata()
 	pm := &runtimeapi.PodSandboxMetrics{PodSandboxId: p.ID}
 	ifaces, _, err := r.pods.PodNetworkUsage(p)
@@ -145,7 +146,7 @@ func (r *RuntimeService) podMetrics(ctx context.Context, p *sandbox.Pod) (*runti
 				LabelValues: labels, Value: &runtimeapi.UInt64Value{Value: m.value(st)}})
 		}
 	}
-	ctrs, err := r.pods.ListContainers(ctx, sandbox.Filter{PodID: p.ID})
+	ctrs, err := r.pods.ListContainers(ctx, store.Filter{PodID: p.ID})
 	if err != nil {
 		return nil, err
 	}

@@ -5,7 +5,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 )
 
 // encoded returns a message of msg's type that holds msg's encoding as its
@@ -45,7 +45,7 @@ type keptAnswer[M proto.Message] struct {
 // next call tries again). version is taken before build reads anything, so
 // an answer is never older than its version; one made of newer state only
 // costs the next call a new one.
-func (k *kept[M]) answer(f sandbox.Filter, version uint64, build func() (msg M, keep bool, err error)) (M, error) {
+func (k *kept[M]) answer(f store.Filter, version uint64, build func() (msg M, keep bool, err error)) (M, error) {
 	if !f.SelectsAll() {
 		msg, _, err := build()
 		return msg, err

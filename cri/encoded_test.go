@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 )
 
 // statsSample is a container's stats message as berthd makes it, with
@@ -116,7 +116,7 @@ func BenchmarkListContainerStatsEncode(b *testing.B) {
 // once per status of it, shared by the lists until the view makes a new
 // status, and reaches a client as the container's message.
 func TestListedContainerOncePerStatus(t *testing.T) {
-	ctr := &sandbox.Container{ID: "c1", PodID: "p1", ImageID: "sha256:aa", RepoDigest: "busybox@sha256:bb", ImageName: "busybox",
+	ctr := &store.Container{ID: "c1", PodID: "p1", ImageID: "sha256:aa", RepoDigest: "busybox@sha256:bb", ImageName: "busybox",
 		CreatedAt: time.Unix(1700000000, 5), Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
 			Image:  &runtimeapi.ImageSpec{Image: "sha256:aa", UserSpecifiedImage: "busybox"},
 			Labels: map[string]string{"a": "1"}, Annotations: map[string]string{"b": "2"}}}
@@ -125,7 +125,7 @@ func TestListedContainerOncePerStatus(t *testing.T) {
 		ImageRef: "busybox@sha256:bb", ImageId: "sha256:aa", State: runtimeapi.ContainerState_CONTAINER_RUNNING,
 		CreatedAt: ctr.CreatedAt.UnixNano(), Labels: ctr.Config.Labels, Annotations: ctr.Config.Annotations}
 
-	running := &sandbox.ContainerStatus{Container: ctr, State: runtimeapi.ContainerState_CONTAINER_RUNNING, Memo: &sandbox.Memo{}}
+	running := &store.ContainerStatus{Container: ctr, State: runtimeapi.ContainerState_CONTAINER_RUNNING, Memo: &store.Memo{}}
 	first, err := listedContainer(running)
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func TestListedContainerOncePerStatus(t *testing.T) {
 		t.Errorf("listed as\n%v\nwant\n%v", got.Containers[0], want)
 	}
 
-	exited := &sandbox.ContainerStatus{Container: ctr, State: runtimeapi.ContainerState_CONTAINER_EXITED, Memo: &sandbox.Memo{}}
+	exited := &store.ContainerStatus{Container: ctr, State: runtimeapi.ContainerState_CONTAINER_EXITED, Memo: &store.Memo{}}
 	next, err := listedContainer(exited)
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +165,7 @@ func TestKeptAnswer(t *testing.T) {
 			return resp, keep, nil
 		}
 	}
-	get := func(f sandbox.Filter, version uint64, make func() (*runtimeapi.ListContainerStatsResponse, bool, error), wantMade int, wantIDs ...int) {
+	get := func(f store.Filter, version uint64, make func() (*runtimeapi.ListContainerStatsResponse, bool, error), wantMade int, wantIDs ...int) {
 		t.Helper()
 		resp, err := k.answer(f, version, make)
 		if err != nil {
@@ -180,7 +180,7 @@ func TestKeptAnswer(t *testing.T) {
 			t.Errorf("at version %d: made %d times, answered %d entries; want made %d times, entries %v", version, made, len(got.Stats), wantMade, wantIDs)
 		}
 	}
-	all, one := sandbox.Filter{}, sandbox.Filter{ID: "c1"}
+	all, one := store.Filter{}, store.Filter{ID: "c1"}
 	get(all, 1, answer(true, 1, 2), 1, 1, 2)
 	get(all, 1, answer(true, 1, 2, 3), 1, 1, 2) // kept
 	get(one, 1, answer(true, 3), 2, 3)

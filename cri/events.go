@@ -1,14 +1,14 @@
 package cri
 
 import (
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // GetContainerEvents streams every pod and container event from now on,
 // each with the pod's status and its containers' as they were right after
-// it. A client that leaves sandbox.SubscriberBuffer events unread is
+// it. A client that leaves store.SubscriberBuffer events unread is
 // dropped: the stream ends with ResourceExhausted saying so (the kubelet
 // then relists), and the runtime never waits for it.
 func (r *RuntimeService) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream grpc.ServerStreamingServer[runtimeapi.ContainerEventResponse]) error {
@@ -34,7 +34,7 @@ func (r *RuntimeService) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stre
 	}
 }
 
-func containerEvent(ev sandbox.Event) *runtimeapi.ContainerEventResponse {
+func containerEvent(ev store.Event) *runtimeapi.ContainerEventResponse {
 	resp := &runtimeapi.ContainerEventResponse{
 		ContainerId: ev.ContainerID, ContainerEventType: ev.Type, CreatedAt: ev.At.UnixNano(),
 		PodSandboxStatus: podSandboxStatus(ev.Pod),

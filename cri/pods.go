@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -80,7 +80,7 @@ func (r *RuntimeService) PodSandboxStatus(ctx context.Context, req *runtimeapi.P
 // ContainerStatus gives them, from the view: the kubelet asks for them
 // constantly, so nothing here reads a container's files.
 func (r *RuntimeService) podContainerStatuses(ctx context.Context, podID string) ([]*runtimeapi.ContainerStatus, error) {
-	listed, err := r.pods.ListContainers(ctx, sandbox.Filter{PodID: podID})
+	listed, err := r.pods.ListContainers(ctx, store.Filter{PodID: podID})
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (r *RuntimeService) podContainerStatuses(ctx context.Context, podID string)
 	return out, nil
 }
 
-func podSandboxStatus(pod *sandbox.Pod) *runtimeapi.PodSandboxStatus {
+func podSandboxStatus(pod *store.Pod) *runtimeapi.PodSandboxStatus {
 	cfg := pod.Config
 	return &runtimeapi.PodSandboxStatus{
 		Id:          pod.ID,
@@ -120,7 +120,7 @@ func (r *RuntimeService) ListPodSandbox(_ context.Context, req *runtimeapi.ListP
 }
 
 // listPods is the entries of the pods f selects.
-func (r *RuntimeService) listPods(f sandbox.Filter) ([]*runtimeapi.PodSandbox, error) {
+func (r *RuntimeService) listPods(f store.Filter) ([]*runtimeapi.PodSandbox, error) {
 	pods, err := r.pods.ListPods(f)
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -45,7 +46,7 @@ func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi
 
 // listContainerStats is the entries of the containers f selects that have
 // a cgroup; complete is false when one of them was unreadable.
-func (r *RuntimeService) listContainerStats(ctx context.Context, f sandbox.Filter) (stats []*runtimeapi.ContainerStats, complete bool, err error) {
+func (r *RuntimeService) listContainerStats(ctx context.Context, f store.Filter) (stats []*runtimeapi.ContainerStats, complete bool, err error) {
 	all, err := r.pods.ListContainers(ctx, f)
 	if err != nil {
 		return nil, false, err
@@ -77,7 +78,7 @@ type containerStatsMsgs struct {
 // a container whose usage cannot be read is logged and listed without
 // usage, so that it does not cost the kubelet every other container's
 // figures (readable is false then).
-func (r *RuntimeService) listedContainerStats(c *sandbox.Container) (st *runtimeapi.ContainerStats, ok, readable bool) {
+func (r *RuntimeService) listedContainerStats(c *store.Container) (st *runtimeapi.ContainerStats, ok, readable bool) {
 	st, ok, err := r.containerStats(c)
 	if err != nil {
 		r.cfg.Logger.Warn("container stats unreadable; listed without usage", "container", c.ID, "err", err)
@@ -86,7 +87,7 @@ func (r *RuntimeService) listedContainerStats(c *sandbox.Container) (st *runtime
 	return st, ok, true
 }
 
-func containerAttributes(c *sandbox.Container, a *runtimeapi.ContainerAttributes) *runtimeapi.ContainerAttributes {
+func containerAttributes(c *store.Container, a *runtimeapi.ContainerAttributes) *runtimeapi.ContainerAttributes {
 	*a = runtimeapi.ContainerAttributes{Id: c.ID, Metadata: c.Config.Metadata, Labels: c.Config.Labels, Annotations: c.Config.Annotations}
 	return a
 }
@@ -105,7 +106,7 @@ type sampleStats struct {
 // callers (the kubelet's summary and its metrics, crictl) come more often
 // than samples, and a node-wide list is some 900 bytes per container,
 // whose encoding was most of such a call's time.
-func (r *RuntimeService) containerStats(c *sandbox.Container) (*runtimeapi.ContainerStats, bool, error) {
+func (r *RuntimeService) containerStats(c *store.Container) (*runtimeapi.ContainerStats, bool, error) {
 	u, ok, err := r.pods.ContainerUsage(c)
 	if !ok || err != nil {
 		return nil, ok, err
@@ -190,7 +191,7 @@ func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeap
 	return resp, nil
 }
 
-func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runtimeapi.PodSandboxStats, error) {
+func (r *RuntimeService) podStats(ctx context.Context, pod *store.Pod) (*runtimeapi.PodSandboxStats, error) {
 	st := podStatsWithoutUsage(pod)
 	u, ok, err := r.pods.PodUsage(pod)
 	if err != nil {
@@ -205,7 +206,7 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 	if st.Linux.Network, err = r.podNetworkStats(pod); err != nil {
 		r.cfg.Logger.Warn("pod network stats unreadable; listed without them", "pod", pod.ID, "err", err)
 	}
-	ctrs, err := r.pods.ListContainers(ctx, sandbox.Filter{PodID: pod.ID})
+	ctrs, err := r.pods.ListContainers(ctx, store.Filter{PodID: pod.ID})
 	if err != nil {
 		return nil, err
 	}
@@ -221,18 +222,18 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *sandbox.Pod) (*runti
 // how a pod whose usage cannot be read is listed: an empty Linux message,
 // not none, as the kubelet (1.37) reads its containers without a nil check
 // and crashes on a nil one.
-func podStatsWithoutUsage(pod *sandbox.Pod) *runtimeapi.PodSandboxStats {
+func podStatsWithoutUsage(pod *store.Pod) *runtimeapi.PodSandboxStats {
 	return &runtimeapi.PodSandboxStats{Attributes: podAttributes(pod), Linux: &runtimeapi.LinuxPodSandboxStats{}}
 }
 
-func podAttributes(pod *sandbox.Pod) *runtimeapi.PodSandboxAttributes {
+func podAttributes(pod *store.Pod) *runtimeapi.PodSandboxAttributes {
 	return &runtimeapi.PodSandboxAttributes{Id: pod.ID, Metadata: pod.Config.Metadata, Labels: pod.Config.Labels, Annotations: pod.Config.Annotations}
 }
 
 // podNetworkStats is the pod's interfaces for the kubelet's summary: its own
 // interface (eth0) as the default, any others after it; nil for a pod with
 // no network namespace of its own.
-func (r *RuntimeService) podNetworkStats(pod *sandbox.Pod) (*runtimeapi.NetworkUsage, error) {
+func (r *RuntimeService) podNetworkStats(pod *store.Pod) (*runtimeapi.NetworkUsage, error) {
 	ifaces, ok, err := r.pods.PodNetworkUsage(pod)
 	if !ok || err != nil || len(ifaces) == 0 {
 		return nil, err

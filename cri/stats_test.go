@@ -3,7 +3,7 @@ package cri
 import (
 	"testing"
 
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -12,7 +12,7 @@ import (
 // nil check, and a nil Linux crashed it (seen in the cluster tier while a
 // pod's network namespace was being made).
 func TestPodStatsWithoutUsageHasLinux(t *testing.T) {
-	p := &sandbox.Pod{ID: "p1", Config: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "e2e", Uid: "u1"}}}
+	p := &store.Pod{ID: "p1", Config: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "e2e", Uid: "u1"}}}
 	st := podStatsWithoutUsage(p)
 	if st.GetLinux() == nil {
 		t.Fatal("Linux is nil: the kubelet dereferences it")

@@ -19,11 +19,12 @@ import (
 	"github.com/berth-runtime/berth/sandbox/rootfs"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/spec"
+	"github.com/berth-runtime/berth/sandbox/store"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-func (m *Manager) layout(c *Container, lowers []string) rootfs.Layout {
+func (m *Manager) layout(c *store.Container, lowers []string) rootfs.Layout {
 	return rootfs.Layout{
 		Lowers: lowers,
 		Upper:  filepath.Join(m.layerDir(c), "upper"),
@@ -34,7 +35,7 @@ func (m *Manager) layout(c *Container, lowers []string) rootfs.Layout {
 
 // podLayout is the layout of a container of pod: idmapped through the pod's
 // user namespace, if it has one.
-func (m *Manager) podLayout(pod *Pod, c *Container, lowers []string) rootfs.Layout {
+func (m *Manager) podLayout(pod *store.Pod, c *store.Container, lowers []string) rootfs.Layout {
 	l := m.layout(c, lowers)
 	if pin := pod.Pins[string(podns.User)]; pin != "" {
 		u := namespaceOptions(pod.Config).GetUsernsOptions()
@@ -46,7 +47,7 @@ func (m *Manager) podLayout(pod *Pod, c *Container, lowers []string) rootfs.Layo
 // CreateContainer prepares a container in a ready pod: leases its image's
 // layers, mounts its rootfs and image volumes, writes its OCI spec and has
 // the shim create it.
-func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*Container, error) {
+func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*store.Container, error) {
 	switch {
 	case cfg.GetMetadata().GetName() == "":
 		return nil, errkind.Errorf(errkind.Invalid, "config.metadata.name is required")
@@ -96,7 +97,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, errkind.Errorf(errkind.Invalid, "image %s: StopSignal: %v", img.ID, err)
 	}
 	if s := cfg.GetStopSignal(); s != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
-		if _, err := criSignal(s); err != nil {
+		if _, err := store.CRISignal(s); err != nil {
 			return nil, errkind.Errorf(errkind.Invalid, "config.stop_signal: %v", err)
 		}
 	}
@@ -110,7 +111,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err != nil {
 		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
 	}
-	c := &Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
+	c := &store.Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
 		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now(), LayerRoot: m.opts.ContainerRoot}
 	c.ImageName, c.RepoDigest = img.Names(cmp.Or(cfg.Image.UserSpecifiedImage, cfg.Image.Image))
 	if dir, p := pod.Config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && p != "" {
@@ -125,7 +126,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 			m.keepFailedContainer(c, err)
 		}
 	}()
-	u.add("forget container record", func() error { return m.deleteContainerRecord(c.ID) })
+	u.add("forget container record", func() error { return m.store.DeleteContainer(c.ID) })
 
 	t := newTimeline(ctx)
 	lowers, err := m.opts.Images.Lease(c.ID, img)
@@ -212,12 +213,12 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	t.step("create")
 
 	c.Timeline = t.steps
-	if err := m.saveContainer(c); err != nil {
+	if err := m.store.SaveContainer(c); err != nil {
 		return nil, err
 	}
 	crashpoint.Hit("create container", "recorded") // the reply may be lost
 	u.keep()
-	m.publish(EventContainerCreated, c.PodID, c.ID)
+	m.store.Publish(store.EventContainerCreated, c.PodID, c.ID)
 	m.metrics.observeTimeline("container", c.Timeline)
 	return c, nil
 }
@@ -225,11 +226,11 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 // keepFailedContainer keeps the record of a container whose rollback
 // failed, saying what failed, with what the steps before the failed one
 // made (its image lease, writable layer, bundle, mounts): it shows as
-// exited (statusOf), which the kubelet removes, and RemoveContainer undoes
+// exited (store.statusOf), which the kubelet removes, and RemoveContainer undoes
 // whatever exists of it, after a restart too (the record is in bolt).
-func (m *Manager) keepFailedContainer(c *Container, failed error) {
+func (m *Manager) keepFailedContainer(c *store.Container, failed error) {
 	c.CleanupFailed = failed.Error()
-	if err := m.saveContainer(c); err != nil {
+	if err := m.store.SaveContainer(c); err != nil {
 		// The record reserveContainer saved stays, and shows as created.
 		m.log.Error("record a failed rollback", "container", c.ID, "err", err)
 	}
@@ -258,7 +259,7 @@ func (m *Manager) discardInShim(ctx context.Context, client *shim.Client, id str
 // spec builds the container's OCI runtime spec from its CRI config, the
 // image config, the pod's namespaces, files and cgroup, the PID
 // namespace containerNamespaces chose and the cgroup limits res.
-func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath string, imageVolumes map[int]string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
+func (m *Manager) spec(pod *store.Pod, c *store.Container, img *image.Image, rootfsPath string, imageVolumes map[int]string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
 	ns := namespaceOptions(pod.Config)
 	in := spec.Input{
 		ContainerID: c.ID, PodID: pod.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
@@ -282,17 +283,17 @@ func (m *Manager) spec(pod *Pod, c *Container, img *image.Image, rootfsPath stri
 	return s, nil
 }
 
-func (m *Manager) reserveContainer(c *Container) error {
+func (m *Manager) reserveContainer(c *store.Container) error {
 	m.names.Lock()
 	defer m.names.Unlock()
-	all := m.state.containersOf(c.PodID)
+	all := m.store.ContainersOf(c.PodID)
 	md := c.Config.Metadata
 	for _, o := range all {
 		if o.Config.Metadata.Name == md.Name && o.Config.Metadata.Attempt == md.Attempt {
 			return errkind.Errorf(errkind.AlreadyExists, "container %q (attempt %d) already exists in pod %s as %s", md.Name, md.Attempt, c.PodID, o.ID)
 		}
 	}
-	return m.saveContainer(c)
+	return m.store.SaveContainer(c)
 }
 
 // StartContainer starts a created container.
@@ -324,7 +325,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 	// The start joins the create's phases in the timeline verbose status
 	// shows; the container runs whatever this write does.
 	c.Timeline = append(c.Timeline, t.steps...)
-	if err := m.saveContainer(c); err != nil {
+	if err := m.store.SaveContainer(c); err != nil {
 		m.log.Warn("record container start phase", "container", c.ID, "err", err)
 	}
 	return nil
@@ -345,7 +346,7 @@ func (m *Manager) StopContainer(ctx context.Context, id string, timeout time.Dur
 	return m.stopContainerLocked(ctx, c, timeout)
 }
 
-func (m *Manager) stopContainerLocked(ctx context.Context, c *Container, timeout time.Duration) error {
+func (m *Manager) stopContainerLocked(ctx context.Context, c *store.Container, timeout time.Duration) error {
 	if m.containerState(c).Status == shim.StatusStopped {
 		return nil
 	}
@@ -390,7 +391,7 @@ const killGrace = 10 * time.Second
 
 // waitExit waits up to d for the container to exit, and records its exit
 // (the shim's event may come after the reply).
-func (m *Manager) waitExit(ctx context.Context, client *shim.Client, c *Container, d time.Duration) (bool, error) {
+func (m *Manager) waitExit(ctx context.Context, client *shim.Client, c *store.Container, d time.Duration) (bool, error) {
 	st, err := waitStopped(ctx, client, c.ID, d)
 	if err == nil && st.Status == shim.StatusStopped {
 		m.setContainerState(c.PodID, st)
@@ -425,7 +426,7 @@ func (m *Manager) RemoveContainer(ctx context.Context, id string) error {
 	return m.removeContainerLocked(ctx, c)
 }
 
-func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error {
+func (m *Manager) removeContainerLocked(ctx context.Context, c *store.Container) error {
 	if err := m.stopContainerLocked(ctx, c, 0); err != nil {
 		return err
 	}
@@ -458,15 +459,15 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *Container) error
 		return err
 	}
 	crashpoint.Hit("remove container", "image released")
-	if err := m.deleteContainerRecord(c.ID); err != nil {
+	if err := m.store.DeleteContainer(c.ID); err != nil {
 		return err
 	}
-	m.publish(EventContainerDeleted, c.PodID, c.ID)
+	m.store.Publish(store.EventContainerDeleted, c.PodID, c.ID)
 	return nil
 }
 
 // lockContainer finds a container and locks its pod.
-func (m *Manager) lockContainer(id string) (*Container, func(), error) {
+func (m *Manager) lockContainer(id string) (*store.Container, func(), error) {
 	c, err := m.GetContainer(id)
 	if err != nil {
 		return nil, nil, err

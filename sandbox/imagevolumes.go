@@ -12,6 +12,7 @@ import (
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -68,7 +69,7 @@ func (m *Manager) imageVolumeImages(cfg *runtimeapi.ContainerConfig) (map[int]*i
 // mountImageVolumes leases and mounts images, those of c's image mounts by
 // mount index (imageVolumeImages), and returns where, by mount index. What
 // it did is undone through u.
-func (m *Manager) mountImageVolumes(u *undo, pod *Pod, c *Container, images map[int]*image.Image) (map[int]string, error) {
+func (m *Manager) mountImageVolumes(u *undo, pod *store.Pod, c *store.Container, images map[int]*image.Image) (map[int]string, error) {
 	volumes := map[int]string{}
 	if len(images) == 0 {
 		return volumes, nil
@@ -95,7 +96,7 @@ func (m *Manager) mountImageVolumes(u *undo, pod *Pod, c *Container, images map[
 	return volumes, nil
 }
 
-func (m *Manager) mountImageVolume(u *undo, pod *Pod, c *Container, i int, img *image.Image) (string, error) {
+func (m *Manager) mountImageVolume(u *undo, pod *store.Pod, c *store.Container, i int, img *image.Image) (string, error) {
 	dst, ref := c.Config.Mounts[i].GetContainerPath(), c.Config.Mounts[i].GetImage().GetImage()
 	owner := imageVolumeOwner(c.ID, i)
 	lowers, err := m.opts.Images.Lease(owner, img)
@@ -141,7 +142,7 @@ func (m *Manager) unmountImageVolumes(podID, containerID string) error {
 
 // releaseImageVolumes drops the leases of c's image volumes. Releasing one
 // never taken (a create that failed before it) is not an error.
-func (m *Manager) releaseImageVolumes(c *Container) error {
+func (m *Manager) releaseImageVolumes(c *store.Container) error {
 	var errs []error
 	for i, mnt := range c.Config.GetMounts() {
 		if mnt.GetImage().GetImage() != "" {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+
+	"github.com/berth-runtime/berth/sandbox/store"
 )
 
 // TestLayerDirFollowsTheRecord: a writable layer is found under the root
@@ -19,7 +21,7 @@ func TestLayerDirFollowsTheRecord(t *testing.T) {
 		{`{"id":"b","layerRoot":"/disk2/berth"}`, "/disk2/berth/containers/b"},
 		{`{"id":"c","layerRoot":"/old/disk"}`, "/old/disk/containers/c"},
 	} {
-		var ctr Container
+		var ctr store.Container
 		if err := json.Unmarshal([]byte(c.record), &ctr); err != nil {
 			t.Fatal(err)
 		}

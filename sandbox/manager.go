@@ -17,6 +17,7 @@ import (
 	"github.com/berth-runtime/berth/sandbox/cdi"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 	"go.opentelemetry.io/otel"
@@ -59,8 +60,7 @@ type Manager struct {
 	mu    sync.Mutex
 	shims map[string]*shim.Client // by pod ID
 
-	state  *view
-	events eventHub
+	store *store.Store
 
 	usages usageCache
 	layers layerUsages
@@ -106,18 +106,8 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.features = probeKernelFeatures(opts.Root, opts.Logger)
 	m.metrics = newMetrics(opts.Metrics, m)
-	if err := opts.DB.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{podsBucket, containersBucket} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-	m.state = newView()
-	if err := opts.DB.View(m.state.load); err != nil {
+	var err error
+	if m.store, err = store.Open(opts.DB); err != nil {
 		return nil, err
 	}
 	if err := m.recover(); err != nil {
@@ -135,12 +125,12 @@ func (m *Manager) bundleDir(p, c string) string { return filepath.Join(m.podDir(
 // layerDir is the folder of c's writable layer: under the container root
 // it was made in, recorded with it (a later container_root does not move
 // it), or under Root for records from before the container root.
-func (m *Manager) layerDir(c *Container) string {
+func (m *Manager) layerDir(c *store.Container) string {
 	return filepath.Join(m.layerRoot(c), "containers", c.ID)
 }
 
 // layerRoot is the root c's writable layer is under (see layerDir).
-func (m *Manager) layerRoot(c *Container) string { return cmp.Or(c.LayerRoot, m.opts.Root) }
+func (m *Manager) layerRoot(c *store.Container) string { return cmp.Or(c.LayerRoot, m.opts.Root) }
 
 // layerMount is the mount point of the filesystem of root, a root writable
 // layers are under: their FsId. Found once per root (stats calls are
@@ -183,7 +173,7 @@ func privateDir(dir string) error {
 // traverse dir: 0710 with the group of the root's host GID, as containerd
 // does for bundles. The init of its containers reaches the rootfs and pod
 // files through dir, and has no say over host root's folders.
-func openToPodRoot(dir string, pod *Pod) error {
+func openToPodRoot(dir string, pod *store.Pod) error {
 	u := namespaceOptions(pod.Config).GetUsernsOptions()
 	if pod.Pins[string(podns.User)] == "" {
 		return nil
@@ -208,7 +198,7 @@ func newID() string {
 // set up tracing).
 type timeline struct {
 	ctx   context.Context
-	steps []Step
+	steps []store.Step
 	last  time.Time
 }
 
@@ -220,6 +210,6 @@ func (t *timeline) step(name string) {
 	now := time.Now()
 	_, span := tracer.Start(t.ctx, name, trace.WithTimestamp(t.last))
 	span.End(trace.WithTimestamp(now))
-	t.steps = append(t.steps, Step{Name: name, Duration: now.Sub(t.last)})
+	t.steps = append(t.steps, store.Step{Name: name, Duration: now.Sub(t.last)})
 	t.last = now
 }

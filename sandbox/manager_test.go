@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/rpc"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
+	bolt "go.etcd.io/bbolt"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -98,6 +102,65 @@ func (legacyShim) State(req *shim.IDRequest, _ *shim.State) error {
 	return fmt.Errorf("%w: %s", shim.ErrNotFound, req.ID)
 }
 
+// testManager is a Manager on a fresh database, without root: what it
+// knows of pods and containers is their records.
+func testManager(t testing.TB) *Manager {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "meta.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Manager{opts: Options{DB: db, State: t.TempDir(), Root: t.TempDir()}, log: slog.New(slog.DiscardHandler),
+		shims: map[string]*shim.Client{}, store: st}
+}
+
+func (m *Manager) addTestPod(t testing.TB, id string, state runtimeapi.PodSandboxState, labels map[string]string) {
+	t.Helper()
+	p := &store.Pod{ID: id, State: state, Config: &runtimeapi.PodSandboxConfig{Labels: labels,
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: id, Namespace: "ns", Uid: id}}}
+	if err := m.store.SavePod(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (m *Manager) addTestContainer(t testing.TB, id, podID string) {
+	t.Helper()
+	c := &store.Container{ID: id, PodID: podID, Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: id}}}
+	if err := m.store.SaveContainer(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reloadStore is a store loaded afresh from m's database: what its
+// records say.
+func reloadStore(t *testing.T, m *Manager) *store.Store {
+	t.Helper()
+	s, err := store.Open(m.opts.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// versionCheck returns a check that do changes the version version returns
+// (or, with change false, leaves it as it was).
+func versionCheck(t *testing.T, version func() uint64) func(what string, change bool, do func()) {
+	v := version()
+	return func(what string, change bool, do func()) {
+		t.Helper()
+		do()
+		if now := version(); (now != v) != change {
+			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
+		}
+		v = version()
+	}
+}
+
 // startFakeShim serves a fakeShim (a legacyShim if legacy) on podDir's
 // socket until it is shut down; its first start fails with fail, when set.
 // Each shim it starts is added to started, when not nil.
@@ -175,12 +238,11 @@ func TestRunPodRollsBack(t *testing.T) {
 			if _, err := m.RunPod(t.Context(), hostPodConfig("p")); err == nil {
 				t.Fatal("RunPod succeeded")
 			}
-			if pods, _ := m.ListPods(Filter{}); len(pods) != 0 {
+			if pods, _ := m.ListPods(store.Filter{}); len(pods) != 0 {
 				t.Errorf("pods after a failed run: %v", pods)
 			}
-			reloaded := newView()
-			if err := m.opts.DB.View(reloaded.load); err != nil || len(reloaded.pods) != 0 {
-				t.Errorf("records in bolt after a failed run: %v %v", reloaded.pods, err)
+			if pods, err := reloadStore(t, m).ListPods(store.Filter{}); err != nil || len(pods) != 0 {
+				t.Errorf("records in bolt after a failed run: %v %v", pods, err)
 			}
 			if entries, _ := os.ReadDir(m.podsDir()); len(entries) != 0 {
 				t.Errorf("pod folders left: %v", entries)
@@ -253,10 +315,10 @@ func TestPodNamesStopRemoveAndEvents(t *testing.T) {
 		typ   runtimeapi.ContainerEventType
 		state runtimeapi.PodSandboxState
 	}{
-		{EventContainerCreated, runtimeapi.PodSandboxState_SANDBOX_READY},
-		{EventContainerStarted, runtimeapi.PodSandboxState_SANDBOX_READY},
-		{EventContainerStopped, runtimeapi.PodSandboxState_SANDBOX_NOTREADY},
-		{EventContainerDeleted, runtimeapi.PodSandboxState_SANDBOX_NOTREADY},
+		{store.EventContainerCreated, runtimeapi.PodSandboxState_SANDBOX_READY},
+		{store.EventContainerStarted, runtimeapi.PodSandboxState_SANDBOX_READY},
+		{store.EventContainerStopped, runtimeapi.PodSandboxState_SANDBOX_NOTREADY},
+		{store.EventContainerDeleted, runtimeapi.PodSandboxState_SANDBOX_NOTREADY},
 	}
 	for _, w := range want {
 		select {

@@ -14,6 +14,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 )
 
 // metrics are the sandbox manager's Prometheus series: start phases as they
@@ -60,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) *metrics {
 }
 
 // observeTimeline records the phases of one start; object is "pod" or "container".
-func (x *metrics) observeTimeline(object string, steps []Step) {
+func (x *metrics) observeTimeline(object string, steps []store.Step) {
 	if x == nil {
 		return
 	}
@@ -122,7 +123,7 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	pods, err := s.m.ListPods(Filter{})
+	pods, err := s.m.ListPods(store.Filter{})
 	if err != nil {
 		s.m.log.Warn("metrics: list pods", "err", err)
 		return
@@ -140,7 +141,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
 	defer cancel()
-	ctrs, err := s.m.ListContainers(ctx, Filter{})
+	ctrs, err := s.m.ListContainers(ctx, store.Filter{})
 	if err != nil {
 		s.m.log.Warn("metrics: list containers", "err", err)
 	} else {

@@ -8,6 +8,7 @@ import (
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -39,7 +40,7 @@ type pidNS struct {
 // The target is joined through a pin of its namespace that
 // pinTargetPIDNamespace makes for the create, never by its PID: once the
 // target exits, the PID may be another process's.
-func (m *Manager) containerNamespaces(pod *Pod, cfg *runtimeapi.ContainerConfig) (pidNS, error) {
+func (m *Manager) containerNamespaces(pod *store.Pod, cfg *runtimeapi.ContainerConfig) (pidNS, error) {
 	podNS := namespaceOptions(pod.Config)
 	o := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	if o == nil {
@@ -81,11 +82,11 @@ const targetField = containerNSField + ".target_id"
 
 // checkTarget returns the full ID of container id, which must be running
 // in pod.
-func (m *Manager) checkTarget(pod *Pod, id string) (string, error) {
+func (m *Manager) checkTarget(pod *store.Pod, id string) (string, error) {
 	if id == "" {
 		return "", errkind.Errorf(errkind.Invalid, "%s is required with pid mode TARGET", targetField)
 	}
-	target, st, err := m.state.container(id)
+	target, st, err := m.store.Container(id)
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("%s: %w", targetField, err)
@@ -108,7 +109,7 @@ const targetPIDPin = "target-pid-ns"
 // pinTargetPIDNamespace pins the PID namespace of container target of pod
 // at pin, asking the shim (not berthd's record, which may lag an exit) for
 // the target's PID.
-func (m *Manager) pinTargetPIDNamespace(ctx context.Context, pod *Pod, target, pin string) error {
+func (m *Manager) pinTargetPIDNamespace(ctx context.Context, pod *store.Pod, target, pin string) error {
 	client, err := m.podShim(pod.ID)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -29,17 +30,17 @@ func TestContainerNamespaces(t *testing.T) {
 	opts := func(net, ipc, pid runtimeapi.NamespaceMode) *runtimeapi.NamespaceOption {
 		return &runtimeapi.NamespaceOption{Network: net, Ipc: ipc, Pid: pid}
 	}
-	podOf := func(id string, o *runtimeapi.NamespaceOption, pausePID int) *Pod {
-		return &Pod{ID: id, PausePID: pausePID, Config: &runtimeapi.PodSandboxConfig{
+	podOf := func(id string, o *runtimeapi.NamespaceOption, pausePID int) *store.Pod {
+		return &store.Pod{ID: id, PausePID: pausePID, Config: &runtimeapi.PodSandboxConfig{
 			Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: o}}}}
 	}
 	own, shared, host := podOf("p1", opts(pod, pod, ctr), 0), podOf("p2", opts(pod, pod, pod), 42), podOf("p3", opts(node, node, node), 0)
 	m.addTestContainer(t, "running", "p1")
-	m.state.setState(shim.State{ID: "running", Status: shim.StatusRunning, Pid: 1234})
+	m.store.SetState(shim.State{ID: "running", Status: shim.StatusRunning, Pid: 1234})
 	m.addTestContainer(t, "created", "p1")
-	m.state.setState(shim.State{ID: "created", Status: shim.StatusCreated})
+	m.store.SetState(shim.State{ID: "created", Status: shim.StatusCreated})
 	m.addTestContainer(t, "elsewhere", "p2")
-	m.state.setState(shim.State{ID: "elsewhere", Status: shim.StatusRunning, Pid: 99})
+	m.store.SetState(shim.State{ID: "elsewhere", Status: shim.StatusRunning, Pid: 99})
 	withTarget := func(id string) *runtimeapi.NamespaceOption {
 		o := opts(pod, pod, target)
 		o.TargetId = id
@@ -47,7 +48,7 @@ func TestContainerNamespaces(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name    string
-		pod     *Pod
+		pod     *store.Pod
 		ctr     *runtimeapi.NamespaceOption
 		want    pidNS
 		kind    *errkind.Kind

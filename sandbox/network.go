@@ -7,6 +7,7 @@ import (
 
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -21,7 +22,7 @@ func portMappings(in []*runtimeapi.PortMapping) []network.PortMapping {
 }
 
 // podInfo is what the network is told about the pod.
-func podInfo(pod *Pod) network.PodInfo {
+func podInfo(pod *store.Pod) network.PodInfo {
 	md := pod.Config.GetMetadata()
 	return network.PodInfo{ID: pod.ID, Name: md.GetName(), Namespace: md.GetNamespace(), UID: md.GetUid(),
 		Annotations: pod.Config.GetAnnotations()}
@@ -29,7 +30,7 @@ func podInfo(pod *Pod) network.PodInfo {
 
 // hasPodNetwork reports whether the pod was given a network namespace, and
 // so may hold an attachment to release (also when it got no IP).
-func hasPodNetwork(pod *Pod) bool {
+func hasPodNetwork(pod *store.Pod) bool {
 	return pod.IP != "" || pod.Pins[string(podns.Net)] != ""
 }
 
@@ -41,7 +42,7 @@ func ipStrings(ips []net.IP) []string {
 	return out
 }
 
-func podIPs(pod *Pod) []string {
+func podIPs(pod *store.Pod) []string {
 	if pod.IP == "" {
 		return nil
 	}

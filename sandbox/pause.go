@@ -17,6 +17,7 @@ import (
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/spec"
+	"github.com/berth-runtime/berth/sandbox/store"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -66,7 +67,7 @@ func (m *Manager) pauseConfinementOf(cfg *runtimeapi.PodSandboxConfig, userNS *r
 // non-dumpable (which the kernel resets at each exec, so only the program
 // itself can set it): a container process with the pause's uid but
 // without CAP_SYS_PTRACE can neither trace it nor read its memory.
-func (m *Manager) startPause(ctx context.Context, pod *Pod, client *shim.Client, conf pauseConfinement) (int, error) {
+func (m *Manager) startPause(ctx context.Context, pod *store.Pod, client *shim.Client, conf pauseConfinement) (int, error) {
 	bundle := shim.ContainerDir(m.podDir(pod.ID), pauseID)
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
 		return 0, err
@@ -149,7 +150,7 @@ func pauseSignals(pid int) (ignored uint64, exited bool, err error) {
 	return ignored, false, nil
 }
 
-func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
+func (m *Manager) pauseSpec(pod *store.Pod, conf pauseConfinement) *specs.Spec {
 	nss := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}
 	for kind, typ := range map[string]specs.LinuxNamespaceType{"net": specs.NetworkNamespace, "ipc": specs.IPCNamespace, "uts": specs.UTSNamespace} {
 		if pin := pod.Pins[kind]; pin != "" {
@@ -193,7 +194,7 @@ func (m *Manager) pauseSpec(pod *Pod, conf pauseConfinement) *specs.Spec {
 
 // joinUserNS puts the pause of s in the pod's user namespace, if it has
 // one.
-func joinUserNS(s *specs.Spec, pod *Pod) {
+func joinUserNS(s *specs.Spec, pod *store.Pod) {
 	if pin := pod.Pins[string(podns.User)]; pin != "" {
 		u := namespaceOptions(pod.Config).GetUsernsOptions()
 		spec.JoinUserNS(s, pin, specIDMap(u.Uids[0]), specIDMap(u.Gids[0]))
@@ -203,14 +204,14 @@ func joinUserNS(s *specs.Spec, pod *Pod) {
 // pauseCgroup is the pause's cgroup, named after the pod: the attempts of a
 // kubelet pod share its pod cgroup, and may overlap (one stopped, not yet
 // removed, the next running).
-func (m *Manager) pauseCgroup(pod *Pod) string {
+func (m *Manager) pauseCgroup(pod *store.Pod) string {
 	return m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, pod.ID)
 }
 
 // pinPIDNamespace pins the pause's PID namespace with the pod's other
 // pins: containers join the pin, which names that namespace for as long as
 // the pod has it, never another process's after PID reuse.
-func (m *Manager) pinPIDNamespace(pod *Pod) error {
+func (m *Manager) pinPIDNamespace(pod *store.Pod) error {
 	p, err := podns.PinProcess(m.nsDir(pod.ID), podns.PID, pod.PausePID)
 	if err != nil {
 		return err
@@ -221,7 +222,7 @@ func (m *Manager) pinPIDNamespace(pod *Pod) error {
 
 // pidNamespace is the namespace containers of a shared-PID pod join: its
 // pin, or for a pod made before pins of the PID namespace, the pause's.
-func pidNamespace(pod *Pod) string {
+func pidNamespace(pod *store.Pod) string {
 	if p := pod.Pins[string(podns.PID)]; p != "" {
 		return p
 	}
@@ -247,7 +248,7 @@ func (m *Manager) pauseExited(podID string, c *shim.Client, st shim.State) {
 
 // checkPause refuses to add a container to a pod whose pause is gone,
 // before watchPause has noticed.
-func (m *Manager) checkPause(ctx context.Context, pod *Pod) error {
+func (m *Manager) checkPause(ctx context.Context, pod *store.Pod) error {
 	if pod.PausePID == 0 {
 		return nil
 	}

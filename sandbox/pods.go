@@ -16,6 +16,7 @@ import (
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -62,7 +63,7 @@ func namespaceOptions(cfg *runtimeapi.PodSandboxConfig) *runtimeapi.NamespaceOpt
 // RunPod creates a pod sandbox: its namespaces (pinned as files), cgroup,
 // /etc files and /dev/shm, its shim, and for a shared PID namespace the
 // pause process. A failure at any step undoes the steps before it.
-func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) (*Pod, error) {
+func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) (*store.Pod, error) {
 	if err := validatePodConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -77,7 +78,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err != nil {
 		return nil, err
 	}
-	pod := &Pod{ID: newID(), Config: cfg, State: runtimeapi.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now()}
+	pod := &store.Pod{ID: newID(), Config: cfg, State: runtimeapi.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now()}
 	unlock := m.pods.lock(pod.ID)
 	defer unlock()
 	if err := m.reservePod(pod); err != nil {
@@ -90,7 +91,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 			m.keepFailedPod(pod, shimStarted, err)
 		}
 	}()
-	u.add("forget pod record", func() error { return m.deletePodRecord(pod.ID) })
+	u.add("forget pod record", func() error { return m.store.DeletePod(pod.ID) })
 
 	t := newTimeline(ctx)
 	dir := m.podDir(pod.ID)
@@ -166,7 +167,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 
 	// Recorded before it is made: after a crash here, RemovePod finds it.
 	pod.Cgroup = m.opts.Cgroups.PodCgroup(cfg.GetLinux().GetCgroupParent(), cfg.Metadata.Uid)
-	if err := m.savePod(pod); err != nil {
+	if err := m.store.SavePod(pod); err != nil {
 		return nil, err
 	}
 	if err := m.opts.Cgroups.CreatePod(pod.Cgroup, cfg.GetLinux().GetResources()); err != nil {
@@ -214,13 +215,13 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 
 	pod.State = runtimeapi.PodSandboxState_SANDBOX_READY
 	pod.Timeline = t.steps
-	if err := m.savePod(pod); err != nil {
+	if err := m.store.SavePod(pod); err != nil {
 		return nil, err
 	}
 	crashpoint.Hit("run pod", "recorded ready") // the reply may be lost
 	u.keep()
-	m.publish(EventContainerCreated, pod.ID, pod.ID)
-	m.publish(EventContainerStarted, pod.ID, pod.ID)
+	m.store.Publish(store.EventContainerCreated, pod.ID, pod.ID)
+	m.store.Publish(store.EventContainerStarted, pod.ID, pod.ID)
 	m.metrics.observeTimeline("pod", pod.Timeline)
 	m.log.Info("pod ready", "pod", pod.ID, "name", cfg.Metadata.Name, "namespace", cfg.Metadata.Namespace, "timeline", pod.Timeline)
 	return pod, nil
@@ -233,7 +234,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 // undo whatever exists of it, after a restart too (the record is in bolt).
 // A shim still starting is waited for (shimStarted, when the run got that
 // far) and kept as the pod's, so that StopPod and RemovePod reach it.
-func (m *Manager) keepFailedPod(pod *Pod, shimStarted func() (*shim.Client, error), failed error) {
+func (m *Manager) keepFailedPod(pod *store.Pod, shimStarted func() (*shim.Client, error), failed error) {
 	if shimStarted != nil {
 		// Its error: no shim, nothing to stop. Its client is kept (the
 		// same one again where the run had set it), so that StopPod and
@@ -244,7 +245,7 @@ func (m *Manager) keepFailedPod(pod *Pod, shimStarted func() (*shim.Client, erro
 	}
 	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
 	pod.CleanupFailed = failed.Error()
-	if err := m.savePod(pod); err != nil {
+	if err := m.store.SavePod(pod); err != nil {
 		// The record saved before (reserved, or with its cgroup) stays.
 		m.log.Error("record a failed rollback", "pod", pod.ID, "err", err)
 	}
@@ -254,17 +255,21 @@ func (m *Manager) keepFailedPod(pod *Pod, shimStarted func() (*shim.Client, erro
 
 // reservePod records the pod (NOTREADY) unless a pod with the same metadata
 // exists: the kubelet must remove an attempt before it can run it again.
-func (m *Manager) reservePod(pod *Pod) error {
+func (m *Manager) reservePod(pod *store.Pod) error {
 	m.names.Lock()
 	defer m.names.Unlock()
 	md := pod.Config.Metadata
-	for _, p := range m.state.listPods(Filter{}) {
+	pods, err := m.store.ListPods(store.Filter{})
+	if err != nil {
+		return err
+	}
+	for _, p := range pods {
 		o := p.Config.Metadata
 		if o.Name == md.Name && o.Namespace == md.Namespace && o.Uid == md.Uid && o.Attempt == md.Attempt {
 			return errkind.Errorf(errkind.AlreadyExists, "pod %s/%s (uid %s, attempt %d) already exists as %s", md.Namespace, md.Name, md.Uid, md.Attempt, p.ID)
 		}
 	}
-	return m.savePod(pod)
+	return m.store.SavePod(pod)
 }
 
 // StopPod kills the pod's containers, stops its shim and releases its
@@ -282,7 +287,7 @@ func (m *Manager) StopPod(ctx context.Context, id string) error {
 // lockPod finds a pod, locks it and reads it again under the lock (another
 // call may have changed or removed it meanwhile). A missing pod is nil with
 // no error: stop and remove are idempotent.
-func (m *Manager) lockPod(id string) (*Pod, func(), error) {
+func (m *Manager) lockPod(id string) (*store.Pod, func(), error) {
 	pod, err := m.GetPod(id)
 	if err != nil {
 		if errors.Is(err, errkind.NotFound) {
@@ -301,8 +306,8 @@ func (m *Manager) lockPod(id string) (*Pod, func(), error) {
 	return pod, unlock, nil
 }
 
-func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
-	ctrs := m.state.containersOf(pod.ID)
+func (m *Manager) stopPodLocked(ctx context.Context, pod *store.Pod) error {
+	ctrs := m.store.ContainersOf(pod.ID)
 	ids := []string{pauseID}
 	for _, c := range ctrs {
 		if err := m.stopContainerLocked(ctx, c, 0); err != nil {
@@ -331,7 +336,7 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *Pod) error {
 
 // stopPodProcesses stops the pod's pause and shim (which deletes the
 // containers ids), then kills what outlived the shim.
-func (m *Manager) stopPodProcesses(ctx context.Context, pod *Pod, ctrs []*Container, ids []string) error {
+func (m *Manager) stopPodProcesses(ctx context.Context, pod *store.Pod, ctrs []*store.Container, ids []string) error {
 	if pod.PausePID > 0 {
 		if err := m.killPause(ctx, pod.ID); err != nil {
 			return err
@@ -345,7 +350,7 @@ func (m *Manager) stopPodProcesses(ctx context.Context, pod *Pod, ctrs []*Contai
 }
 
 // detachNetwork releases the pod's network, when berth attached one.
-func (m *Manager) detachNetwork(ctx context.Context, pod *Pod) error {
+func (m *Manager) detachNetwork(ctx context.Context, pod *store.Pod) error {
 	if !hasPodNetwork(pod) {
 		return nil
 	}
@@ -360,7 +365,7 @@ func (m *Manager) detachNetwork(ctx context.Context, pod *Pod) error {
 // after its shim died: no longer anyone's children, nothing else would stop
 // them, and their cgroups could not be removed. When the shim stopped them,
 // their cgroups are gone and there is nothing to do.
-func (m *Manager) killLeftovers(pod *Pod, ctrs []*Container) error {
+func (m *Manager) killLeftovers(pod *store.Pod, ctrs []*store.Container) error {
 	if pod.Cgroup == "" {
 		return nil
 	}
@@ -386,7 +391,7 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 	if err := m.stopPodLocked(ctx, pod); err != nil {
 		return err
 	}
-	ctrs := m.state.containersOf(pod.ID)
+	ctrs := m.store.ContainersOf(pod.ID)
 	for _, c := range ctrs {
 		if err := m.removeContainerLocked(ctx, c); err != nil {
 			return err
@@ -413,16 +418,16 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 		return err
 	}
 	crashpoint.Hit("remove pod", "folder removed")
-	if err := m.deletePodRecord(pod.ID); err != nil {
+	if err := m.store.DeletePod(pod.ID); err != nil {
 		return err
 	}
-	m.publishPod(EventContainerDeleted, pod, pod.ID)
+	m.store.PublishPod(store.EventContainerDeleted, pod, pod.ID)
 	return nil
 }
 
 // cgroupShared reports whether another pod has the same cgroup as pod.
-func (m *Manager) cgroupShared(pod *Pod) (bool, error) {
-	all, err := m.ListPods(Filter{})
+func (m *Manager) cgroupShared(pod *store.Pod) (bool, error) {
+	all, err := m.ListPods(store.Filter{})
 	if err != nil {
 		return false, err
 	}
@@ -436,36 +441,24 @@ func (m *Manager) cgroupShared(pod *Pod) (bool, error) {
 
 // GetPod returns the pod whose ID is id or starts with id (CLI users type
 // short IDs), or an error wrapping errkind.NotFound.
-func (m *Manager) GetPod(id string) (*Pod, error) {
-	return m.state.pod(id)
+func (m *Manager) GetPod(id string) (*store.Pod, error) {
+	return m.store.Pod(id)
 }
 
 // ListPods returns the pods f selects. They are shared with every other
 // caller, and read-only: GetPod gives a copy to change.
-func (m *Manager) ListPods(f Filter) ([]*Pod, error) {
-	found, err := resolve(&f.ID, m.podID)
-	if !found {
-		return nil, err
-	}
-	return m.state.listPods(f), nil
-}
-
-func (m *Manager) podID(prefix string) (string, error) {
-	p, err := m.GetPod(prefix)
-	if err != nil {
-		return "", err
-	}
-	return p.ID, nil
+func (m *Manager) ListPods(f store.Filter) ([]*store.Pod, error) {
+	return m.store.ListPods(f)
 }
 
 // podNotReady records that a pod no longer runs (stopped, or its shim or
 // pause is gone), and tells subscribers.
-func (m *Manager) podNotReady(pod *Pod) error {
+func (m *Manager) podNotReady(pod *store.Pod) error {
 	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
 	pod.PausePID = 0
-	if err := m.savePod(pod); err != nil {
+	if err := m.store.SavePod(pod); err != nil {
 		return err
 	}
-	m.publish(EventContainerStopped, pod.ID, pod.ID)
+	m.store.Publish(store.EventContainerStopped, pod.ID, pod.ID)
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/sandbox/store"
 )
 
 // TestPortForwardHostLoopbackOnlyForHostNetwork: a ready pod of its own
@@ -38,11 +39,11 @@ func TestPortForwardHostLoopbackOnlyForHostNetwork(t *testing.T) {
 
 	ownNet := hostPodConfig("own-net")
 	ownNet.Linux.SecurityContext.NamespaceOptions.Network = runtimeapi.NamespaceMode_POD
-	for _, p := range []*Pod{
+	for _, p := range []*store.Pod{
 		{ID: "own-net", Config: ownNet, State: runtimeapi.PodSandboxState_SANDBOX_READY},
 		{ID: "host-net", Config: hostPodConfig("host-net"), State: runtimeapi.PodSandboxState_SANDBOX_READY},
 	} {
-		if err := m.savePod(p); err != nil {
+		if err := m.store.SavePod(p); err != nil {
 			t.Fatal(err)
 		}
 	}

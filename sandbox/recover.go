@@ -11,6 +11,7 @@ import (
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -25,7 +26,7 @@ func (m *Manager) recover() error {
 	if err := podns.PrepareRoot(m.podsDir()); err != nil {
 		return err
 	}
-	pods, err := m.ListPods(Filter{})
+	pods, err := m.ListPods(store.Filter{})
 	if err != nil {
 		return err
 	}
@@ -62,7 +63,7 @@ func (m *Manager) recover() error {
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
 		m.metrics.recovered("lost")
-		if err := m.shimLost(clonePod(pod)); err != nil { // listed pods are the view's: change a copy
+		if err := m.shimLost(store.ClonePod(pod)); err != nil { // listed pods are the view's: change a copy
 			m.log.Error("clean up after a lost shim", "pod", pod.ID, "err", err)
 		}
 	}
@@ -135,15 +136,15 @@ func (m *Manager) recoverStates(podID string, c *shim.Client) error {
 
 // knownContainer: berthd has a record of exactly this container.
 func (m *Manager) knownContainer(id string) bool {
-	c, _, err := m.state.container(id)
+	c, _, err := m.store.Container(id)
 	return err == nil && c.ID == id
 }
 
 // reclaimUnknown removes what a crash left that no record names: pod
 // folders, container bundles and writable layers, and image leases of
 // containers that do not exist.
-func (m *Manager) reclaimUnknown(pods []*Pod) error {
-	ctrs := m.state.containersOf("")
+func (m *Manager) reclaimUnknown(pods []*store.Pod) error {
+	ctrs := m.store.ContainersOf("")
 	knownPods, knownCtrs := map[string]bool{}, map[string]bool{pauseID: true}
 	for _, p := range pods {
 		knownPods[p.ID] = true

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -100,8 +101,8 @@ func (m *Manager) followShim(podID string, c *shim.Client) {
 // shimLost makes a pod whose shim is gone NOTREADY: what still runs of its
 // containers and pause is killed (their exit records say EXITED: make it
 // so), and its namespace pins are released.
-func (m *Manager) shimLost(pod *Pod) error {
-	ctrs := m.state.containersOf(pod.ID)
+func (m *Manager) shimLost(pod *store.Pod) error {
+	ctrs := m.store.ContainersOf(pod.ID)
 	if err := m.killLeftovers(pod, ctrs); err != nil {
 		return err
 	}
@@ -152,7 +153,7 @@ func (m *Manager) liveInShim(podID string) []string {
 	if pod, err := m.GetPod(podID); err == nil && pod.PausePID > 0 && pod.State == runtimeapi.PodSandboxState_SANDBOX_READY {
 		ids = append(ids, pauseID)
 	}
-	_, states := m.state.listContainers(podID)
+	states := m.store.StatesOf(podID)
 	for _, st := range states {
 		if st.Status != shim.StatusStopped {
 			ids = append(ids, st.ID)

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -34,18 +35,8 @@ type Usage struct {
 	// there (cri: the stats message) serves every call until then, as long
 	// as the writable layer's figures, walked on their own time, are the
 	// same.
-	Memo *Memo
+	Memo *store.Memo
 }
-
-// Memo holds what a caller made of a value that does not change (a sample
-// of the collector, a container's status), for the next callers.
-type Memo struct{ v atomic.Value }
-
-// Load returns what Store kept, nil before.
-func (m *Memo) Load() any { return m.v.Load() }
-
-// Store keeps v, always of the same type, for the next calls.
-func (m *Memo) Store(v any) { m.v.Store(v) }
 
 // statsPeriod is how often the collector samples the cgroups whose usage
 // is asked for: CPU rates are over this period, and figures never older.
@@ -107,7 +98,7 @@ func (c *usageCache) put(id, path string, st cgroups.Stats) Usage {
 	} else {
 		s.u.CPUNanoCores = cpuRate(s.u.Stats, st)
 	}
-	s.u.Stats, s.u.Memo = st, &Memo{}
+	s.u.Stats, s.u.Memo = st, &store.Memo{}
 	c.version.Add(1)
 	return s.u
 }
@@ -171,7 +162,7 @@ func (m *Manager) collectStats() {
 // without a cgroup (not started, or exited and deleted) has no usage:
 // ok is false. The collector's sample answers when there is one: no path
 // is worked out then (a node-wide list asks this for every container).
-func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
+func (m *Manager) ContainerUsage(c *store.Container) (u Usage, ok bool, err error) {
 	if u, ok = m.usages.get(c.ID); !ok {
 		pod, err := m.GetPod(c.PodID)
 		if err != nil {
@@ -188,7 +179,7 @@ func (m *Manager) ContainerUsage(c *Container) (u Usage, ok bool, err error) {
 	return u, true, nil
 }
 
-func (m *Manager) layerUsage(c *Container) (bytes, inodes uint64) {
+func (m *Manager) layerUsage(c *store.Container) (bytes, inodes uint64) {
 	return m.layers.usage(c.ID, func() string { return m.layout(c, nil).Upper }, m.log)
 }
 
@@ -202,7 +193,7 @@ func (m *Manager) layerUsage(c *Container) (bytes, inodes uint64) {
 func (m *Manager) ContainerFsUsage() image.FsUsage {
 	mp, _ := m.layerMount(m.opts.ContainerRoot) // found in New, cannot fail here
 	u := image.FsUsage{Mountpoint: mp, Timestamp: time.Now()}
-	for _, c := range m.state.containersOf("") {
+	for _, c := range m.store.ContainersOf("") {
 		if m.layerRoot(c) == m.opts.ContainerRoot {
 			b, n := m.layerUsage(c)
 			u.UsedBytes += b
@@ -307,7 +298,7 @@ func (l *layerUsages) forget(id string) {
 }
 
 // PodUsage reads a pod's cgroup, which holds its containers'.
-func (m *Manager) PodUsage(pod *Pod) (Usage, bool, error) {
+func (m *Manager) PodUsage(pod *store.Pod) (Usage, bool, error) {
 	if pod.Cgroup == "" {
 		return Usage{}, false, nil
 	}
@@ -667,7 +658,7 @@ func (w *layerWalk) readNames(f *walkFrame) {
 // PodNetworkUsage reads the counters of the pod's interfaces from inside its
 // network namespace. A pod on the host network, or one whose namespace is
 // gone (stopped), has none of its own: ok is false.
-func (m *Manager) PodNetworkUsage(pod *Pod) (ifaces []network.InterfaceStats, ok bool, err error) {
+func (m *Manager) PodNetworkUsage(pod *store.Pod) (ifaces []network.InterfaceStats, ok bool, err error) {
 	pin := pod.Pins[string(podns.Net)]
 	if pin == "" || pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return nil, false, nil

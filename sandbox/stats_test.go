@@ -138,11 +138,11 @@ func TestStatsVersion(t *testing.T) {
 	changes := versionCheck(t, m.StatsVersion)
 	dir := t.TempDir()
 	changes("container created", true, func() { m.addTestContainer(t, "ctr1", "pod1") })
-	changes("container started", true, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 5}) })
+	changes("container started", true, func() { m.store.SetState(shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 5}) })
 	changes("a sample", true, func() { m.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
 	changes("the next sample", true, func() { m.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
 	changes("stats read", false, func() {
-		c, _, err := m.state.container("ctr1")
+		c, _, err := m.store.Container("ctr1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +166,7 @@ func TestStatsVersion(t *testing.T) {
 		m.usages.watched(s.step)
 	})
 	changes("container removed", true, func() {
-		if err := m.deleteContainerRecord("ctr1"); err != nil {
+		if err := m.store.DeleteContainer("ctr1"); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -4,56 +4,51 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/sandbox/shim"
-	"google.golang.org/protobuf/proto"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// TestAppliedResourcesInvertSpecResources: the resources status shows are
-// those the record's limits were made from, with the config's OOM score,
-// and every status the view makes (ContainerStatus, PodSandboxStatus) gives
-// them when asked.
-func TestAppliedResourcesInvertSpecResources(t *testing.T) {
-	want := &runtimeapi.LinuxContainerResources{
-		CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 64 << 20,
-		CpusetCpus: "0", CpusetMems: "0", OomScoreAdj: 500,
-		Unified: map[string]string{"memory.high": "50000000"},
+// TestContainerStateOrder: a container's state never goes back, whatever order
+// the shim's events and berthd's own replies come in, and each change is
+// one event, in order, with the pod's containers as they were then.
+func TestContainerStateOrder(t *testing.T) {
+	m := testManager(t)
+	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	m.addTestContainer(t, "ctr1", "pod1")
+	sub := m.Subscribe()
+	defer sub.Close()
+
+	exited := shim.State{ID: "ctr1", Status: shim.StatusStopped, ExitCode: 3, FinishedAt: time.Now()}
+	for _, st := range []shim.State{
+		{ID: "ctr1", Status: shim.StatusCreated},
+		{ID: "ctr1", Status: shim.StatusRunning, Pid: 42},
+		exited,
+		{ID: "ctr1", Status: shim.StatusRunning, Pid: 42}, // Start's reply, late
+		{ID: "ctr1", Status: shim.StatusCreated},
+	} {
+		m.setContainerState("pod1", st)
 	}
-	res, err := cgroups.SpecResources(want, cgroups.V2, 0)
+	c, err := m.ContainerStatus(t.Context(), "ctr")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Container{ID: "c", Config: &runtimeapi.ContainerConfig{Linux: &runtimeapi.LinuxContainerConfig{Resources: want}}, Resources: res}
-	if got := appliedResources(c); !proto.Equal(got, want) {
-		t.Errorf("applied resources:\n%v\nwant\n%v", got, want)
+	if c.State != runtimeapi.ContainerState_CONTAINER_EXITED || c.ExitCode != 3 || c.Reason != "Error" {
+		t.Errorf("status %v exit %d %q, want EXITED 3 Error", c.State, c.ExitCode, c.Reason)
 	}
-	if got := statusOf(c, shim.State{Status: shim.StatusRunning}).AppliedResources(); !proto.Equal(got, want) {
-		t.Errorf("status resources:\n%v\nwant\n%v", got, want)
-	}
-	if got := appliedResources(&Container{ID: "c"}); got != nil {
-		t.Errorf("applied resources of a record without them: %v, want none", got)
-	}
-}
-
-func TestStatusMessageSaysWhatBerthKnowsOfTheExit(t *testing.T) {
-	done := time.Now()
-	for _, c := range []struct {
-		name        string
-		st          shim.State
-		reason      string
-		wantMessage bool
-	}{
-		{"completed", shim.State{Status: shim.StatusStopped, FinishedAt: done}, "Completed", false},
-		{"failed", shim.State{Status: shim.StatusStopped, ExitCode: 3, FinishedAt: done}, "Error", false},
-		{"exit 255 seen", shim.State{Status: shim.StatusStopped, ExitCode: shim.UnknownExitCode, FinishedAt: done}, "Error", false},
-		{"oom", shim.State{Status: shim.StatusStopped, ExitCode: 137, OOMKilled: true, FinishedAt: done}, "OOMKilled", true},
-		{"exit unseen", shim.State{Status: shim.StatusStopped, ExitCode: shim.UnknownExitCode}, "Error", true},
-		{"running", shim.State{Status: shim.StatusRunning}, "", false},
-	} {
-		st := statusOf(&Container{ID: "c"}, c.st)
-		if st.Reason != c.reason || (st.Message != "") != c.wantMessage {
-			t.Errorf("%s: reason %q, message %q; want reason %q, a message: %v", c.name, st.Reason, st.Message, c.reason, c.wantMessage)
+	for _, want := range []runtimeapi.ContainerEventType{store.EventContainerStarted, store.EventContainerStopped} {
+		select {
+		case ev := <-sub.C:
+			if ev.Type != want || ev.ContainerID != "ctr1" || ev.Pod.ID != "pod1" || len(ev.Containers) != 1 {
+				t.Fatalf("event %v %s pod %s, %d containers; want %v ctr1 pod1, 1", ev.Type, ev.ContainerID, ev.Pod.ID, len(ev.Containers), want)
+			}
+		default:
+			t.Fatalf("no %v event", want)
 		}
+	}
+	select {
+	case ev := <-sub.C:
+		t.Errorf("unexpected event %v", ev.Type)
+	default:
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/podns"
-	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -101,7 +101,7 @@ func TestRunPodKeepsRecordWhenRollbackFails(t *testing.T) {
 		if _, err := m.RunPod(t.Context(), hostPodConfig("p")); err == nil {
 			t.Fatal("RunPod succeeded")
 		}
-		pods, _ := m.ListPods(Filter{})
+		pods, _ := m.ListPods(store.Filter{})
 		if len(pods) != 1 {
 			t.Fatalf("pods after a failed rollback: %v, want the pod kept", pods)
 		}
@@ -109,9 +109,8 @@ func TestRunPodKeepsRecordWhenRollbackFails(t *testing.T) {
 		if pod.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY || !strings.Contains(pod.CleanupFailed, "remove pod cgroup") {
 			t.Errorf("kept pod: %v, cleanupFailed %q; want NOTREADY, naming the failed step", pod.State, pod.CleanupFailed)
 		}
-		reloaded := newView()
-		if err := m.opts.DB.View(reloaded.load); err != nil || len(reloaded.pods) != 1 || reloaded.pods[pod.ID].CleanupFailed == "" {
-			t.Errorf("records in bolt: %v %v; want the kept pod, marked", reloaded.pods, err)
+		if kept, err := reloadStore(t, m).Pod(pod.ID); err != nil || kept.CleanupFailed == "" {
+			t.Errorf("record in bolt: %v %v; want the kept pod, marked", kept, err)
 		}
 		if _, err := os.Stat(m.podDir(pod.ID)); err != nil || !cg.live[pod.Cgroup] {
 			t.Errorf("the kept pod's folder (%v) and cgroup (%v) should stay for RemovePod", err, cg.live)
@@ -119,7 +118,7 @@ func TestRunPodKeepsRecordWhenRollbackFails(t *testing.T) {
 		if err := m.RemovePod(t.Context(), pod.ID); err != nil {
 			t.Fatalf("RemovePod: %v", err)
 		}
-		if pods, _ := m.ListPods(Filter{}); len(pods) != 0 || len(cg.live) != 0 {
+		if pods, _ := m.ListPods(store.Filter{}); len(pods) != 0 || len(cg.live) != 0 {
 			t.Errorf("after RemovePod: pods %v, cgroups %v", pods, cg.live)
 		}
 		if entries, _ := os.ReadDir(m.podsDir()); len(entries) != 0 {
@@ -135,20 +134,10 @@ func TestRunPodKeepsRecordWhenRollbackFails(t *testing.T) {
 		if _, err := m.RunPod(t.Context(), hostPodConfig("p")); err == nil {
 			t.Fatal("RunPod succeeded")
 		}
-		if pods, _ := m.ListPods(Filter{}); len(pods) != 0 || len(cg.live) != 0 {
+		if pods, _ := m.ListPods(store.Filter{}); len(pods) != 0 || len(cg.live) != 0 {
 			t.Errorf("after a retried rollback: pods %v, cgroups %v; want none", pods, cg.live)
 		}
 	})
-}
-
-// TestFailedCreateShowsExited: a container kept after its create's rollback
-// failed shows as exited, whatever its shim state, saying why.
-func TestFailedCreateShowsExited(t *testing.T) {
-	c := &Container{ID: "c", Config: &runtimeapi.ContainerConfig{}, CleanupFailed: `create container: rollback step "unmount rootfs": busy`}
-	st := statusOf(c, shim.State{ID: "c", Status: shim.StatusCreated})
-	if st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Reason != "Error" || !strings.Contains(st.Message, "unmount rootfs") {
-		t.Errorf("status %v %q %q; want EXITED, Error, naming the failed step", st.State, st.Reason, st.Message)
-	}
 }
 
 // fakeImages has one image, whose layers are a folder that does not exist
@@ -196,7 +185,7 @@ func TestCreateContainerKeepsRecordWhenRollbackFails(t *testing.T) {
 	if _, err := m.CreateContainer(t.Context(), pod.ID, cfg); err == nil || !strings.Contains(err.Error(), "rootfs: mount") {
 		t.Fatalf("CreateContainer = %v, want the mount's failure", err)
 	}
-	list, _ := m.ListContainers(t.Context(), Filter{})
+	list, _ := m.ListContainers(t.Context(), store.Filter{})
 	if len(list) != 1 {
 		t.Fatalf("containers after a failed rollback: %v, want the container kept", list)
 	}
@@ -204,9 +193,8 @@ func TestCreateContainerKeepsRecordWhenRollbackFails(t *testing.T) {
 	if c.State != runtimeapi.ContainerState_CONTAINER_EXITED || !strings.Contains(c.Message, "release image layers") || !images.leased[c.ID] {
 		t.Errorf("kept container: %v %q, leased %v; want EXITED, naming the failed step, its lease kept", c.State, c.Message, images.leased)
 	}
-	reloaded := newView()
-	if err := m.opts.DB.View(reloaded.load); err != nil || len(reloaded.ctrs) != 1 || reloaded.ctrs[c.ID].c.CleanupFailed == "" {
-		t.Errorf("container records in bolt: %v %v; want the kept container, marked", reloaded.ctrs, err)
+	if kept := reloadStore(t, m).ContainersOf(""); len(kept) != 1 || kept[0].CleanupFailed == "" {
+		t.Errorf("container records in bolt: %v; want the kept container, marked", kept)
 	}
 	if err := m.StartContainer(t.Context(), c.ID); !errors.Is(err, errkind.FailedPrecondition) {
 		t.Errorf("StartContainer of the kept container = %v, want FailedPrecondition", err)
@@ -232,7 +220,7 @@ func TestCreateContainerKeepsRecordWhenRollbackFails(t *testing.T) {
 	if _, err := os.Lstat(pin); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the target PID namespace pin is still there after RemoveContainer: %v", err)
 	}
-	if list, _ := m.ListContainers(t.Context(), Filter{}); len(list) != 0 || len(images.leased) != 0 {
+	if list, _ := m.ListContainers(t.Context(), store.Filter{}); len(list) != 0 || len(images.leased) != 0 {
 		t.Errorf("after RemoveContainer: containers %v, leases %v", list, images.leased)
 	}
 	if _, err := m.CreateContainer(t.Context(), pod.ID, cfg); err == nil || !strings.Contains(err.Error(), "rootfs: mount") {

@@ -34,7 +34,7 @@ func (m *Manager) UpdateResources(ctx context.Context, id string, res *runtimeap
 		return err
 	}
 	c.Resources = specRes // status shows them from the record
-	return m.saveContainer(c)
+	return m.store.SaveContainer(c)
 }
 
 // UpdatePodResources records the pod-level resources of an in-place resize
@@ -65,5 +65,5 @@ func (m *Manager) UpdatePodResources(id string, overhead, resources *runtimeapi.
 	}
 	cfg.Linux.Overhead, cfg.Linux.Resources = overhead, resources
 	pod.Config = cfg
-	return m.savePod(pod)
+	return m.store.SavePod(pod)
 }

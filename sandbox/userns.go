@@ -7,6 +7,7 @@ import (
 
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
+	"github.com/berth-runtime/berth/sandbox/store"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -76,7 +77,7 @@ func sysProcIDMap(m *runtimeapi.IDMapping) []syscall.SysProcIDMap {
 
 // checkContainerUserns refuses a container whose userns_options differ from
 // its pod's: it can only run in the pod's user namespace (or the host's).
-func checkContainerUserns(pod *Pod, cfg *runtimeapi.ContainerConfig) error {
+func checkContainerUserns(pod *store.Pod, cfg *runtimeapi.ContainerConfig) error {
 	c := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetUsernsOptions()
 	if c == nil {
 		return nil

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -60,8 +61,8 @@ func TestCheckUserns(t *testing.T) {
 func TestCheckContainerUserns(t *testing.T) {
 	m := []*runtimeapi.IDMapping{{ContainerId: 0, HostId: 100000, Length: 65536}}
 	podNS := &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}
-	pod := func(u *runtimeapi.UserNamespace) *Pod {
-		return &Pod{Config: &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+	pod := func(u *runtimeapi.UserNamespace) *store.Pod {
+		return &store.Pod{Config: &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
 			NamespaceOptions: &runtimeapi.NamespaceOption{UsernsOptions: u}}}}}
 	}
 	ctr := func(u *runtimeapi.UserNamespace) *runtimeapi.ContainerConfig {

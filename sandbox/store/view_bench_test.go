@@ -1,4 +1,4 @@
-package sandbox
+package store
 
 import (
 	"fmt"
@@ -8,23 +8,23 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// The list calls' cost in the manager, without root or gRPC, on a node of
+// The list calls' cost in the store, without root or gRPC, on a node of
 // 250 pods of 2 containers (make bench measures the whole CRI call).
 
 func BenchmarkListContainers500(b *testing.B) {
-	m := testManager(b)
+	s := testStore(b)
 	for i := range 250 {
 		pod := fmt.Sprintf("%064d", i)
-		m.addTestPod(b, pod, runtimeapi.PodSandboxState_SANDBOX_READY, map[string]string{"a": "b", "c": "d"})
+		s.addTestPod(b, pod, runtimeapi.PodSandboxState_SANDBOX_READY, map[string]string{"a": "b", "c": "d"})
 		for j := range 2 {
 			id := fmt.Sprintf("%062d%02d", i, j)
-			m.addTestContainer(b, id, pod)
-			m.setContainerState(pod, shim.State{ID: id, Status: shim.StatusRunning, Pid: 5})
+			s.addTestContainer(b, id, pod)
+			s.SetState(shim.State{ID: id, Status: shim.StatusRunning, Pid: 5})
 		}
 	}
 	b.ResetTimer()
 	for range b.N {
-		l, _ := m.ListContainers(b.Context(), Filter{})
+		l, _ := s.ListStatuses(Filter{})
 		if len(l) != 500 {
 			b.Fatal(len(l))
 		}
@@ -32,14 +32,14 @@ func BenchmarkListContainers500(b *testing.B) {
 }
 
 func BenchmarkListPods250(b *testing.B) {
-	m := testManager(b)
+	s := testStore(b)
 	for i := range 250 {
 		pod := fmt.Sprintf("%064d", i)
-		m.addTestPod(b, pod, runtimeapi.PodSandboxState_SANDBOX_READY, map[string]string{"a": "b", "c": "d"})
+		s.addTestPod(b, pod, runtimeapi.PodSandboxState_SANDBOX_READY, map[string]string{"a": "b", "c": "d"})
 	}
 	b.ResetTimer()
 	for range b.N {
-		l, _ := m.ListPods(Filter{})
+		l, _ := s.ListPods(Filter{})
 		if len(l) != 250 {
 			b.Fatal(len(l))
 		}

@@ -1,4 +1,4 @@
-package sandbox
+package store
 
 import (
 	"encoding/json"
@@ -44,7 +44,7 @@ type Pod struct {
 	Timeline      []Step            `json:"timeline,omitempty"`
 	// CleanupFailed says which step of a failed RunPod's rollback failed,
 	// and why: the pod is kept NOTREADY, holding what is left, for
-	// StopPodSandbox and RemovePodSandbox to finish (see keepFailedPod).
+	// StopPodSandbox and RemovePodSandbox to finish (see sandbox.Manager.keepFailedPod).
 	CleanupFailed string          `json:"cleanupFailed,omitempty"`
 	RawConfig     json.RawMessage `json:"config"`
 }
@@ -78,13 +78,13 @@ type Container struct {
 	// disk; nil in records from before berth kept them.
 	Resources *specs.LinuxResources `json:"resources,omitempty"`
 	// LayerRoot is the container root its writable layer was made under
-	// (see layerDir); empty in records from before berth kept it, whose
+	// (see sandbox.Manager.layerDir); empty in records from before berth kept it, whose
 	// layers are under the persistent root.
 	LayerRoot string `json:"layerRoot,omitempty"`
 	// CleanupFailed says which step of a failed CreateContainer's rollback
 	// failed, and why: the container is kept, reported exited, holding
 	// what is left, for RemoveContainer to finish (see
-	// keepFailedContainer).
+	// sandbox.Manager.keepFailedContainer).
 	CleanupFailed string `json:"cleanupFailed,omitempty"`
 }
 
@@ -94,7 +94,7 @@ type Container struct {
 // to SIGTERM.
 func (c *Container) SignalInForce() (syscall.Signal, runtimeapi.Signal) {
 	if s := c.Config.GetStopSignal(); s != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
-		if sig, err := criSignal(s); err == nil {
+		if sig, err := CRISignal(s); err == nil {
 			return sig, s
 		}
 	}
@@ -105,9 +105,9 @@ func (c *Container) SignalInForce() (syscall.Signal, runtimeapi.Signal) {
 	return sig, criSignalNames()[sig]
 }
 
-// criSignal is the signal a CRI Signal names ("SIGNAL_SIGRTMINPLUS1" is
+// CRISignal is the signal a CRI Signal names ("SIGNAL_SIGRTMINPLUS1" is
 // RTMIN+1), parsed as an image's StopSignal is, so that both agree.
-func criSignal(s runtimeapi.Signal) (syscall.Signal, error) {
+func CRISignal(s runtimeapi.Signal) (syscall.Signal, error) {
 	name, ok := runtimeapi.Signal_name[int32(s)]
 	if !ok || s == runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
 		return 0, fmt.Errorf("unknown signal %d", s)
@@ -125,7 +125,7 @@ var criSignalNames = sync.OnceValue(func() map[syscall.Signal]runtimeapi.Signal 
 	names := map[syscall.Signal]runtimeapi.Signal{}
 	for v := range runtimeapi.Signal_name {
 		s := runtimeapi.Signal(v)
-		sig, err := criSignal(s)
+		sig, err := CRISignal(s)
 		if err != nil {
 			continue
 		}
@@ -143,40 +143,6 @@ func marshalRecord(v any, cfg proto.Message, raw *json.RawMessage) ([]byte, erro
 	}
 	*raw = b
 	return json.Marshal(v)
-}
-
-// savePod writes the pod's record, then its view.
-func (m *Manager) savePod(p *Pod) error {
-	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return putPod(tx, p) }); err != nil {
-		return err
-	}
-	m.state.setPod(p)
-	return nil
-}
-
-func (m *Manager) deletePodRecord(id string) error {
-	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(podsBucket).Delete([]byte(id)) }); err != nil {
-		return err
-	}
-	m.state.deletePod(id)
-	return nil
-}
-
-// saveContainer writes the container's record, then its view.
-func (m *Manager) saveContainer(c *Container) error {
-	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return putContainer(tx, c) }); err != nil {
-		return err
-	}
-	m.state.setContainer(c)
-	return nil
-}
-
-func (m *Manager) deleteContainerRecord(id string) error {
-	if err := m.opts.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(containersBucket).Delete([]byte(id)) }); err != nil {
-		return err
-	}
-	m.state.deleteContainer(id)
-	return nil
 }
 
 func putPod(tx *bolt.Tx, p *Pod) error {

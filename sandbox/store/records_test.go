@@ -1,4 +1,4 @@
-package sandbox
+package store
 
 import (
 	"reflect"
@@ -40,15 +40,15 @@ func TestSignalInForce(t *testing.T) {
 			t.Errorf("%s: got %v %v, want %v %v", c.name, sig, cri, c.wantSig, c.wantCRI)
 		}
 	}
-	if _, err := criSignal(999); err == nil {
-		t.Error("criSignal(999): no error")
+	if _, err := CRISignal(999); err == nil {
+		t.Error("CRISignal(999): no error")
 	}
 	// Every name the CRI has maps to a signal.
 	for v, name := range runtimeapi.Signal_name {
 		if v == 0 {
 			continue
 		}
-		if _, err := criSignal(runtimeapi.Signal(v)); err != nil {
+		if _, err := CRISignal(runtimeapi.Signal(v)); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package sandbox
+package store
 
 import (
 	"maps"
@@ -25,7 +25,7 @@ type view struct {
 	ctrs  map[string]*ctrEntry
 	byPod map[string]map[string]bool // pod ID → its container IDs
 	// version changes with every change of a pod or container (see
-	// Manager.Version).
+	// Store.Version).
 	version atomic.Uint64
 }
 
@@ -36,11 +36,6 @@ type ctrEntry struct {
 	st     shim.State
 	status *ContainerStatus
 }
-
-// Version changes with every change of a pod or container: a node-wide
-// list made at one version (cri keeps it, encoded) is the answer until it
-// changes, while the kubelet lists every pod and container each second.
-func (m *Manager) Version() uint64 { return m.state.version.Load() }
 
 func newView() *view {
 	return &view{pods: map[string]*Pod{}, ctrs: map[string]*ctrEntry{}, byPod: map[string]map[string]bool{}}
@@ -68,7 +63,9 @@ func (v *view) load(tx *bolt.Tx) error {
 	})
 }
 
-func clonePod(p *Pod) *Pod {
+// ClonePod is a copy of p to change and save: what ListPods hands out is
+// shared.
+func ClonePod(p *Pod) *Pod {
 	c := *p
 	c.AdditionalIPs = slices.Clone(p.AdditionalIPs)
 	c.Pins = maps.Clone(p.Pins)
@@ -86,7 +83,7 @@ func cloneContainer(c *Container) *Container {
 func (v *view) setPod(p *Pod) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.pods[p.ID] = clonePod(p)
+	v.pods[p.ID] = ClonePod(p)
 	v.version.Add(1)
 }
 
@@ -161,7 +158,7 @@ func (v *view) pod(id string) (*Pod, error) {
 	if err != nil {
 		return nil, err
 	}
-	return clonePod(v.pods[id]), nil
+	return ClonePod(v.pods[id]), nil
 }
 
 func (v *view) container(id string) (*Container, shim.State, error) {

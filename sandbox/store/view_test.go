@@ -1,4 +1,4 @@
-package sandbox
+package store
 
 import (
 	"errors"
@@ -10,55 +10,11 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-func (m *Manager) addTestContainer(t testing.TB, id, podID string) {
+func (s *Store) addTestContainer(t testing.TB, id, podID string) {
 	t.Helper()
 	c := &Container{ID: id, PodID: podID, Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: id}}}
-	if err := m.saveContainer(c); err != nil {
+	if err := s.SaveContainer(c); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestViewStateOrder: a container's state never goes back, whatever order
-// the shim's events and berthd's own replies come in, and each change is
-// one event, in order, with the pod's containers as they were then.
-func TestViewStateOrder(t *testing.T) {
-	m := testManager(t)
-	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
-	m.addTestContainer(t, "ctr1", "pod1")
-	sub := m.Subscribe()
-	defer sub.Close()
-
-	exited := shim.State{ID: "ctr1", Status: shim.StatusStopped, ExitCode: 3, FinishedAt: time.Now()}
-	for _, st := range []shim.State{
-		{ID: "ctr1", Status: shim.StatusCreated},
-		{ID: "ctr1", Status: shim.StatusRunning, Pid: 42},
-		exited,
-		{ID: "ctr1", Status: shim.StatusRunning, Pid: 42}, // Start's reply, late
-		{ID: "ctr1", Status: shim.StatusCreated},
-	} {
-		m.setContainerState("pod1", st)
-	}
-	c, err := m.ContainerStatus(t.Context(), "ctr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.State != runtimeapi.ContainerState_CONTAINER_EXITED || c.ExitCode != 3 || c.Reason != "Error" {
-		t.Errorf("status %v exit %d %q, want EXITED 3 Error", c.State, c.ExitCode, c.Reason)
-	}
-	for _, want := range []runtimeapi.ContainerEventType{EventContainerStarted, EventContainerStopped} {
-		select {
-		case ev := <-sub.C:
-			if ev.Type != want || ev.ContainerID != "ctr1" || ev.Pod.ID != "pod1" || len(ev.Containers) != 1 {
-				t.Fatalf("event %v %s pod %s, %d containers; want %v ctr1 pod1, 1", ev.Type, ev.ContainerID, ev.Pod.ID, len(ev.Containers), want)
-			}
-		default:
-			t.Fatalf("no %v event", want)
-		}
-	}
-	select {
-	case ev := <-sub.C:
-		t.Errorf("unexpected event %v", ev.Type)
-	default:
 	}
 }
 
@@ -66,15 +22,15 @@ func TestViewStateOrder(t *testing.T) {
 // once its buffer is full, with an error saying so; the runtime goes on
 // and other subscribers get every event.
 func TestSlowSubscriberDropped(t *testing.T) {
-	m := testManager(t)
-	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
-	slow, fast := m.Subscribe(), m.Subscribe()
+	s := testStore(t)
+	s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	slow, fast := s.Subscribe(), s.Subscribe()
 	defer fast.Close()
 	done := make(chan struct{})
 	go func() { // publish returns whatever slow does
 		defer close(done)
 		for i := range SubscriberBuffer + 10 {
-			m.publish(EventContainerStarted, "pod1", "pod1")
+			s.Publish(EventContainerStarted, "pod1", "pod1")
 			if _, ok := <-fast.C; !ok {
 				t.Errorf("fast subscriber dropped at event %d: %v", i, fast.Err())
 				return
@@ -100,31 +56,31 @@ func TestSlowSubscriberDropped(t *testing.T) {
 // what a caller already holds (a status's memo with it); GetPod gives a
 // copy of its own.
 func TestListsShareSnapshots(t *testing.T) {
-	m := testManager(t)
-	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
-	m.addTestContainer(t, "ctr1", "pod1")
-	pods, _ := m.ListPods(Filter{})
-	ctrs, _ := m.ListContainers(t.Context(), Filter{})
-	again, _ := m.ListContainers(t.Context(), Filter{PodID: "pod1"})
+	s := testStore(t)
+	s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	s.addTestContainer(t, "ctr1", "pod1")
+	pods, _ := s.ListPods(Filter{})
+	ctrs, _ := s.ListStatuses(Filter{})
+	again, _ := s.ListStatuses(Filter{PodID: "pod1"})
 	if len(pods) != 1 || len(ctrs) != 1 || len(again) != 1 || again[0] != ctrs[0] {
 		t.Fatalf("lists %v %v %v: want one pod, the same container status twice", pods, ctrs, again)
 	}
 	ctrs[0].Memo.Store("made of the created container")
 
-	m.setContainerState("pod1", shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 42})
-	p, err := m.GetPod("pod1")
+	s.SetState(shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 42})
+	p, err := s.Pod("pod1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
-	if err := m.savePod(p); err != nil {
+	if err := s.SavePod(p); err != nil {
 		t.Fatal(err)
 	}
 	if ctrs[0].State != runtimeapi.ContainerState_CONTAINER_CREATED || pods[0].State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		t.Errorf("listed before the changes: %v, %v; want them as they were (CREATED, READY)", ctrs[0].State, pods[0].State)
 	}
-	now, _ := m.ListContainers(t.Context(), Filter{})
-	pods, _ = m.ListPods(Filter{})
+	now, _ := s.ListStatuses(Filter{})
+	pods, _ = s.ListPods(Filter{})
 	if now[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING || now[0].Pid != 42 || pods[0].State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
 		t.Errorf("listed after: %v pid %d, %v; want RUNNING 42, NOTREADY", now[0].State, now[0].Pid, pods[0].State)
 	}
@@ -137,28 +93,28 @@ func TestListsShareSnapshots(t *testing.T) {
 // with each pod or container stored, changed or removed, and not with a
 // list.
 func TestViewVersion(t *testing.T) {
-	m := testManager(t)
-	changes := versionCheck(t, m.Version)
-	changes("pod created", true, func() { m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil) })
-	changes("container created", true, func() { m.addTestContainer(t, "ctr1", "pod1") })
+	s := testStore(t)
+	changes := versionCheck(t, s.Version)
+	changes("pod created", true, func() { s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil) })
+	changes("container created", true, func() { s.addTestContainer(t, "ctr1", "pod1") })
 	changes("lists", false, func() {
-		if _, err := m.ListPods(Filter{}); err != nil {
+		if _, err := s.ListPods(Filter{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.ListContainers(t.Context(), Filter{}); err != nil {
+		if _, err := s.ListStatuses(Filter{}); err != nil {
 			t.Fatal(err)
 		}
 	})
-	changes("container exited", true, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusStopped}) })
-	changes("the same state again (a shim's snapshot)", false, func() { m.state.setState(shim.State{ID: "ctr1", Status: shim.StatusStopped}) })
+	changes("container exited", true, func() { s.SetState(shim.State{ID: "ctr1", Status: shim.StatusStopped}) })
+	changes("the same state again (a shim's snapshot)", false, func() { s.SetState(shim.State{ID: "ctr1", Status: shim.StatusStopped}) })
 	changes("container removed", true, func() {
-		if err := m.deleteContainerRecord("ctr1"); err != nil {
+		if err := s.DeleteContainer("ctr1"); err != nil {
 			t.Fatal(err)
 		}
 	})
-	changes("pod stopped", true, func() { m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_NOTREADY, nil) })
+	changes("pod stopped", true, func() { s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_NOTREADY, nil) })
 	changes("pod removed", true, func() {
-		if err := m.deletePodRecord("pod1"); err != nil {
+		if err := s.DeletePod("pod1"); err != nil {
 			t.Fatal(err)
 		}
 	})

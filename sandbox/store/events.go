@@ -1,4 +1,4 @@
-package sandbox
+package store
 
 import (
 	"sync"
@@ -53,16 +53,16 @@ type eventHub struct {
 }
 
 // Subscribe starts a subscription to every pod and container event.
-func (m *Manager) Subscribe() *Subscription {
+func (s *Store) Subscribe() *Subscription {
 	ch := make(chan Event, SubscriberBuffer)
-	s := &Subscription{C: ch, ch: ch, hub: &m.events}
-	m.events.mu.Lock()
-	defer m.events.mu.Unlock()
-	if m.events.subs == nil {
-		m.events.subs = map[*Subscription]bool{}
+	sub := &Subscription{C: ch, ch: ch, hub: &s.events}
+	s.events.mu.Lock()
+	defer s.events.mu.Unlock()
+	if s.events.subs == nil {
+		s.events.subs = map[*Subscription]bool{}
 	}
-	m.events.subs[s] = true
-	return s
+	s.events.subs[sub] = true
+	return sub
 }
 
 func (h *eventHub) drop(s *Subscription, err error) {
@@ -91,23 +91,23 @@ func (h *eventHub) send(ev Event) {
 	}
 }
 
-// publish tells subscribers of a change to pod podID or its container
+// Publish tells subscribers of a change to pod podID or its container
 // ctrID; a pod that is gone already has nothing to report.
-func (m *Manager) publish(kind runtimeapi.ContainerEventType, podID, ctrID string) {
-	pod, err := m.state.pod(podID)
+func (s *Store) Publish(kind runtimeapi.ContainerEventType, podID, ctrID string) {
+	pod, err := s.view.pod(podID)
 	if err != nil {
 		return
 	}
-	m.publishPod(kind, pod, ctrID)
+	s.PublishPod(kind, pod, ctrID)
 }
 
-// publishPod is publish for a pod already read (or removed).
-func (m *Manager) publishPod(kind runtimeapi.ContainerEventType, pod *Pod, ctrID string) {
-	if !m.events.any() {
+// PublishPod is Publish for a pod already read (or removed).
+func (s *Store) PublishPod(kind runtimeapi.ContainerEventType, pod *Pod, ctrID string) {
+	if !s.events.any() {
 		return
 	}
-	ev := Event{Type: kind, ContainerID: ctrID, At: time.Now(), Pod: pod, Containers: m.state.listStatuses(Filter{PodID: pod.ID})}
-	m.events.send(ev)
+	ev := Event{Type: kind, ContainerID: ctrID, At: time.Now(), Pod: pod, Containers: s.view.listStatuses(Filter{PodID: pod.ID})}
+	s.events.send(ev)
 }
 
 func (h *eventHub) any() bool {
