@@ -9,7 +9,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/cri/errkind"
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/stats"
 	"github.com/berth-runtime/berth/sandbox/store"
 )
 
@@ -29,30 +29,30 @@ var netLabels = append(append([]string{}, criLabels...), "interface")
 type criMetric struct {
 	name, help string
 	kind       runtimeapi.MetricType
-	value      func(sandbox.Usage) uint64
+	value      func(stats.Usage) uint64
 }
 
 // containerMetrics are read from a container's cgroup and writable layer.
 // The CRI carries whole numbers only: CPU seconds are whole seconds.
 var containerMetrics = []criMetric{
 	{"container_cpu_usage_seconds_total", "Cumulative CPU time consumed, in whole seconds.", runtimeapi.MetricType_COUNTER,
-		func(u sandbox.Usage) uint64 { return u.CPUUsageNanos / 1e9 }},
+		func(u stats.Usage) uint64 { return u.CPUUsageNanos / 1e9 }},
 	{"container_memory_usage_bytes", "Current memory usage, including all memory regardless of when it was accessed.", runtimeapi.MetricType_GAUGE,
-		func(u sandbox.Usage) uint64 { return u.MemoryUsageBytes }},
+		func(u stats.Usage) uint64 { return u.MemoryUsageBytes }},
 	{"container_memory_working_set_bytes", "Current working set (usage less inactive file pages).", runtimeapi.MetricType_GAUGE,
-		func(u sandbox.Usage) uint64 { return u.MemoryWorkingSetBytes }},
+		func(u stats.Usage) uint64 { return u.MemoryWorkingSetBytes }},
 	{"container_memory_rss", "Size of RSS (anonymous memory).", runtimeapi.MetricType_GAUGE,
-		func(u sandbox.Usage) uint64 { return u.MemoryRSSBytes }},
+		func(u stats.Usage) uint64 { return u.MemoryRSSBytes }},
 	{"container_memory_cache", "Page cache memory.", runtimeapi.MetricType_GAUGE,
-		func(u sandbox.Usage) uint64 { return u.MemoryCacheBytes }},
+		func(u stats.Usage) uint64 { return u.MemoryCacheBytes }},
 	{"container_oom_events_total", "Count of out of memory events observed for the container.", runtimeapi.MetricType_COUNTER,
-		func(u sandbox.Usage) uint64 { return u.OOMKills }},
+		func(u stats.Usage) uint64 { return u.OOMKills }},
 	{"container_processes", "Number of processes running inside the container.", runtimeapi.MetricType_GAUGE,
-		func(u sandbox.Usage) uint64 { return u.Pids }},
+		func(u stats.Usage) uint64 { return u.Pids }},
 	{"container_fs_usage_bytes", "Bytes used by the container's writable layer.", runtimeapi.MetricType_GAUGE,
-		func(u sandbox.Usage) uint64 { return u.LayerBytes }},
+		func(u stats.Usage) uint64 { return u.LayerBytes }},
 	{"container_fs_inodes_total", "Inodes used by the container's writable layer.", runtimeapi.MetricType_GAUGE,
-		func(u sandbox.Usage) uint64 { return u.LayerInodes }},
+		func(u stats.Usage) uint64 { return u.LayerInodes }},
 }
 
 type netMetric struct {
@@ -134,7 +134,7 @@ func (r *RuntimeService) eachPodMetrics(ctx context.Context, send func(*runtimea
 func (r *RuntimeService) podMetrics(ctx context.Context, p *store.Pod) (*runtimeapi.PodSandboxMetrics, error) {
 	md := p.Config.GetMetadata()
 	pm := &runtimeapi.PodSandboxMetrics{PodSandboxId: p.ID}
-	ifaces, _, err := r.pods.PodNetworkUsage(p)
+	ifaces, _, err := r.pods.Stats().PodNetworkUsage(p)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +154,7 @@ func (r *RuntimeService) podMetrics(ctx context.Context, p *store.Pod) (*runtime
 		if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			continue
 		}
-		u, ok, err := r.pods.ContainerUsage(c.Container)
+		u, ok, err := r.pods.Stats().ContainerUsage(c.Container)
 		if err != nil {
 			r.cfg.Logger.Warn("container metrics unreadable; left out", "container", c.ID, "err", err)
 			continue

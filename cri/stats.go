@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/cri/errkind"
-	"github.com/berth-runtime/berth/sandbox"
+	"github.com/berth-runtime/berth/sandbox/stats"
 	"github.com/berth-runtime/berth/sandbox/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,14 +30,14 @@ func (r *RuntimeService) ContainerStats(_ context.Context, req *runtimeapi.Conta
 
 // ListContainerStats reports the containers that have a cgroup (created or
 // running ones). The node-wide list is kept, encoded, until
-// sandbox.StatsVersion changes (see kept).
+// stats.Collector.Version changes (see kept).
 func (r *RuntimeService) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
 	f := containerStatsFilter(req.GetFilter())
 	list := func() (*runtimeapi.ListContainerStatsResponse, bool, error) {
 		stats, complete, err := r.listContainerStats(ctx, f)
 		return &runtimeapi.ListContainerStatsResponse{Stats: stats}, complete, err
 	}
-	resp, err := r.allStats.answer(f, r.pods.StatsVersion(), list)
+	resp, err := r.allStats.answer(f, r.pods.Stats().Version(), list)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -107,7 +107,7 @@ type sampleStats struct {
 // than samples, and a node-wide list is some 900 bytes per container,
 // whose encoding was most of such a call's time.
 func (r *RuntimeService) containerStats(c *store.Container) (*runtimeapi.ContainerStats, bool, error) {
-	u, ok, err := r.pods.ContainerUsage(c)
+	u, ok, err := r.pods.Stats().ContainerUsage(c)
 	if !ok || err != nil {
 		return nil, ok, err
 	}
@@ -137,7 +137,7 @@ type cpuMsgs struct {
 	values [2]runtimeapi.UInt64Value
 }
 
-func (m *cpuMsgs) fill(u sandbox.Usage) *runtimeapi.CpuUsage {
+func (m *cpuMsgs) fill(u stats.Usage) *runtimeapi.CpuUsage {
 	m.values = [2]runtimeapi.UInt64Value{{Value: u.CPUUsageNanos}, {Value: u.CPUNanoCores}}
 	m.cpu = runtimeapi.CpuUsage{Timestamp: u.Timestamp.UnixNano(), UsageCoreNanoSeconds: &m.values[0], UsageNanoCores: &m.values[1]}
 	return &m.cpu
@@ -149,7 +149,7 @@ type memoryMsgs struct {
 	values [5]runtimeapi.UInt64Value
 }
 
-func (m *memoryMsgs) fill(u sandbox.Usage) *runtimeapi.MemoryUsage {
+func (m *memoryMsgs) fill(u stats.Usage) *runtimeapi.MemoryUsage {
 	v := &m.values
 	*v = [5]runtimeapi.UInt64Value{{Value: u.MemoryWorkingSetBytes}, {Value: u.MemoryUsageBytes}, {Value: u.MemoryRSSBytes},
 		{Value: u.PageFaults}, {Value: u.MajorPageFaults}}
@@ -193,7 +193,7 @@ func (r *RuntimeService) ListPodSandboxStats(ctx context.Context, req *runtimeap
 
 func (r *RuntimeService) podStats(ctx context.Context, pod *store.Pod) (*runtimeapi.PodSandboxStats, error) {
 	st := podStatsWithoutUsage(pod)
-	u, ok, err := r.pods.PodUsage(pod)
+	u, ok, err := r.pods.Stats().PodUsage(pod)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +234,7 @@ func podAttributes(pod *store.Pod) *runtimeapi.PodSandboxAttributes {
 // interface (eth0) as the default, any others after it; nil for a pod with
 // no network namespace of its own.
 func (r *RuntimeService) podNetworkStats(pod *store.Pod) (*runtimeapi.NetworkUsage, error) {
-	ifaces, ok, err := r.pods.PodNetworkUsage(pod)
+	ifaces, ok, err := r.pods.Stats().PodNetworkUsage(pod)
 	if !ok || err != nil || len(ifaces) == 0 {
 		return nil, err
 	}

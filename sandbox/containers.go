@@ -219,7 +219,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	crashpoint.Hit("create container", "recorded") // the reply may be lost
 	u.keep()
 	m.store.Publish(store.EventContainerCreated, c.PodID, c.ID)
-	m.metrics.observeTimeline("container", c.Timeline)
+	m.metrics.ObserveTimeline("container", c.Timeline)
 	return c, nil
 }
 
@@ -321,7 +321,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 	m.setContainerState(c.PodID, st)
 	crashpoint.Hit("start container", "started")
 	t.step("start")
-	m.metrics.observeTimeline("container", t.steps)
+	m.metrics.ObserveTimeline("container", t.steps)
 	// The start joins the create's phases in the timeline verbose status
 	// shows; the container runs whatever this write does.
 	c.Timeline = append(c.Timeline, t.steps...)
@@ -450,9 +450,8 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *store.Container)
 		return err
 	}
 	crashpoint.Hit("remove container", "folders removed")
-	m.layers.forget(c.ID)
-	m.usages.forget(c.ID)
-	m.metrics.forget(c.ID)
+	m.stats.Forget(c.ID)
+	m.metrics.Forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
 	// removes, never a lease nobody would release.
 	if err := errors.Join(m.releaseImageVolumes(c), m.opts.Images.Release(c.ID)); err != nil {

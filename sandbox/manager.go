@@ -11,12 +11,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
 	"github.com/berth-runtime/berth/sandbox/cdi"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/stats"
 	"github.com/berth-runtime/berth/sandbox/store"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
@@ -62,15 +62,11 @@ type Manager struct {
 
 	store *store.Store
 
-	usages usageCache
-	layers layerUsages
-	// layerMounts maps the roots writable layers are under to the mount
-	// point of their filesystem (see layerMount).
-	layerMounts sync.Map
+	stats *stats.Collector
 
 	features KernelFeatures
 	apparmor *apparmor.Host
-	metrics  *metrics // nil: no metrics
+	metrics  *stats.Metrics // nil: no metrics
 }
 
 // New opens the manager and reconnects to the shims of the pods it had.
@@ -88,13 +84,17 @@ func New(opts Options) (*Manager, error) {
 	}
 	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{},
 		apparmor: apparmor.Setup(filepath.Join(opts.Root, "apparmor"), opts.Logger)}
+	var err error
+	if m.store, err = store.Open(opts.DB); err != nil {
+		return nil, err
+	}
 	for _, r := range m.layerRoots() {
 		if err := privateDir(filepath.Join(r, "containers")); err != nil {
 			return nil, err
 		}
-		if _, err := m.layerMount(r); err != nil {
-			return nil, err
-		}
+	}
+	if m.stats, err = m.newStats(); err != nil {
+		return nil, err
 	}
 	// Only pod folders below, each private (podDirFor): the init of a
 	// container in a user namespace traverses this one to its own.
@@ -105,17 +105,24 @@ func New(opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m.features = probeKernelFeatures(opts.Root, opts.Logger)
-	m.metrics = newMetrics(opts.Metrics, m)
-	var err error
-	if m.store, err = store.Open(opts.DB); err != nil {
-		return nil, err
-	}
+	m.metrics = stats.NewMetrics(opts.Metrics, m.store, m.shimUsage, opts.Logger)
 	if err := m.recover(); err != nil {
 		return nil, err
 	}
-	go m.collectStats()
+	go m.stats.Run()
 	return m, nil
 }
+
+// newStats is the stats collector of the manager's records and cgroups,
+// told where writable layers are.
+func (m *Manager) newStats() (*stats.Collector, error) {
+	return stats.New(stats.Options{Store: m.store, Cgroups: m.opts.Cgroups,
+		UpperDir: func(c *store.Container) string { return m.layout(c, nil).Upper }, LayerRoot: m.layerRoot,
+		LayerRoots: m.layerRoots(), ContainerRoot: m.opts.ContainerRoot, Logger: m.log})
+}
+
+// Stats answers the stats calls of the manager's pods and containers.
+func (m *Manager) Stats() *stats.Collector { return m.stats }
 
 func (m *Manager) podsDir() string              { return filepath.Join(m.opts.State, "pods") }
 func (m *Manager) podDir(id string) string      { return filepath.Join(m.podsDir(), id) }
@@ -131,22 +138,6 @@ func (m *Manager) layerDir(c *store.Container) string {
 
 // layerRoot is the root c's writable layer is under (see layerDir).
 func (m *Manager) layerRoot(c *store.Container) string { return cmp.Or(c.LayerRoot, m.opts.Root) }
-
-// layerMount is the mount point of the filesystem of root, a root writable
-// layers are under: their FsId. Found once per root (stats calls are
-// many), also for a root the container root no longer is, which older
-// containers' layers are still under.
-func (m *Manager) layerMount(root string) (string, error) {
-	if mp, ok := m.layerMounts.Load(root); ok {
-		return mp.(string), nil
-	}
-	mp, err := image.Mountpoint(root)
-	if err != nil {
-		return "", err
-	}
-	m.layerMounts.Store(root, mp)
-	return mp, nil
-}
 
 // layerRoots are the roots writable layers may lie under: the container
 // root, and Root, where older containers have theirs.

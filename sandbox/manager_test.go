@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/rpc"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +15,7 @@ import (
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/store"
-	bolt "go.etcd.io/bbolt"
+	"github.com/berth-runtime/berth/sandbox/store/storetest"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -106,34 +105,27 @@ func (legacyShim) State(req *shim.IDRequest, _ *shim.State) error {
 // knows of pods and containers is their records.
 func testManager(t testing.TB) *Manager {
 	t.Helper()
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "meta.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db, root := storetest.OpenDB(t), t.TempDir()
 	st, err := store.Open(db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Manager{opts: Options{DB: db, State: t.TempDir(), Root: t.TempDir()}, log: slog.New(slog.DiscardHandler),
+	m := &Manager{opts: Options{DB: db, State: t.TempDir(), Root: root, ContainerRoot: root}, log: slog.New(slog.DiscardHandler),
 		shims: map[string]*shim.Client{}, store: st}
+	if m.stats, err = m.newStats(); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 func (m *Manager) addTestPod(t testing.TB, id string, state runtimeapi.PodSandboxState, labels map[string]string) {
 	t.Helper()
-	p := &store.Pod{ID: id, State: state, Config: &runtimeapi.PodSandboxConfig{Labels: labels,
-		Metadata: &runtimeapi.PodSandboxMetadata{Name: id, Namespace: "ns", Uid: id}}}
-	if err := m.store.SavePod(p); err != nil {
-		t.Fatal(err)
-	}
+	storetest.AddPod(t, m.store, id, state, labels)
 }
 
 func (m *Manager) addTestContainer(t testing.TB, id, podID string) {
 	t.Helper()
-	c := &store.Container{ID: id, PodID: podID, Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: id}}}
-	if err := m.store.SaveContainer(c); err != nil {
-		t.Fatal(err)
-	}
+	storetest.AddContainer(t, m.store, id, podID)
 }
 
 // reloadStore is a store loaded afresh from m's database: what its
@@ -145,20 +137,6 @@ func reloadStore(t *testing.T, m *Manager) *store.Store {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// versionCheck returns a check that do changes the version version returns
-// (or, with change false, leaves it as it was).
-func versionCheck(t *testing.T, version func() uint64) func(what string, change bool, do func()) {
-	v := version()
-	return func(what string, change bool, do func()) {
-		t.Helper()
-		do()
-		if now := version(); (now != v) != change {
-			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
-		}
-		v = version()
-	}
 }
 
 // startFakeShim serves a fakeShim (a legacyShim if legacy) on podDir's

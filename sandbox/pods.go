@@ -222,7 +222,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	u.keep()
 	m.store.Publish(store.EventContainerCreated, pod.ID, pod.ID)
 	m.store.Publish(store.EventContainerStarted, pod.ID, pod.ID)
-	m.metrics.observeTimeline("pod", pod.Timeline)
+	m.metrics.ObserveTimeline("pod", pod.Timeline)
 	m.log.Info("pod ready", "pod", pod.ID, "name", cfg.Metadata.Name, "namespace", cfg.Metadata.Namespace, "timeline", pod.Timeline)
 	return pod, nil
 }

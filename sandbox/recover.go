@@ -41,7 +41,7 @@ func (m *Manager) recover() error {
 				m.log.Error("pod shim does not answer: pod left as it is", "pod", pod.ID, "after", recoveryCallTimeout)
 				m.loadRecordedStates(pod.ID, nil, false)
 				live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
-				m.metrics.recovered("unresponsive")
+				m.metrics.Recovered("unresponsive")
 				continue
 			}
 			if err != nil {
@@ -50,7 +50,7 @@ func (m *Manager) recover() error {
 		}
 		if err == nil {
 			m.log.Info("reconnected to pod shim", "pod", pod.ID)
-			m.metrics.recovered("reconnected")
+			m.metrics.Recovered("reconnected")
 			live[pod.ID] = pod.State == runtimeapi.PodSandboxState_SANDBOX_READY
 			continue
 		}
@@ -62,7 +62,7 @@ func (m *Manager) recover() error {
 			continue
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
-		m.metrics.recovered("lost")
+		m.metrics.Recovered("lost")
 		if err := m.shimLost(store.ClonePod(pod)); err != nil { // listed pods are the view's: change a copy
 			m.log.Error("clean up after a lost shim", "pod", pod.ID, "err", err)
 		}

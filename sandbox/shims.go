@@ -1,11 +1,14 @@
 package sandbox
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -276,4 +279,49 @@ func pollGone(ctx context.Context, pid int) error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// shimUsage counts the shims berthd is connected to and sums their
+// resident memory, read from /proc by the pid each shim wrote.
+func (m *Manager) shimUsage() (alive int, rss uint64) {
+	m.mu.Lock()
+	ids := make([]string, 0, len(m.shims))
+	for id := range m.shims {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	for _, id := range ids {
+		b, err := os.ReadFile(filepath.Join(m.podDir(id), shim.PidFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(string(bytes.TrimSpace(b)))
+		if err != nil {
+			continue
+		}
+		n, ok := residentBytes(pid)
+		if !ok {
+			continue // exited since
+		}
+		alive++
+		rss += n
+	}
+	return alive, rss
+}
+
+// residentBytes is a process's VmRSS.
+func residentBytes(pid int) (uint64, bool) {
+	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("VmRSS:")); ok {
+			kb, err := strconv.ParseUint(string(bytes.TrimSuffix(bytes.TrimSpace(v), []byte(" kB"))), 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
 }

@@ -80,7 +80,7 @@ func (m *Manager) setContainerState(podID string, st shim.State) {
 		m.store.Publish(store.EventContainerStarted, podID, st.ID)
 	case shim.StatusStopped:
 		if st.OOMKilled {
-			m.metrics.sawOOM(st.ID)
+			m.metrics.SawOOM(st.ID)
 		}
 		m.store.Publish(store.EventContainerStopped, podID, st.ID)
 	}

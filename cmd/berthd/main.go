@@ -161,7 +161,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		Socket:    cfg.Socket,
 		Logger:    log.With("component", "cri"),
 		Runtime:   runtime,
-		Images:    cri.NewImageService(images, pods),
+		Images:    cri.NewImageService(images, pods.Stats()),
 		Extension: cri.NewExtensionServer(images),
 		Metrics:   metrics.Registerer(),
 	})

@@ -1,4 +1,4 @@
-package store
+package store_test
 
 import (
 	"errors"
@@ -7,30 +7,24 @@ import (
 
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
+	"github.com/berth-runtime/berth/sandbox/store/storetest"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
-
-func (s *Store) addTestContainer(t testing.TB, id, podID string) {
-	t.Helper()
-	c := &Container{ID: id, PodID: podID, Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: id}}}
-	if err := s.SaveContainer(c); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestSlowSubscriberDropped: a subscriber that reads nothing is dropped
 // once its buffer is full, with an error saying so; the runtime goes on
 // and other subscribers get every event.
 func TestSlowSubscriberDropped(t *testing.T) {
-	s := testStore(t)
-	s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	s := storetest.Open(t)
+	storetest.AddPod(t, s, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
 	slow, fast := s.Subscribe(), s.Subscribe()
 	defer fast.Close()
 	done := make(chan struct{})
 	go func() { // publish returns whatever slow does
 		defer close(done)
-		for i := range SubscriberBuffer + 10 {
-			s.Publish(EventContainerStarted, "pod1", "pod1")
+		for i := range store.SubscriberBuffer + 10 {
+			s.Publish(store.EventContainerStarted, "pod1", "pod1")
 			if _, ok := <-fast.C; !ok {
 				t.Errorf("fast subscriber dropped at event %d: %v", i, fast.Err())
 				return
@@ -46,8 +40,8 @@ func TestSlowSubscriberDropped(t *testing.T) {
 	for range slow.C {
 		n++
 	}
-	if n != SubscriberBuffer || !errors.Is(slow.Err(), errkind.ResourceExhausted) {
-		t.Errorf("slow subscriber: %d events then %v; want %d then errkind.ResourceExhausted", n, slow.Err(), SubscriberBuffer)
+	if n != store.SubscriberBuffer || !errors.Is(slow.Err(), errkind.ResourceExhausted) {
+		t.Errorf("slow subscriber: %d events then %v; want %d then errkind.ResourceExhausted", n, slow.Err(), store.SubscriberBuffer)
 	}
 }
 
@@ -56,12 +50,12 @@ func TestSlowSubscriberDropped(t *testing.T) {
 // what a caller already holds (a status's memo with it); GetPod gives a
 // copy of its own.
 func TestListsShareSnapshots(t *testing.T) {
-	s := testStore(t)
-	s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
-	s.addTestContainer(t, "ctr1", "pod1")
-	pods, _ := s.ListPods(Filter{})
-	ctrs, _ := s.ListStatuses(Filter{})
-	again, _ := s.ListStatuses(Filter{PodID: "pod1"})
+	s := storetest.Open(t)
+	storetest.AddPod(t, s, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	storetest.AddContainer(t, s, "ctr1", "pod1")
+	pods, _ := s.ListPods(store.Filter{})
+	ctrs, _ := s.ListStatuses(store.Filter{})
+	again, _ := s.ListStatuses(store.Filter{PodID: "pod1"})
 	if len(pods) != 1 || len(ctrs) != 1 || len(again) != 1 || again[0] != ctrs[0] {
 		t.Fatalf("lists %v %v %v: want one pod, the same container status twice", pods, ctrs, again)
 	}
@@ -79,8 +73,8 @@ func TestListsShareSnapshots(t *testing.T) {
 	if ctrs[0].State != runtimeapi.ContainerState_CONTAINER_CREATED || pods[0].State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		t.Errorf("listed before the changes: %v, %v; want them as they were (CREATED, READY)", ctrs[0].State, pods[0].State)
 	}
-	now, _ := s.ListStatuses(Filter{})
-	pods, _ = s.ListPods(Filter{})
+	now, _ := s.ListStatuses(store.Filter{})
+	pods, _ = s.ListPods(store.Filter{})
 	if now[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING || now[0].Pid != 42 || pods[0].State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
 		t.Errorf("listed after: %v pid %d, %v; want RUNNING 42, NOTREADY", now[0].State, now[0].Pid, pods[0].State)
 	}
@@ -93,15 +87,15 @@ func TestListsShareSnapshots(t *testing.T) {
 // with each pod or container stored, changed or removed, and not with a
 // list.
 func TestViewVersion(t *testing.T) {
-	s := testStore(t)
-	changes := versionCheck(t, s.Version)
-	changes("pod created", true, func() { s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil) })
-	changes("container created", true, func() { s.addTestContainer(t, "ctr1", "pod1") })
+	s := storetest.Open(t)
+	changes := storetest.VersionCheck(t, s.Version)
+	changes("pod created", true, func() { storetest.AddPod(t, s, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil) })
+	changes("container created", true, func() { storetest.AddContainer(t, s, "ctr1", "pod1") })
 	changes("lists", false, func() {
-		if _, err := s.ListPods(Filter{}); err != nil {
+		if _, err := s.ListPods(store.Filter{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.ListStatuses(Filter{}); err != nil {
+		if _, err := s.ListStatuses(store.Filter{}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -112,24 +106,10 @@ func TestViewVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	changes("pod stopped", true, func() { s.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_NOTREADY, nil) })
+	changes("pod stopped", true, func() { storetest.AddPod(t, s, "pod1", runtimeapi.PodSandboxState_SANDBOX_NOTREADY, nil) })
 	changes("pod removed", true, func() {
 		if err := s.DeletePod("pod1"); err != nil {
 			t.Fatal(err)
 		}
 	})
-}
-
-// versionCheck returns a check that do changes the version version returns
-// (or, with change false, leaves it as it was).
-func versionCheck(t *testing.T, version func() uint64) func(what string, change bool, do func()) {
-	v := version()
-	return func(what string, change bool, do func()) {
-		t.Helper()
-		do()
-		if now := version(); (now != v) != change {
-			t.Errorf("%s: version %d, was %d; want a change: %v", what, now, v, change)
-		}
-		v = version()
-	}
 }

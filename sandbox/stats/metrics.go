@@ -1,26 +1,20 @@
-package sandbox
+package stats
 
 import (
-	"bufio"
-	"bytes"
-	"context"
-	"os"
-	"path/filepath"
-	"strconv"
+	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/store"
 )
 
-// metrics are the sandbox manager's Prometheus series: start phases as they
+// Metrics are the sandbox's Prometheus series: start phases as they
 // happen, recoveries at start, and the state of pods, containers and shims
 // read at every scrape (collect), so they never drift from the records.
-type metrics struct {
+// A nil *Metrics takes every observation and keeps none.
+type Metrics struct {
 	phases     *prometheus.HistogramVec
 	recoveries *prometheus.CounterVec
 
@@ -34,11 +28,16 @@ type metrics struct {
 // phaseBuckets span a namespace pin (~100 µs) to a slow network attach.
 var phaseBuckets = prometheus.ExponentialBuckets(0.0001, 3, 12) // 100 µs … ~18 s
 
-func newMetrics(reg prometheus.Registerer, m *Manager) *metrics {
+// ShimUsage counts the pod shims alive and sums their resident memory.
+type ShimUsage func() (alive int, rss uint64)
+
+// NewMetrics registers the series with reg; nil: none, and a nil *Metrics.
+// The state series read st and shims at each scrape.
+func NewMetrics(reg prometheus.Registerer, st *store.Store, shims ShimUsage, log *slog.Logger) *Metrics {
 	if reg == nil {
 		return nil
 	}
-	x := &metrics{
+	x := &Metrics{
 		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "berth_start_phase_duration_seconds",
 			Help:    "Duration of each phase of a pod (RunPodSandbox) or container (CreateContainer, StartContainer) start.",
@@ -56,12 +55,12 @@ func newMetrics(reg prometheus.Registerer, m *Manager) *metrics {
 			"Containers berthd saw ended by the kernel's OOM killer since it started.", nil, nil),
 		oomSeen: map[string]bool{},
 	}
-	reg.MustRegister(x.phases, x.recoveries, &stateCollector{m: m, x: x})
+	reg.MustRegister(x.phases, x.recoveries, &stateCollector{store: st, shims: shims, log: log, x: x})
 	return x
 }
 
-// observeTimeline records the phases of one start; object is "pod" or "container".
-func (x *metrics) observeTimeline(object string, steps []store.Step) {
+// ObserveTimeline records the phases of one start; object is "pod" or "container".
+func (x *Metrics) ObserveTimeline(object string, steps []store.Step) {
 	if x == nil {
 		return
 	}
@@ -70,15 +69,17 @@ func (x *metrics) observeTimeline(object string, steps []store.Step) {
 	}
 }
 
-func (x *metrics) recovered(result string) {
+// Recovered counts a pod found at berthd's start, by what became of it
+// ("reconnected", "lost", "unresponsive").
+func (x *Metrics) Recovered(result string) {
 	if x != nil {
 		x.recoveries.WithLabelValues(result).Inc()
 	}
 }
 
-// sawOOM counts container id in berth_oom_kills_total the first time its
+// SawOOM counts container id in berth_oom_kills_total the first time its
 // state changes to stopped by the OOM killer.
-func (x *metrics) sawOOM(id string) {
+func (x *Metrics) SawOOM(id string) {
 	if x == nil {
 		return
 	}
@@ -90,8 +91,8 @@ func (x *metrics) sawOOM(id string) {
 	}
 }
 
-// forget drops a removed container from the OOM bookkeeping.
-func (x *metrics) forget(id string) {
+// Forget drops a removed container from the OOM bookkeeping.
+func (x *Metrics) Forget(id string) {
 	if x == nil {
 		return
 	}
@@ -100,7 +101,7 @@ func (x *metrics) forget(id string) {
 	delete(x.oomSeen, id)
 }
 
-func (x *metrics) oomKillCount() uint64 {
+func (x *Metrics) oomKillCount() uint64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.ooms
@@ -108,13 +109,11 @@ func (x *metrics) oomKillCount() uint64 {
 
 // stateCollector reads the records and the shims at scrape time.
 type stateCollector struct {
-	m *Manager
-	x *metrics
+	store *store.Store
+	shims ShimUsage
+	log   *slog.Logger
+	x     *Metrics
 }
-
-// collectTimeout bounds a scrape's shim calls: a wedged shim must not hang
-// the metrics endpoint.
-const collectTimeout = 10 * time.Second
 
 func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{s.x.pods, s.x.containers, s.x.shims, s.x.shimMemory, s.x.oomKills} {
@@ -123,9 +122,9 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	pods, err := s.m.ListPods(store.Filter{})
+	pods, err := s.store.ListPods(store.Filter{})
 	if err != nil {
-		s.m.log.Warn("metrics: list pods", "err", err)
+		s.log.Warn("metrics: list pods", "err", err)
 		return
 	}
 	byState := map[string]float64{}
@@ -139,11 +138,9 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.x.pods, prometheus.GaugeValue, n, st)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
-	defer cancel()
-	ctrs, err := s.m.ListContainers(ctx, store.Filter{})
+	ctrs, err := s.store.ListStatuses(store.Filter{})
 	if err != nil {
-		s.m.log.Warn("metrics: list containers", "err", err)
+		s.log.Warn("metrics: list containers", "err", err)
 	} else {
 		byState = map[string]float64{}
 		for _, st := range runtimeapi.ContainerState_name {
@@ -158,52 +155,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(s.x.oomKills, prometheus.CounterValue, float64(s.x.oomKillCount()))
 
-	alive, rss := s.m.shimUsage()
+	alive, rss := s.shims()
 	ch <- prometheus.MustNewConstMetric(s.x.shims, prometheus.GaugeValue, float64(alive))
 	ch <- prometheus.MustNewConstMetric(s.x.shimMemory, prometheus.GaugeValue, float64(rss))
-}
-
-// shimUsage counts the shims berthd is connected to and sums their
-// resident memory, read from /proc by the pid each shim wrote.
-func (m *Manager) shimUsage() (alive int, rss uint64) {
-	m.mu.Lock()
-	ids := make([]string, 0, len(m.shims))
-	for id := range m.shims {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
-	for _, id := range ids {
-		b, err := os.ReadFile(filepath.Join(m.podDir(id), shim.PidFile))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(string(bytes.TrimSpace(b)))
-		if err != nil {
-			continue
-		}
-		n, ok := residentBytes(pid)
-		if !ok {
-			continue // exited since
-		}
-		alive++
-		rss += n
-	}
-	return alive, rss
-}
-
-// residentBytes is a process's VmRSS.
-func residentBytes(pid int) (uint64, bool) {
-	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("VmRSS:")); ok {
-			kb, err := strconv.ParseUint(string(bytes.TrimSuffix(bytes.TrimSpace(v), []byte(" kB"))), 10, 64)
-			return kb << 10, err == nil
-		}
-	}
-	return 0, false
 }

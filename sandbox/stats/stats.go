@@ -1,4 +1,9 @@
-package sandbox
+// Package stats reads what containers and pods use: their cgroups' figures,
+// sampled in the background while someone asks, the size of each writable
+// layer, walked in the background, the pod network's counters, and the
+// sandbox's Prometheus series. It reads the records from the store and the
+// figures from the cgroups package, and changes nothing of a pod.
+package stats
 
 import (
 	"errors"
@@ -140,47 +145,115 @@ func (c *usageCache) watched(step int) []watchedCgroup {
 	return out
 }
 
-// collectStats samples every watched cgroup each statsPeriod, off the
-// request path, in statsSteps steps. A cgroup that is gone or unreadable
+// Cgroups reads the cgroups of pods and containers.
+type Cgroups interface {
+	ContainerCgroupsPath(podCgroup, containerID string) string
+	Stats(cgroupsPath string) (cgroups.Stats, error)
+}
+
+// Options say where the collector finds what it reads.
+type Options struct {
+	Store   *store.Store
+	Cgroups Cgroups
+	// UpperDir is the folder of a container's writable layer that its
+	// files are written to.
+	UpperDir func(*store.Container) string
+	// LayerRoot is the root a container's writable layer is under (the
+	// container root it was made in); LayerRoots are every such root.
+	LayerRoot  func(*store.Container) string
+	LayerRoots []string
+	// ContainerRoot is the root new writable layers are made under: the
+	// CRI's container filesystem.
+	ContainerRoot string
+	Logger        *slog.Logger
+}
+
+// Collector answers the stats calls of pods and containers.
+type Collector struct {
+	opts   Options
+	usages usageCache
+	layers layerUsages
+	// layerMounts maps the roots writable layers are under to the mount
+	// point of their filesystem (see layerMount).
+	layerMounts sync.Map
+}
+
+// New finds the filesystem of each root writable layers are under: a root
+// that cannot be found fails berthd's start, not a stats call. Run starts
+// the sampling.
+func New(opts Options) (*Collector, error) {
+	s := &Collector{opts: opts}
+	for _, r := range opts.LayerRoots {
+		if _, err := s.layerMount(r); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Run samples every watched cgroup each statsPeriod, off the request
+// path, in statsSteps steps, for ever. A cgroup that is gone or unreadable
 // is dropped: the next call reads it itself and says why.
-func (m *Manager) collectStats() {
+func (s *Collector) Run() {
 	tick := time.NewTicker(statsPeriod / statsSteps)
 	for step := 0; ; step = (step + 1) % statsSteps {
 		<-tick.C
-		for _, w := range m.usages.watched(step) {
-			st, err := m.opts.Cgroups.Stats(w.path)
+		for _, w := range s.usages.watched(step) {
+			st, err := s.opts.Cgroups.Stats(w.path)
 			if err != nil {
-				m.usages.forget(w.id)
+				s.usages.forget(w.id)
 				continue
 			}
-			m.usages.put(w.id, w.path, st)
+			s.usages.put(w.id, w.path, st)
 		}
 	}
+}
+
+// layerMount is the mount point of the filesystem of root, a root writable
+// layers are under: their FsId. Found once per root (stats calls are
+// many), also for a root the container root no longer is, which older
+// containers' layers are still under.
+func (s *Collector) layerMount(root string) (string, error) {
+	if mp, ok := s.layerMounts.Load(root); ok {
+		return mp.(string), nil
+	}
+	mp, err := image.Mountpoint(root)
+	if err != nil {
+		return "", err
+	}
+	s.layerMounts.Store(root, mp)
+	return mp, nil
+}
+
+// Forget drops what the collector keeps of a removed container.
+func (s *Collector) Forget(id string) {
+	s.layers.forget(id)
+	s.usages.forget(id)
 }
 
 // ContainerUsage reads a container's cgroup and writable layer. A container
 // without a cgroup (not started, or exited and deleted) has no usage:
 // ok is false. The collector's sample answers when there is one: no path
 // is worked out then (a node-wide list asks this for every container).
-func (m *Manager) ContainerUsage(c *store.Container) (u Usage, ok bool, err error) {
-	if u, ok = m.usages.get(c.ID); !ok {
-		pod, err := m.GetPod(c.PodID)
+func (s *Collector) ContainerUsage(c *store.Container) (u Usage, ok bool, err error) {
+	if u, ok = s.usages.get(c.ID); !ok {
+		pod, err := s.opts.Store.Pod(c.PodID)
 		if err != nil {
 			return u, false, err
 		}
-		if u, ok, err = m.usage(c.ID, m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID)); !ok || err != nil {
+		if u, ok, err = s.usage(c.ID, s.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID)); !ok || err != nil {
 			return u, ok, err
 		}
 	}
-	u.LayerBytes, u.LayerInodes = m.layerUsage(c)
-	if u.LayerMountpoint, err = m.layerMount(m.layerRoot(c)); err != nil {
+	u.LayerBytes, u.LayerInodes = s.layerUsage(c)
+	if u.LayerMountpoint, err = s.layerMount(s.opts.LayerRoot(c)); err != nil {
 		return u, false, err
 	}
 	return u, true, nil
 }
 
-func (m *Manager) layerUsage(c *store.Container) (bytes, inodes uint64) {
-	return m.layers.usage(c.ID, func() string { return m.layout(c, nil).Upper }, m.log)
+func (s *Collector) layerUsage(c *store.Container) (bytes, inodes uint64) {
+	return s.layers.usage(c.ID, func() string { return s.opts.UpperDir(c) }, s.opts.Logger)
 }
 
 // ContainerFsUsage is the space the writable layers under the container
@@ -190,12 +263,12 @@ func (m *Manager) layerUsage(c *store.Container) (bytes, inodes uint64) {
 // after its first walk; the layers of containers made under another root
 // (before container_root changed) are not on this filesystem, and not
 // counted.
-func (m *Manager) ContainerFsUsage() image.FsUsage {
-	mp, _ := m.layerMount(m.opts.ContainerRoot) // found in New, cannot fail here
+func (s *Collector) ContainerFsUsage() image.FsUsage {
+	mp, _ := s.layerMount(s.opts.ContainerRoot) // found in New, cannot fail here
 	u := image.FsUsage{Mountpoint: mp, Timestamp: time.Now()}
-	for _, c := range m.store.ContainersOf("") {
-		if m.layerRoot(c) == m.opts.ContainerRoot {
-			b, n := m.layerUsage(c)
+	for _, c := range s.opts.Store.ContainersOf("") {
+		if s.opts.LayerRoot(c) == s.opts.ContainerRoot {
+			b, n := s.layerUsage(c)
 			u.UsedBytes += b
 			u.Inodes += n
 		}
@@ -203,15 +276,15 @@ func (m *Manager) ContainerFsUsage() image.FsUsage {
 	return u
 }
 
-// StatsVersion changes whenever a container's stats could: with a
+// Version changes whenever a container's stats could: with a
 // container added, removed or changed, a sample of the collector stored or
 // dropped, and new figures of a writable layer. A node-wide list made at
 // one version (cri keeps it, encoded) is the answer until it changes:
 // the collector stores a tenth of its samples every tenth of a second,
 // while the kubelet and monitoring agents may ask far more often.
 // (A sum of counters that only grow changes whenever one does.)
-func (m *Manager) StatsVersion() uint64 {
-	return m.Version() + m.usages.version.Load() + m.layers.version.Load()
+func (s *Collector) Version() uint64 {
+	return s.opts.Store.Version() + s.usages.version.Load() + s.layers.version.Load()
 }
 
 // layerUsageMaxAge is how old a writable layer's figures may get before a
@@ -298,28 +371,28 @@ func (l *layerUsages) forget(id string) {
 }
 
 // PodUsage reads a pod's cgroup, which holds its containers'.
-func (m *Manager) PodUsage(pod *store.Pod) (Usage, bool, error) {
+func (s *Collector) PodUsage(pod *store.Pod) (Usage, bool, error) {
 	if pod.Cgroup == "" {
 		return Usage{}, false, nil
 	}
-	if u, ok := m.usages.get(pod.ID); ok {
+	if u, ok := s.usages.get(pod.ID); ok {
 		return u, true, nil
 	}
-	return m.usage(pod.ID, pod.Cgroup)
+	return s.usage(pod.ID, pod.Cgroup)
 }
 
 // usage reads the cgroup at path of pod or container id, which nobody
 // asked for lately (with no CPU rate yet), and has the collector sample it
 // from now on.
-func (m *Manager) usage(id, path string) (Usage, bool, error) {
-	s, err := m.opts.Cgroups.Stats(path)
+func (s *Collector) usage(id, path string) (Usage, bool, error) {
+	st, err := s.opts.Cgroups.Stats(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Usage{}, false, nil
 	}
 	if err != nil {
 		return Usage{}, false, err
 	}
-	return m.usages.put(id, path, s), true, nil
+	return s.usages.put(id, path, st), true, nil
 }
 
 // layerFigures is what one walk of a writable layer found.
@@ -658,7 +731,7 @@ func (w *layerWalk) readNames(f *walkFrame) {
 // PodNetworkUsage reads the counters of the pod's interfaces from inside its
 // network namespace. A pod on the host network, or one whose namespace is
 // gone (stopped), has none of its own: ok is false.
-func (m *Manager) PodNetworkUsage(pod *store.Pod) (ifaces []network.InterfaceStats, ok bool, err error) {
+func (s *Collector) PodNetworkUsage(pod *store.Pod) (ifaces []network.InterfaceStats, ok bool, err error) {
 	pin := pod.Pins[string(podns.Net)]
 	if pin == "" || pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return nil, false, nil

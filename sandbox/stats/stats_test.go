@@ -1,4 +1,4 @@
-package sandbox
+package stats
 
 import (
 	"errors"
@@ -14,6 +14,8 @@ import (
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
+	"github.com/berth-runtime/berth/sandbox/store/storetest"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -132,45 +134,55 @@ func TestUsageMemo(t *testing.T) {
 // collector stores or drops and each new writable-layer figure, and with
 // nothing else: reading stats does not change it.
 func TestStatsVersion(t *testing.T) {
-	m := testManager(t)
-	m.opts.Cgroups = &fakeCgroups{live: map[string]bool{}}
-	m.addTestPod(t, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
-	changes := versionCheck(t, m.StatsVersion)
+	st, root := storetest.Open(t), t.TempDir()
+	x, err := New(Options{Store: st, Cgroups: noCgroups{}, ContainerRoot: root, LayerRoots: []string{root}, Logger: slog.Default(),
+		UpperDir: func(c *store.Container) string { return filepath.Join(root, c.ID) }, LayerRoot: func(*store.Container) string { return root }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.AddPod(t, st, "pod1", runtimeapi.PodSandboxState_SANDBOX_READY, nil)
+	changes := storetest.VersionCheck(t, x.Version)
 	dir := t.TempDir()
-	changes("container created", true, func() { m.addTestContainer(t, "ctr1", "pod1") })
-	changes("container started", true, func() { m.store.SetState(shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 5}) })
-	changes("a sample", true, func() { m.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
-	changes("the next sample", true, func() { m.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
+	changes("container created", true, func() { storetest.AddContainer(t, st, "ctr1", "pod1") })
+	changes("container started", true, func() { st.SetState(shim.State{ID: "ctr1", Status: shim.StatusRunning, Pid: 5}) })
+	changes("a sample", true, func() { x.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
+	changes("the next sample", true, func() { x.usages.put("ctr1", "/p/ctr1", cgroups.Stats{Timestamp: time.Now()}) })
 	changes("stats read", false, func() {
-		c, _, err := m.store.Container("ctr1")
+		c, _, err := st.Container("ctr1")
 		if err != nil {
 			t.Fatal(err)
 		}
 		for range 2 {
-			if _, ok, err := m.ContainerUsage(c); !ok || err != nil {
+			if _, ok, err := x.ContainerUsage(c); !ok || err != nil {
 				t.Fatalf("ContainerUsage = %v, %v", ok, err)
 			}
 		}
-		waitWalked(t, &m.layers, "ctr1")
+		waitWalked(t, &x.layers, "ctr1")
 	})
 	u := &layerUsage{}
-	m.layers.byID["ctr2"] = u
+	x.layers.byID["ctr2"] = u
 	changes("a layer's first figures", true, func() {
 		os.WriteFile(filepath.Join(dir, "f"), make([]byte, 10), 0o644)
-		m.layers.walk(u, dir, slog.Default())
+		x.layers.walk(u, dir, slog.Default())
 	})
-	changes("the same figures again", false, func() { m.layers.walk(u, dir, slog.Default()) })
+	changes("the same figures again", false, func() { x.layers.walk(u, dir, slog.Default()) })
 	changes("a sample nobody asked for lately dropped", true, func() {
-		s := m.usages.byID["ctr1"]
+		s := x.usages.byID["ctr1"]
 		s.askedAt = time.Now().Add(-statsInterest - time.Second)
-		m.usages.watched(s.step)
+		x.usages.watched(s.step)
 	})
 	changes("container removed", true, func() {
-		if err := m.store.DeleteContainer("ctr1"); err != nil {
+		if err := st.DeleteContainer("ctr1"); err != nil {
 			t.Fatal(err)
 		}
 	})
 }
+
+// noCgroups has no cgroup to read: usage comes from the collector's samples.
+type noCgroups struct{}
+
+func (noCgroups) ContainerCgroupsPath(p, c string) string { return p + "/" + c }
+func (noCgroups) Stats(string) (cgroups.Stats, error)     { return cgroups.Stats{}, os.ErrNotExist }
 
 // waitWalked waits for the background walk of id's writable layer to end.
 func waitWalked(t *testing.T, l *layerUsages, id string) {
