@@ -1,17 +1,14 @@
 package sandbox
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
 
-	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
@@ -42,185 +39,6 @@ func (m *Manager) podLayout(pod *store.Pod, c *store.Container, lowers []string)
 		l.UserNS, l.RootUID, l.RootGID = pin, int(u.Uids[0].HostId), int(u.Gids[0].HostId)
 	}
 	return l
-}
-
-// CreateContainer prepares a container in a ready pod: leases its image's
-// layers, mounts its rootfs and image volumes, writes its OCI spec and has
-// the shim create it.
-func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*store.Container, error) {
-	switch {
-	case cfg.GetMetadata().GetName() == "":
-		return nil, errkind.Errorf(errkind.Invalid, "config.metadata.name is required")
-	case cfg.GetImage().GetImage() == "":
-		return nil, errkind.Errorf(errkind.Invalid, "config.image.image is required")
-	}
-	if err := checkLogPath(cfg.GetLogPath()); err != nil {
-		return nil, err
-	}
-	if err := m.checkFeatures(cfg); err != nil {
-		return nil, err
-	}
-	pod, unlock, err := m.lockPod(podID)
-	if pod == nil {
-		if err == nil {
-			err = errkind.Errorf(errkind.NotFound, "pod %q", podID)
-		}
-		return nil, err
-	}
-	defer unlock()
-	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
-		return nil, errkind.Errorf(errkind.FailedPrecondition, "pod %s is not ready", pod.ID)
-	}
-	if err := checkContainerUserns(pod, cfg); err != nil {
-		return nil, err
-	}
-	pidNS, err := m.containerNamespaces(pod, cfg)
-	if err != nil {
-		return nil, err
-	}
-	// InvalidArgument, as for userns_options above: the container's field
-	// contradicts its pod's config, which no retry in this pod changes.
-	if err := spec.CheckPrivileged(pod.Config, cfg); err != nil {
-		return nil, errkind.Errorf(errkind.Invalid, "%v", err)
-	}
-	if err := m.checkPause(ctx, pod); err != nil {
-		return nil, err
-	}
-	img, err := m.opts.Images.Get(cfg.Image.Image)
-	if errors.Is(err, image.ErrNotFound) {
-		return nil, errkind.Errorf(errkind.NotFound, "image %q: pull it first", cfg.Image.Image)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("config.image.image: %w", err)
-	}
-	if _, err := spec.StopSignal(img.Config.Config.StopSignal); err != nil {
-		return nil, errkind.Errorf(errkind.Invalid, "image %s: StopSignal: %v", img.ID, err)
-	}
-	if s := cfg.GetStopSignal(); s != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
-		if _, err := store.CRISignal(s); err != nil {
-			return nil, errkind.Errorf(errkind.Invalid, "config.stop_signal: %v", err)
-		}
-	}
-	// Checked before anything is made: a refusal here costs the kubelet's
-	// retries no record, folder or mount.
-	volumeImages, err := m.imageVolumeImages(cfg)
-	if err != nil {
-		return nil, err
-	}
-	specResources, err := cgroups.SpecResources(cfg.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
-	if err != nil {
-		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
-	}
-	c := &store.Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
-		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now(), LayerRoot: m.opts.ContainerRoot}
-	c.ImageName, c.RepoDigest = img.Names(cmp.Or(cfg.Image.UserSpecifiedImage, cfg.Image.Image))
-	if dir, p := pod.Config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && p != "" {
-		c.LogPath = filepath.Join(dir, p)
-	}
-	if err := m.reserveContainer(c); err != nil {
-		return nil, err
-	}
-	u := &undo{log: m.log, op: "create container"}
-	defer func() {
-		if err := u.run(); err != nil {
-			m.keepFailedContainer(c, err)
-		}
-	}()
-	u.add("forget container record", func() error { return m.store.DeleteContainer(c.ID) })
-
-	t := newTimeline(ctx)
-	lowers, err := m.opts.Images.Lease(c.ID, img)
-	if err != nil {
-		return nil, err
-	}
-	u.add("release image layers", func() error { return m.opts.Images.Release(c.ID) })
-	for _, d := range []struct{ path, undo string }{
-		{m.layerDir(c), "remove writable layer folder"}, {m.bundleDir(pod.ID, c.ID), "remove bundle folder"},
-	} {
-		if err := privateDir(d.path); err != nil {
-			return nil, err
-		}
-		u.add(d.undo, func() error { return os.RemoveAll(d.path) })
-	}
-	if err := openToPodRoot(m.bundleDir(pod.ID, c.ID), pod); err != nil {
-		return nil, err
-	}
-	if pidNS.target != "" {
-		pin := filepath.Join(m.bundleDir(pod.ID, c.ID), targetPIDPin)
-		// Before the bundle's removal, which a mounted pin would fail.
-		u.add("remove target PID namespace pin", func() error { return podns.RemovePin(pin) })
-		if err := m.pinTargetPIDNamespace(ctx, pod, pidNS.target, pin); err != nil {
-			return nil, err
-		}
-		pidNS.path = pin
-	}
-	l := m.podLayout(pod, c, lowers)
-	if err := rootfs.Mount(l); err != nil {
-		return nil, err
-	}
-	u.add("unmount rootfs", func() error { return rootfs.Unmount(l) })
-	t.step("rootfs")
-	imageVolumes, err := m.mountImageVolumes(u, pod, c, volumeImages)
-	if err != nil {
-		return nil, err
-	}
-	if len(imageVolumes) > 0 {
-		t.step("image volumes")
-	}
-
-	s, err := m.spec(pod, c, img, l.Target, imageVolumes, pidNS, specResources)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkIDMappable(s, pod.Pins[string(podns.User)]); err != nil {
-		return nil, err
-	}
-	c.User = &s.Process.User
-	c.Resources = specResources
-	if err := writeJSON(filepath.Join(m.bundleDir(pod.ID, c.ID), "config.json"), s); err != nil {
-		return nil, err
-	}
-	if c.LogPath != "" {
-		if err := makeLogFolder(pod.Config.GetLogDirectory(), c.LogPath); err != nil {
-			return nil, err
-		}
-	}
-	t.step("spec")
-
-	client, err := m.podShim(pod.ID)
-	if err != nil {
-		return nil, err
-	}
-	// From here on the shim may hold the container whatever the call
-	// returns: the undo kills and deletes it in the shim, or the shim would
-	// keep a container berthd does not know and refuse to shut down.
-	u.add("delete container in shim", func() error { return m.discardInShim(ctx, client, c.ID) })
-	// Not abandoned when the caller gives up: the undo must come after the
-	// shim is done with the create, not race it.
-	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shimCallTimeout)
-	defer cancel()
-	if err := client.Create(createCtx, shim.CreateRequest{ID: c.ID, Bundle: m.bundleDir(pod.ID, c.ID), LogPath: c.LogPath,
-		LogDir: logRoot(pod.Config.GetLogDirectory()), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
-		return nil, fmt.Errorf("create container: %w", err)
-	}
-	// The container's init has joined its target's PID namespace: the pin
-	// has served, and would keep the bundle from being removed.
-	if pidNS.target != "" {
-		if err := podns.RemovePin(pidNS.path); err != nil {
-			return nil, err
-		}
-	}
-	t.step("create")
-
-	c.Timeline = t.steps
-	if err := m.store.SaveContainer(c); err != nil {
-		return nil, err
-	}
-	crashpoint.Hit("create container", "recorded") // the reply may be lost
-	u.keep()
-	m.store.Publish(store.EventContainerCreated, c.PodID, c.ID)
-	m.metrics.ObserveTimeline("container", c.Timeline)
-	return c, nil
 }
 
 // keepFailedContainer keeps the record of a container whose rollback

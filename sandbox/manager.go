@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
@@ -20,8 +19,6 @@ import (
 	"github.com/berth-runtime/berth/sandbox/store"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Options configure the sandbox manager.
@@ -182,25 +179,4 @@ func newID() string {
 		panic(err) // crypto/rand never fails on Linux
 	}
 	return hex.EncodeToString(b)
-}
-
-// timeline records the duration of each start step, and traces each as a
-// span of ctx's trace (OpenTelemetry's global tracer: a no-op unless berthd
-// set up tracing).
-type timeline struct {
-	ctx   context.Context
-	steps []store.Step
-	last  time.Time
-}
-
-var tracer = otel.Tracer("github.com/berth-runtime/berth/sandbox")
-
-func newTimeline(ctx context.Context) *timeline { return &timeline{ctx: ctx, last: time.Now()} }
-
-func (t *timeline) step(name string) {
-	now := time.Now()
-	_, span := tracer.Start(t.ctx, name, trace.WithTimestamp(t.last))
-	span.End(trace.WithTimestamp(now))
-	t.steps = append(t.steps, store.Step{Name: name, Duration: now.Sub(t.last)})
-	t.last = now
 }

@@ -81,5 +81,9 @@ func transient(err error) bool {
 	return errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR)
 }
 
-// keep forgets the steps: the operation succeeded.
-func (u *undo) keep() { u.steps = nil }
+// keep forgets the steps: the operation succeeded, and recorded it. Its
+// reply may still be lost: a crash point, named point, is right after.
+func (u *undo) keep(point string) {
+	u.steps = nil
+	crashpoint.Hit(u.op, point)
+}

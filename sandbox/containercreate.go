@@ -1,0 +1,290 @@
+package sandbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/berth-runtime/berth/cgroups"
+	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/rootfs"
+	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/spec"
+	"github.com/berth-runtime/berth/sandbox/store"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// CreateContainer prepares a container in a ready pod: leases its image's
+// layers, mounts its rootfs and image volumes, writes its OCI spec and has
+// the shim create it.
+func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*store.Container, error) {
+	if err := m.checkContainerConfig(cfg); err != nil {
+		return nil, err
+	}
+	pod, unlock, err := m.lockPod(podID)
+	if pod == nil {
+		if err == nil {
+			err = errkind.Errorf(errkind.NotFound, "pod %q", podID)
+		}
+		return nil, err
+	}
+	defer unlock()
+	r, err := m.newContainerCreate(ctx, pod, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.reserveContainer(r.c); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := r.u.run(); err != nil {
+			m.keepFailedContainer(r.c, err)
+		}
+	}()
+	r.u.add("forget container record", func() error { return m.store.DeleteContainer(r.c.ID) })
+	r.t = newTimeline(ctx)
+	err = r.t.run([]startStep{
+		{"", r.leaseImage, false},
+		{"", r.makeFolders, false},
+		{"", r.pinTargetPIDNamespace, r.pidNS.target == ""},
+		{"rootfs", r.mountRootfs, false},
+		{"image volumes", r.mountImageVolumes, len(r.volumeImages) == 0},
+		{"spec", r.writeSpec, false},
+		{"create", r.createInShim, false},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := r.recordCreated(); err != nil {
+		return nil, err
+	}
+	m.store.Publish(store.EventContainerCreated, r.c.PodID, r.c.ID)
+	m.metrics.ObserveTimeline("container", r.c.Timeline)
+	return r.c, nil
+}
+
+// containerCreate is one CreateContainer under way: the container it
+// makes, in its pod, from its image, what its steps made so far, the undo
+// they registered and the timeline they record.
+type containerCreate struct {
+	m             *Manager
+	ctx           context.Context
+	pod           *store.Pod
+	c             *store.Container
+	img           *image.Image
+	pidNS         pidNS
+	volumeImages  map[int]*image.Image
+	specResources *specs.LinuxResources
+	u             *undo
+	t             *timeline
+
+	lowers       []string
+	layout       rootfs.Layout
+	imageVolumes map[int]string
+}
+
+// checkContainerConfig checks what the container's config asks of berth
+// and the kernel, before its pod is looked up.
+func (m *Manager) checkContainerConfig(cfg *runtimeapi.ContainerConfig) error {
+	switch {
+	case cfg.GetMetadata().GetName() == "":
+		return errkind.Errorf(errkind.Invalid, "config.metadata.name is required")
+	case cfg.GetImage().GetImage() == "":
+		return errkind.Errorf(errkind.Invalid, "config.image.image is required")
+	}
+	if err := checkLogPath(cfg.GetLogPath()); err != nil {
+		return err
+	}
+	return m.checkFeatures(cfg)
+}
+
+// newContainerCreate checks cfg against its pod (locked) and its images,
+// and makes the container's record. Checked before anything is made: a
+// refusal here costs the kubelet's retries no record, folder or mount.
+func (m *Manager) newContainerCreate(ctx context.Context, pod *store.Pod, cfg *runtimeapi.ContainerConfig) (*containerCreate, error) {
+	pidNS, err := m.checkAgainstPod(ctx, pod, cfg)
+	if err != nil {
+		return nil, err
+	}
+	img, err := m.containerImage(cfg)
+	if err != nil {
+		return nil, err
+	}
+	volumeImages, err := m.imageVolumeImages(cfg)
+	if err != nil {
+		return nil, err
+	}
+	specResources, err := cgroups.SpecResources(cfg.GetLinux().GetResources(), m.opts.Cgroups.Mode(), 0)
+	if err != nil {
+		return nil, errkind.Errorf(errkind.Invalid, "config.linux.resources: %v", err)
+	}
+	c := &store.Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
+		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now(), LayerRoot: m.opts.ContainerRoot}
+	c.ImageName, c.RepoDigest = img.Names(cmp.Or(cfg.Image.UserSpecifiedImage, cfg.Image.Image))
+	if dir, p := pod.Config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && p != "" {
+		c.LogPath = filepath.Join(dir, p)
+	}
+	return &containerCreate{m: m, ctx: ctx, pod: pod, c: c, img: img, pidNS: pidNS, volumeImages: volumeImages,
+		specResources: specResources, u: &undo{log: m.log, op: "create container"}}, nil
+}
+
+// checkAgainstPod checks the container's config against its pod's, and
+// returns the PID namespace it gets.
+func (m *Manager) checkAgainstPod(ctx context.Context, pod *store.Pod, cfg *runtimeapi.ContainerConfig) (pidNS, error) {
+	if pod.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return pidNS{}, errkind.Errorf(errkind.FailedPrecondition, "pod %s is not ready", pod.ID)
+	}
+	if err := checkContainerUserns(pod, cfg); err != nil {
+		return pidNS{}, err
+	}
+	ns, err := m.containerNamespaces(pod, cfg)
+	if err != nil {
+		return pidNS{}, err
+	}
+	// InvalidArgument, as for userns_options above: the container's field
+	// contradicts its pod's config, which no retry in this pod changes.
+	if err := spec.CheckPrivileged(pod.Config, cfg); err != nil {
+		return pidNS{}, errkind.Errorf(errkind.Invalid, "%v", err)
+	}
+	return ns, m.checkPause(ctx, pod)
+}
+
+// containerImage is the container's image, pulled before, with the stop
+// signals of the image and the config checked.
+func (m *Manager) containerImage(cfg *runtimeapi.ContainerConfig) (*image.Image, error) {
+	img, err := m.opts.Images.Get(cfg.Image.Image)
+	if errors.Is(err, image.ErrNotFound) {
+		return nil, errkind.Errorf(errkind.NotFound, "image %q: pull it first", cfg.Image.Image)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config.image.image: %w", err)
+	}
+	if _, err := spec.StopSignal(img.Config.Config.StopSignal); err != nil {
+		return nil, errkind.Errorf(errkind.Invalid, "image %s: StopSignal: %v", img.ID, err)
+	}
+	if s := cfg.GetStopSignal(); s != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
+		if _, err := store.CRISignal(s); err != nil {
+			return nil, errkind.Errorf(errkind.Invalid, "config.stop_signal: %v", err)
+		}
+	}
+	return img, nil
+}
+
+func (r *containerCreate) leaseImage() error {
+	lowers, err := r.m.opts.Images.Lease(r.c.ID, r.img)
+	if err != nil {
+		return err
+	}
+	r.u.add("release image layers", func() error { return r.m.opts.Images.Release(r.c.ID) })
+	r.lowers = lowers
+	return nil
+}
+
+// makeFolders makes the writable layer's folder and the bundle's, which
+// the root of the pod's user namespace may traverse.
+func (r *containerCreate) makeFolders() error {
+	bundle := r.m.bundleDir(r.pod.ID, r.c.ID)
+	for _, d := range []struct{ path, undo string }{
+		{r.m.layerDir(r.c), "remove writable layer folder"}, {bundle, "remove bundle folder"},
+	} {
+		if err := privateDir(d.path); err != nil {
+			return err
+		}
+		r.u.add(d.undo, func() error { return os.RemoveAll(d.path) })
+	}
+	return openToPodRoot(bundle, r.pod)
+}
+
+// pinTargetPIDNamespace pins the PID namespace of the container a TARGET
+// container joins, in its bundle, for the shim's create.
+func (r *containerCreate) pinTargetPIDNamespace() error {
+	pin := filepath.Join(r.m.bundleDir(r.pod.ID, r.c.ID), targetPIDPin)
+	// Before the bundle's removal, which a mounted pin would fail.
+	r.u.add("remove target PID namespace pin", func() error { return podns.RemovePin(pin) })
+	if err := r.m.pinTargetPIDNamespace(r.ctx, r.pod, r.pidNS.target, pin); err != nil {
+		return err
+	}
+	r.pidNS.path = pin
+	return nil
+}
+
+func (r *containerCreate) mountRootfs() error {
+	r.layout = r.m.podLayout(r.pod, r.c, r.lowers)
+	if err := rootfs.Mount(r.layout); err != nil {
+		return err
+	}
+	r.u.add("unmount rootfs", func() error { return rootfs.Unmount(r.layout) })
+	return nil
+}
+
+func (r *containerCreate) mountImageVolumes() error {
+	var err error
+	r.imageVolumes, err = r.m.mountImageVolumes(r.u, r.pod, r.c, r.volumeImages)
+	return err
+}
+
+// writeSpec writes the container's OCI spec into its bundle, and makes its
+// log's folder.
+func (r *containerCreate) writeSpec() error {
+	s, err := r.m.spec(r.pod, r.c, r.img, r.layout.Target, r.imageVolumes, r.pidNS, r.specResources)
+	if err != nil {
+		return err
+	}
+	if err := checkIDMappable(s, r.pod.Pins[string(podns.User)]); err != nil {
+		return err
+	}
+	r.c.User = &s.Process.User
+	r.c.Resources = r.specResources
+	if err := writeJSON(filepath.Join(r.m.bundleDir(r.pod.ID, r.c.ID), "config.json"), s); err != nil {
+		return err
+	}
+	if r.c.LogPath != "" {
+		return makeLogFolder(r.pod.Config.GetLogDirectory(), r.c.LogPath)
+	}
+	return nil
+}
+
+// createInShim has the pod's shim create the container.
+func (r *containerCreate) createInShim() error {
+	client, err := r.m.podShim(r.pod.ID)
+	if err != nil {
+		return err
+	}
+	// From here on the shim may hold the container whatever the call
+	// returns: the undo kills and deletes it in the shim, or the shim would
+	// keep a container berthd does not know and refuse to shut down.
+	r.u.add("delete container in shim", func() error { return r.m.discardInShim(r.ctx, client, r.c.ID) })
+	// Not abandoned when the caller gives up: the undo must come after the
+	// shim is done with the create, not race it.
+	createCtx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), shimCallTimeout)
+	defer cancel()
+	cfg := r.c.Config
+	if err := client.Create(createCtx, shim.CreateRequest{ID: r.c.ID, Bundle: r.m.bundleDir(r.pod.ID, r.c.ID), LogPath: r.c.LogPath,
+		LogDir: logRoot(r.pod.Config.GetLogDirectory()), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
+		return fmt.Errorf("create container: %w", err)
+	}
+	// The container's init has joined its target's PID namespace: the pin
+	// has served, and would keep the bundle from being removed.
+	if r.pidNS.target != "" {
+		return podns.RemovePin(r.pidNS.path)
+	}
+	return nil
+}
+
+// recordCreated records the container, with its timeline: from here on
+// the create stands, whether or not its reply reaches the kubelet.
+func (r *containerCreate) recordCreated() error {
+	r.c.Timeline = r.t.steps
+	if err := r.m.store.SaveContainer(r.c); err != nil {
+		return err
+	}
+	r.u.keep("recorded")
+	return nil
+}
