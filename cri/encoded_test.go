@@ -150,7 +150,7 @@ func TestListedContainerOncePerStatus(t *testing.T) {
 // TestKeptAnswer: a node-wide answer is made once per version of the state
 // it is made of, reaches a client as the message made, and is made again
 // at the next version (a new sample, a container added or removed: see
-// sandbox's TestStatsVersion) or after an answer that must not be kept;
+// sandbox/stats's TestStatsVersion) or after an answer that must not be kept;
 // a filtered one is made for each call, and neither served nor kept.
 func TestKeptAnswer(t *testing.T) {
 	var k kept[*runtimeapi.ListContainerStatsResponse]
