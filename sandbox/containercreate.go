@@ -288,3 +288,69 @@ func (r *containerCreate) recordCreated() error {
 	r.u.keep("recorded")
 	return nil
 }
+
+// keepFailedContainer keeps the record of a container whose rollback
+// failed, saying what failed, with what the steps before the failed one
+// made (its image lease, writable layer, bundle, mounts): it shows as
+// exited (store.statusOf), which the kubelet removes, and RemoveContainer undoes
+// whatever exists of it, after a restart too (the record is in bolt).
+func (m *Manager) keepFailedContainer(c *store.Container, failed error) {
+	c.CleanupFailed = failed.Error()
+	if err := m.store.SaveContainer(c); err != nil {
+		// The record reserveContainer saved stays, and shows as created.
+		m.log.Error("record a failed rollback", "container", c.ID, "err", err)
+	}
+	m.log.Error("container kept after a failed rollback: RemoveContainer finishes it",
+		"pod", c.PodID, "container", c.ID, "name", c.Config.Metadata.Name, "err", failed)
+}
+
+func (m *Manager) reserveContainer(c *store.Container) error {
+	m.names.Lock()
+	defer m.names.Unlock()
+	all := m.store.ContainersOf(c.PodID)
+	md := c.Config.Metadata
+	for _, o := range all {
+		if o.Config.Metadata.Name == md.Name && o.Config.Metadata.Attempt == md.Attempt {
+			return errkind.Errorf(errkind.AlreadyExists, "container %q (attempt %d) already exists in pod %s as %s", md.Name, md.Attempt, c.PodID, o.ID)
+		}
+	}
+	return m.store.SaveContainer(c)
+}
+
+// spec builds the container's OCI runtime spec from its CRI config, the
+// image config, the pod's namespaces, files and cgroup, the PID
+// namespace containerNamespaces chose and the cgroup limits res.
+func (m *Manager) spec(pod *store.Pod, c *store.Container, img *image.Image, rootfsPath string, imageVolumes map[int]string, pid pidNS, res *specs.LinuxResources) (*specs.Spec, error) {
+	ns := namespaceOptions(pod.Config)
+	in := spec.Input{
+		ContainerID: c.ID, PodID: pod.ID, Config: c.Config, Pod: pod.Config, Image: img.Config.Config, RootfsPath: rootfsPath,
+		NetNS: pod.Pins["net"], IPCNS: pod.Pins["ipc"], UTSNS: pod.Pins["uts"],
+		HostNet: ns.Network == runtimeapi.NamespaceMode_NODE, HostIPC: ns.Ipc == runtimeapi.NamespaceMode_NODE,
+		PIDNS: pid.path, HostPID: pid.host,
+		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
+		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
+		Resources:   res, AppArmor: m.apparmor, CDI: m.opts.CDI, ImageVolumes: imageVolumes,
+	}
+	if pin := pod.Pins[string(podns.User)]; pin != "" {
+		u := namespaceOptions(pod.Config).GetUsernsOptions()
+		in.UserNS, in.UIDMappings, in.GIDMappings = pin, specIDMap(u.Uids[0]), specIDMap(u.Gids[0])
+	}
+	s, err := spec.Generate(in)
+	if err != nil {
+		// The request's fault, but for a host path whose filesystem fails
+		// or hangs: that error says so itself.
+		return nil, errkind.Default(errkind.Invalid, err)
+	}
+	return s, nil
+}
+
+// podLayout is the layout of a container of pod: idmapped through the pod's
+// user namespace, if it has one.
+func (m *Manager) podLayout(pod *store.Pod, c *store.Container, lowers []string) rootfs.Layout {
+	l := m.layout(c, lowers)
+	if pin := pod.Pins[string(podns.User)]; pin != "" {
+		u := namespaceOptions(pod.Config).GetUsernsOptions()
+		l.UserNS, l.RootUID, l.RootGID = pin, int(u.Uids[0].HostId), int(u.Gids[0].HostId)
+	}
+	return l
+}

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -251,4 +252,49 @@ func (r *podStart) recordReady() error {
 	}
 	r.u.keep("recorded ready")
 	return nil
+}
+
+// keepFailedPod keeps the record of a pod whose rollback failed, NOTREADY
+// and saying what failed, with what the steps before the failed one made
+// (its pins, IP, cgroup, files, shim), as containerd keeps such a sandbox:
+// the kubelet stops and removes a NOTREADY pod, and StopPod and RemovePod
+// undo whatever exists of it, after a restart too (the record is in bolt).
+// A shim still starting is waited for (shimStarted, when the run got that
+// far) and kept as the pod's, so that StopPod and RemovePod reach it.
+func (m *Manager) keepFailedPod(pod *store.Pod, shimStarted func() (*shim.Client, error), failed error) {
+	if shimStarted != nil {
+		// Its error: no shim, nothing to stop. Its client is kept (the
+		// same one again where the run had set it), so that StopPod and
+		// RemovePod use it rather than leave it open beside their own.
+		if client, err := shimStarted(); err == nil {
+			m.setShim(pod.ID, client)
+		}
+	}
+	pod.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	pod.CleanupFailed = failed.Error()
+	if err := m.store.SavePod(pod); err != nil {
+		// The record saved before (reserved, or with its cgroup) stays.
+		m.log.Error("record a failed rollback", "pod", pod.ID, "err", err)
+	}
+	m.log.Error("pod kept NOTREADY after a failed rollback: StopPodSandbox and RemovePodSandbox finish it",
+		"pod", pod.ID, "name", pod.Config.Metadata.Name, "namespace", pod.Config.Metadata.Namespace, "err", failed)
+}
+
+// reservePod records the pod (NOTREADY) unless a pod with the same metadata
+// exists: the kubelet must remove an attempt before it can run it again.
+func (m *Manager) reservePod(pod *store.Pod) error {
+	m.names.Lock()
+	defer m.names.Unlock()
+	md := pod.Config.Metadata
+	pods, err := m.store.ListPods(store.Filter{})
+	if err != nil {
+		return err
+	}
+	for _, p := range pods {
+		o := p.Config.Metadata
+		if o.Name == md.Name && o.Namespace == md.Namespace && o.Uid == md.Uid && o.Attempt == md.Attempt {
+			return errkind.Errorf(errkind.AlreadyExists, "pod %s/%s (uid %s, attempt %d) already exists as %s", md.Namespace, md.Name, md.Uid, md.Attempt, p.ID)
+		}
+	}
+	return m.store.SavePod(pod)
 }

@@ -63,7 +63,7 @@ func (m *Manager) recover() error {
 		}
 		m.log.Warn("pod shim is gone: pod is not ready", "pod", pod.ID, "err", err)
 		m.metrics.Recovered("lost")
-		if err := m.shimLost(store.ClonePod(pod)); err != nil { // listed pods are the view's: change a copy
+		if err := m.shimLost(store.ClonePod(pod)); err != nil { // listed pods are the store's: change a copy
 			m.log.Error("clean up after a lost shim", "pod", pod.ID, "err", err)
 		}
 	}

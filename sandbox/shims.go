@@ -62,7 +62,7 @@ func (m *Manager) setShim(podID string, c *shim.Client) {
 }
 
 // followShim keeps one Events call parked on the shim and applies what it
-// pushes to the view, until the shim goes away. When it goes while berthd
+// pushes to the store, until the shim goes away. When it goes while berthd
 // still counts on it (no stop or replacement meanwhile), the pod is made
 // NOTREADY at once, so that the kubelet recreates it, instead of at
 // berthd's next start.

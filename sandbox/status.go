@@ -60,7 +60,7 @@ func (m *Manager) readSpec(c *store.Container) (*specs.Spec, error) {
 	return &s, json.Unmarshal(b, &s)
 }
 
-// containerState is the container's live state as the view has it.
+// containerState is the container's live state as the store has it.
 func (m *Manager) containerState(c *store.Container) shim.State {
 	_, st, err := m.store.Container(c.ID)
 	if err != nil { // removed meanwhile

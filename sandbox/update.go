@@ -59,7 +59,7 @@ func (m *Manager) UpdatePodResources(id string, overhead, resources *runtimeapi.
 		return errkind.Errorf(errkind.NotFound, "pod %q", id)
 	}
 	defer unlock()
-	cfg := proto.CloneOf(pod.Config) // the view's config is shared with readers
+	cfg := proto.CloneOf(pod.Config) // the store's config is shared with readers
 	if cfg.Linux == nil {
 		cfg.Linux = &runtimeapi.LinuxPodSandboxConfig{}
 	}

@@ -44,7 +44,8 @@ type Pod struct {
 	Timeline      []Step            `json:"timeline,omitempty"`
 	// CleanupFailed says which step of a failed RunPod's rollback failed,
 	// and why: the pod is kept NOTREADY, holding what is left, for
-	// StopPodSandbox and RemovePodSandbox to finish (see sandbox.Manager.keepFailedPod).
+	// StopPodSandbox and RemovePodSandbox to finish (see
+	// sandbox.Manager.keepFailedPod).
 	CleanupFailed string          `json:"cleanupFailed,omitempty"`
 	RawConfig     json.RawMessage `json:"config"`
 }
@@ -78,8 +79,8 @@ type Container struct {
 	// disk; nil in records from before berth kept them.
 	Resources *specs.LinuxResources `json:"resources,omitempty"`
 	// LayerRoot is the container root its writable layer was made under
-	// (see sandbox.Manager.layerDir); empty in records from before berth kept it, whose
-	// layers are under the persistent root.
+	// (see sandbox.Manager.layerDir); empty in records from before berth
+	// kept it, whose layers are under the persistent root.
 	LayerRoot string `json:"layerRoot,omitempty"`
 	// CleanupFailed says which step of a failed CreateContainer's rollback
 	// failed, and why: the container is kept, reported exited, holding
