@@ -57,9 +57,8 @@ type Manager struct {
 	mu    sync.Mutex
 	shims map[string]*shim.Client // by pod ID
 
-	store *store.Store
-
-	stats *stats.Collector
+	store *store.Store     // the records of pods and containers, and their live state
+	stats *stats.Collector // what they use
 
 	features KernelFeatures
 	apparmor *apparmor.Host
