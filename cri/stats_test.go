@@ -34,14 +34,14 @@ func TestPSIMessages(t *testing.T) {
 		t.Error("PSI filled in from a cgroup without pressure files")
 	}
 	u.PSI.CPU = cgroups.Pressure{Some: cgroups.PressureData{TotalNanos: 5000, Avg10: 1.5}, OK: true}
-	u.PSI.IO = cgroups.Pressure{Some: cgroups.PressureData{TotalNanos: 7000}, Full: cgroups.PressureData{TotalNanos: 3000, Avg300: 0.5}, OK: true, HasFull: true}
+	u.PSI.IO = cgroups.Pressure{Some: cgroups.PressureData{TotalNanos: 7000}, Full: cgroups.PressureData{TotalNanos: 3000, Avg60: 0.25, Avg300: 0.5}, OK: true, HasFull: true}
 	cpu := (&cpuMsgs{}).fill(u).GetPsi()
 	if cpu.GetSome().GetTotal() != 5000 || cpu.GetSome().GetAvg10() != 1.5 || cpu.GetFull() != nil {
 		t.Errorf("CPU PSI %v, want some total 5000 avg10 1.5 and no full", cpu)
 	}
 	io := (&ioMsgs{}).fill(u)
 	if io.GetTimestamp() != u.Timestamp.UnixNano() || io.GetPsi().GetSome().GetTotal() != 7000 ||
-		io.GetPsi().GetFull().GetTotal() != 3000 || io.GetPsi().GetFull().GetAvg300() != 0.5 {
-		t.Errorf("I/O %v, want some total 7000, full total 3000 avg300 0.5", io)
+		io.GetPsi().GetFull().GetTotal() != 3000 || io.GetPsi().GetFull().GetAvg60() != 0.25 || io.GetPsi().GetFull().GetAvg300() != 0.5 {
+		t.Errorf("I/O %v, want some total 7000, full total 3000 avg60 0.25 avg300 0.5", io)
 	}
 }
