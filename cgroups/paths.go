@@ -26,12 +26,14 @@ const scopePrefix = "berth"
 // names the pod's own cgroup ("/kubepods/burstable/pod<uid>" for cgroupfs,
 // "kubepods-burstable-pod<uid>.slice" for systemd), so it is used as given.
 // Without one (crictl, critest) the pod goes under berth's own parent:
-// "/berth/pod<uid>" or "berth-pod<uid>.slice".
+// "/berth/pod<uid>" or "berth-pod<uid>.slice". A systemd slice given as a
+// path (critest's "/test.slice") is its last element, as containerd reads
+// it: systemd places a slice by its name alone.
 func (m *Manager) PodCgroup(cgroupParent, podUID string) string {
 	uid := sanitize(podUID)
 	if m.driver == Systemd {
 		if cgroupParent != "" {
-			return cgroupParent
+			return path.Base(cgroupParent)
 		}
 		// "-" separates slice levels in systemd, so it cannot appear in a name.
 		return "berth-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice"

@@ -26,12 +26,13 @@ type Stats struct {
 	MajorPageFaults       uint64
 	Pids                  uint64
 	OOMKills              uint64
+	PSI                   PSI // none on v1
 }
 
 // Stats reads the cgroup at cgroupsPath (a pod cgroup or a container's
 // cgroups path as handed out by this package). A missing cgroup is an error
-// that matches os.ErrNotExist. It reads the five files it reports from and
-// no more (a library's full stats read some twenty per cgroup on v1), with
+// that matches os.ErrNotExist. It reads the files it reports from (five, and
+// on v2 the three pressure files) and no more (a library's full stats read some twenty per cgroup on v1), with
 // a fileReader: a full node's collector samples hundreds of cgroups each
 // second.
 func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
@@ -74,6 +75,9 @@ func (m *Manager) statsV2(r *fileReader, dir string, out *Stats) error {
 	}
 	out.setMemory(ms)
 	if out.Pids, err = r.uint(dir, "pids.current"); err != nil {
+		return err
+	}
+	if err := r.readPSI(dir, &out.PSI); err != nil {
 		return err
 	}
 	return m.readOOMKills(r, dir, out)
@@ -155,8 +159,8 @@ func (m *Manager) readOOMKills(r *fileReader, memDir string, out *Stats) error {
 // fileReader reads cgroup files with plain system calls into a buffer of
 // its own. os.ReadFile costs twice the calls (cgroup files are pollable, so
 // each is added to and removed from the netpoller) and allocates per file,
-// and the collector reads five files of each of hundreds of cgroups every
-// second. What it returns is valid until its next read.
+// and the collector reads five to eight files of each of hundreds of
+// cgroups every second. What it returns is valid until its next read.
 type fileReader struct {
 	buf [8 << 10]byte // memory.stat, the longest file read, is 1-3 KB
 }

@@ -165,8 +165,11 @@ func (r *RuntimeService) podMetrics(ctx context.Context, p *store.Pod) (*runtime
 		name := c.Config.GetMetadata().GetName()
 		labels := []string{c.ID, name, cmp.Or(c.ImageName, c.ImageRef), md.GetName(), md.GetNamespace(), name}
 		cm := &runtimeapi.ContainerMetrics{ContainerId: c.ID}
+		// The figures are the collector's sample, up to a period old: its
+		// time goes with them. (The network's are read now: time 0, which
+		// the kubelet takes as read on request.)
 		for _, m := range containerMetrics {
-			cm.Metrics = append(cm.Metrics, &runtimeapi.Metric{Name: m.name, MetricType: m.kind,
+			cm.Metrics = append(cm.Metrics, &runtimeapi.Metric{Name: m.name, Timestamp: u.Timestamp.UnixNano(), MetricType: m.kind,
 				LabelValues: labels, Value: &runtimeapi.UInt64Value{Value: m.value(u)}})
 		}
 		pm.ContainerMetrics = append(pm.ContainerMetrics, cm)

@@ -137,8 +137,10 @@ func (r *RuntimeService) Status(_ context.Context, req *runtimeapi.StatusRequest
 // runtimeFeatures are the CRI features berth honours whatever the handler
 // and kernel: supplemental_groups_policy (and ContainerStatus.user) and
 // mount_options (noexec, nodev, nosuid on a bind mount: sandbox/spec).
-// user_namespaces_host_network stays false: berth has no test that a
-// user-namespaced pod on the host's network works.
+// user_namespaces_host_network stays false: the kernel mounts sysfs only
+// for the user namespace that owns the network namespace, and berth refuses
+// such a pod (sandbox.podUserNS). TestRuntimeFeaturesDecided holds the
+// decision for each feature.
 var runtimeFeatures = &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true, MountOptions: true}
 
 // runtimeHandler is the default handler with the features this kernel has

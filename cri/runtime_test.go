@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/image/registry"
@@ -134,6 +135,58 @@ func TestNetworkCondition(t *testing.T) {
 		got := NewRuntimeService(Config{}, nil, c.net).networkCondition()
 		if got.Status != c.status || got.Reason != c.reason || !got.Status && got.Message == "" {
 			t.Errorf("network %v: condition %v, want status %v reason %q with a message", c.net, got, c.status, c.reason)
+		}
+	}
+}
+
+// featureDecision is whether berth advertises one CRI runtime feature, and
+// the test that proves what it advertises.
+type featureDecision struct {
+	advertised string // "yes", "no", or "kernel": where the kernel probe finds it
+	proof      string // a test that shows the feature working, or refused as advertised
+}
+
+// featureDecisions covers every field of the CRI's RuntimeFeatures and
+// RuntimeHandlerFeatures. The 1.37 kubelet declares NodeDeclaredFeatures
+// (component-helpers/nodedeclaredfeatures, read in its
+// kubelet_node_declared_features.go) from two of them: mount_options
+// (VolumeBindMountOptions) and user_namespaces_host_network
+// (UserNamespacesHostNetworkSupport); it reads the rest when it builds pods.
+var featureDecisions = map[protoreflect.FullName]featureDecision{
+	"runtime.v1.RuntimeFeatures.supplemental_groups_policy": {"yes", "TestContainerUsers"},
+	"runtime.v1.RuntimeFeatures.mount_options":              {"yes", "TestContainerMountOptions"},
+	// The kernel mounts sysfs only for the user namespace that owns the
+	// network namespace; berth does not bind the host's /sys instead.
+	"runtime.v1.RuntimeFeatures.user_namespaces_host_network":      {"no", "TestUserNamespaceOnHostNetworkRefused"},
+	"runtime.v1.RuntimeHandlerFeatures.recursive_read_only_mounts": {"kernel", "TestRecursiveReadOnlyMount"},
+	"runtime.v1.RuntimeHandlerFeatures.user_namespaces":            {"kernel", "TestUserNamespacePod"},
+}
+
+// TestRuntimeFeaturesDecided fails when a cri-api upgrade brings a runtime
+// feature nobody decided on, and checks that Status advertises what is
+// decided: a feature berth has and does not advertise is one the kubelet
+// never uses (or declares for the scheduler).
+func TestRuntimeFeaturesDecided(t *testing.T) {
+	resp, err := runtimeClient(t, Config{}).Status(context.Background(), &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := testFunctions(t)
+	for _, m := range []protoreflect.Message{resp.GetFeatures().ProtoReflect(), (&runtimeapi.RuntimeHandlerFeatures{}).ProtoReflect()} {
+		fields := m.Descriptor().Fields()
+		for i := range fields.Len() {
+			f := fields.Get(i)
+			d, ok := featureDecisions[f.FullName()]
+			switch {
+			case !ok:
+				t.Errorf("%s: no decision; add it to featureDecisions, advertised or not, with its test", f.FullName())
+				continue
+			case !tests[d.proof]:
+				t.Errorf("%s: proved by %s, but no func %s( is in any _test.go", f.FullName(), d.proof, d.proof)
+			}
+			if d.advertised != "kernel" && m.Get(f).Bool() != (d.advertised == "yes") {
+				t.Errorf("Status advertises %s %v, decided %q", f.FullName(), m.Get(f).Bool(), d.advertised)
+			}
 		}
 	}
 }

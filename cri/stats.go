@@ -69,6 +69,7 @@ type containerStatsMsgs struct {
 	attrs  runtimeapi.ContainerAttributes
 	cpu    cpuMsgs
 	memory memoryMsgs
+	io     ioMsgs
 	layer  runtimeapi.FilesystemUsage
 	fsID   runtimeapi.FilesystemIdentifier
 	used   [2]runtimeapi.UInt64Value
@@ -122,6 +123,7 @@ func (r *RuntimeService) containerStats(c *store.Container) (*runtimeapi.Contain
 		Cpu:           m.cpu.fill(u),
 		Memory:        m.memory.fill(u),
 		WritableLayer: &m.layer,
+		Io:            m.io.fill(u),
 	}
 	msg, err := encoded(&m.stats)
 	if err != nil {
@@ -135,11 +137,13 @@ func (r *RuntimeService) containerStats(c *store.Container) (*runtimeapi.Contain
 type cpuMsgs struct {
 	cpu    runtimeapi.CpuUsage
 	values [2]runtimeapi.UInt64Value
+	psi    psiMsgs
 }
 
 func (m *cpuMsgs) fill(u stats.Usage) *runtimeapi.CpuUsage {
 	m.values = [2]runtimeapi.UInt64Value{{Value: u.CPUUsageNanos}, {Value: u.CPUNanoCores}}
-	m.cpu = runtimeapi.CpuUsage{Timestamp: u.Timestamp.UnixNano(), UsageCoreNanoSeconds: &m.values[0], UsageNanoCores: &m.values[1]}
+	m.cpu = runtimeapi.CpuUsage{Timestamp: u.Timestamp.UnixNano(), UsageCoreNanoSeconds: &m.values[0], UsageNanoCores: &m.values[1],
+		Psi: m.psi.fill(u.PSI.CPU)}
 	return &m.cpu
 }
 
@@ -147,6 +151,7 @@ func (m *cpuMsgs) fill(u stats.Usage) *runtimeapi.CpuUsage {
 type memoryMsgs struct {
 	memory runtimeapi.MemoryUsage
 	values [5]runtimeapi.UInt64Value
+	psi    psiMsgs
 }
 
 func (m *memoryMsgs) fill(u stats.Usage) *runtimeapi.MemoryUsage {
@@ -154,7 +159,8 @@ func (m *memoryMsgs) fill(u stats.Usage) *runtimeapi.MemoryUsage {
 	*v = [5]runtimeapi.UInt64Value{{Value: u.MemoryWorkingSetBytes}, {Value: u.MemoryUsageBytes}, {Value: u.MemoryRSSBytes},
 		{Value: u.PageFaults}, {Value: u.MajorPageFaults}}
 	m.memory = runtimeapi.MemoryUsage{Timestamp: u.Timestamp.UnixNano(),
-		WorkingSetBytes: &v[0], UsageBytes: &v[1], RssBytes: &v[2], PageFaults: &v[3], MajorPageFaults: &v[4]}
+		WorkingSetBytes: &v[0], UsageBytes: &v[1], RssBytes: &v[2], PageFaults: &v[3], MajorPageFaults: &v[4],
+		Psi: m.psi.fill(u.PSI.Memory)}
 	return &m.memory
 }
 
@@ -198,7 +204,7 @@ func (r *RuntimeService) podStats(ctx context.Context, pod *store.Pod) (*runtime
 		return nil, err
 	}
 	if ok {
-		st.Linux.Cpu, st.Linux.Memory = new(cpuMsgs).fill(u), new(memoryMsgs).fill(u)
+		st.Linux.Cpu, st.Linux.Memory, st.Linux.Io = new(cpuMsgs).fill(u), new(memoryMsgs).fill(u), new(ioMsgs).fill(u)
 		st.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: u.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: u.Pids}}
 	}
 	// A network namespace not bound yet (a pod being set up) costs the pod

@@ -48,6 +48,12 @@ func podUserNS(cfg *runtimeapi.PodSandboxConfig, f KernelFeatures) (*runtimeapi.
 	if !f.UserNamespaces {
 		return nil, errkind.Errorf(errkind.FailedPrecondition, "%s.mode POD: this kernel cannot idmap mounts on berth's root folder, which user namespaces need (Status advertises user_namespaces false)", usernsField)
 	}
+	// The kernel mounts sysfs only for a user namespace that owns the
+	// network namespace; on the host's, runc fails every container with
+	// EPERM. Refused here, before the pod exists, as Status says.
+	if namespaceOptions(cfg).GetNetwork() == runtimeapi.NamespaceMode_NODE {
+		return nil, errkind.Errorf(errkind.FailedPrecondition, "%s.mode POD with network NODE: a container on the host's network cannot mount /sys from its own user namespace (Status advertises user_namespaces_host_network false)", usernsField)
+	}
 	return o, nil
 }
 

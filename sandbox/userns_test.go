@@ -56,6 +56,11 @@ func TestCheckUserns(t *testing.T) {
 	if u, err := podUserNS(cfg, KernelFeatures{UserNamespaces: true}); err != nil || u == nil {
 		t.Errorf("mode POD on a kernel that can: %v, %v", u, err)
 	}
+	cfg.Linux.SecurityContext.NamespaceOptions.Network = runtimeapi.NamespaceMode_NODE
+	if _, err := podUserNS(cfg, KernelFeatures{UserNamespaces: true}); !errors.Is(err, errkind.FailedPrecondition) ||
+		!strings.Contains(err.Error(), usernsField+".mode POD with network NODE") {
+		t.Errorf("mode POD on the host's network: %v, want FailedPrecondition naming the field", err)
+	}
 }
 
 func TestCheckContainerUserns(t *testing.T) {

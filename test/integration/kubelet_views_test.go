@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -30,7 +31,7 @@ func TestKubeletViews(t *testing.T) {
 	pod := e.runPod(t, podCfg)
 	cfg := e.ctrConfig("web", webServer("views")...)
 	// As the kubelet asks: the image ID, and the name the pod spec used.
-	cfg.Image = &runtimeapi.ImageSpec{Image: img.Id, UserSpecifiedImage: e.image}
+	cfg.Image = &runtimeapi.ImageSpec{Image: img.Id, UserSpecifiedImage: e.image, Annotations: map[string]string{"example.com/arch": "amd64"}}
 	ctr := e.runContainer(t, pod, podCfg, cfg)
 
 	st, err := e.d.Runtime.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: ctr})
@@ -38,9 +39,9 @@ func TestKubeletViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s := st.Status; s.Image.GetImage() != e.image || s.Image.GetUserSpecifiedImage() != e.image ||
-		s.ImageRef != img.RepoDigests[0] || s.ImageId != img.Id {
-		t.Errorf("ContainerStatus image %q, image_ref %q, image_id %q; want %q, %q, %q",
-			s.Image.GetImage(), s.ImageRef, s.ImageId, e.image, img.RepoDigests[0], img.Id)
+		!maps.Equal(s.Image.GetAnnotations(), cfg.Image.Annotations) || s.ImageRef != img.RepoDigests[0] || s.ImageId != img.Id {
+		t.Errorf("ContainerStatus image %q (annotations %v), image_ref %q, image_id %q; want %q (%v), %q, %q",
+			s.Image.GetImage(), s.Image.GetAnnotations(), s.ImageRef, s.ImageId, e.image, cfg.Image.Annotations, img.RepoDigests[0], img.Id)
 	}
 	list, err := e.d.Runtime.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{})
 	if err != nil || len(list.Containers) != 1 {

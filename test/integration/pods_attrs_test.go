@@ -82,6 +82,10 @@ func TestPodAttributesAndFilters(t *testing.T) {
 			if p.CreatedAt == 0 {
 				t.Errorf("pod %s: created_at is 0", p.Id)
 			}
+			if want := map[string]runtimeapi.PodSandboxState{podA: runtimeapi.PodSandboxState_SANDBOX_READY,
+				podB: runtimeapi.PodSandboxState_SANDBOX_NOTREADY}[p.Id]; p.State != want {
+				t.Errorf("pod %s: state %s, want %s", p.Id, p.State, want)
+			}
 		}
 		for id, name := range ctrName {
 			cfg := cfgs[name]
@@ -103,6 +107,10 @@ func TestPodAttributesAndFilters(t *testing.T) {
 			assertAttrs(t, "ListContainers "+c.Id, c.Metadata, cfg.Metadata, c.Labels, cfg.Labels, c.Annotations, cfg.Annotations)
 			if c.PodSandboxId != podOf[c.Id] {
 				t.Errorf("container %s: pod %s, want %s", c.Id, c.PodSandboxId, podOf[c.Id])
+			}
+			if want := map[string]runtimeapi.ContainerState{"running": runtimeapi.ContainerState_CONTAINER_RUNNING,
+				"created": runtimeapi.ContainerState_CONTAINER_CREATED, "exited": runtimeapi.ContainerState_CONTAINER_EXITED}[ctrName[c.Id]]; c.State != want || c.CreatedAt == 0 {
+				t.Errorf("container %s: state %s, created_at %d; want %s and a time", c.Id, c.State, c.CreatedAt, want)
 			}
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -75,8 +76,8 @@ func TestPodNamespaces(t *testing.T) {
 	t.Run("pod-scoped", func(t *testing.T) {
 		cfg := podWithNamespaces(e, "ns-pod", mode(pod, pod, ctrNS))
 		id := e.runPod(t, cfg)
-		if o := e.podStatus(t, id).GetLinux().GetNamespaces().GetOptions(); o.GetPid() != ctrNS || o.GetNetwork() != pod {
-			t.Errorf("PodSandboxStatus namespace options = %v", o)
+		if o := e.podStatus(t, id).GetLinux().GetNamespaces().GetOptions(); !proto.Equal(o, mode(pod, pod, ctrNS)) {
+			t.Errorf("PodSandboxStatus namespace options = %v, want the pod's", o)
 		}
 		var ctrs []string
 		var nss []map[string]string

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -128,6 +129,9 @@ func TestUserNamespacePod(t *testing.T) {
 	m := rootMapping(usernsHost, 65536)
 	usernsPod(cfg, &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}, runtimeapi.NamespaceMode_POD)
 	pod := e.runPod(t, cfg)
+	if o := e.podStatus(t, pod).GetLinux().GetNamespaces().GetOptions(); !proto.Equal(o, cfg.Linux.SecurityContext.NamespaceOptions) {
+		t.Errorf("PodSandboxStatus namespace options = %v, want the pod's", o)
+	}
 	cc := e.ctrConfig("userns", sleeper...)
 	// As the kubelet sends it: the volume carries the pod's mappings.
 	cc.Mounts = []*runtimeapi.Mount{{HostPath: vol, ContainerPath: "/vol", UidMappings: m, GidMappings: m}}

@@ -20,7 +20,9 @@
 #                     the tests no kernel changes, $kernel_independent;
 #                     "" skips nothing)
 #   BERTH_VM_TESTS    which binaries run, of: cgroups shim integration
-#                     (default: all three)
+#                     critest (default: the first three; critest, cri-tools'
+#                     validation suite against berthd, is make
+#                     test-vm-critest's, under systemd)
 #   BERTH_VM_TIMEOUT  seconds from qemu's start to its exit (default 1800)
 #   BERTH_VM_MEM, BERTH_VM_SMP, BERTH_VM_CPU   qemu -m, -smp, -cpu (2048, 2, max)
 #   BERTH_VM_APPEND   more kernel command line (loglevel=7, debugging)
@@ -148,13 +150,21 @@ for t in $tests; do
 			echo "test-vm: integration tests skipped in the VM: $integration_skip (BERTH_VM_SKIP)"
 		fi
 		;;
+	critest)
+		# cri-tools' suite (test/critest/tool pins it), driven by
+		# test/critest against a berthd of the tree.
+		pkg=./test/critest args=(-test.v -test.count=1 -test.timeout=40m)
+		(cd test/critest/tool && $GO test -c "${static[@]}" -o "$root/berth/tests/critest" sigs.k8s.io/cri-tools/cmd/critest)
+		;;
 	*)
-		echo "test-vm: unknown test binary $t in BERTH_VM_TESTS (want cgroups, shim, integration)" >&2
+		echo "test-vm: unknown test binary $t in BERTH_VM_TESTS (want cgroups, shim, integration, critest)" >&2
 		exit 2
 		;;
 	esac
 	$GO test -c "${static[@]}" -o "$root/berth/tests/$t.test" "$pkg"
-	printf 'run_test %q %q' "$t" "/berth/tests/$t.test" >>"$plan"
+	printf 'run_test %q' "$t" >>"$plan"
+	[[ $t == critest ]] && printf ' env BERTH_CRITEST_BIN=/berth/tests/critest' >>"$plan"
+	printf ' %q' "/berth/tests/$t.test" >>"$plan"
 	printf ' %q' "${args[@]}" >>"$plan"
 	echo >>"$plan"
 done
