@@ -152,6 +152,12 @@ func TestPaths(t *testing.T) {
 		{fsm.ContainerCgroupsPath("/kubepods/pod1", "../x"), "/kubepods/pod1/___x"},
 		{sdm.PodCgroup("kubepods-burstable-pod1234_ab.slice", "1234-ab"), "kubepods-burstable-pod1234_ab.slice"},
 		{sdm.PodCgroup("", "1234-ab"), "berth-pod1234_ab.slice"},
+		// The kubelet's expanded form (CgroupName.ToSystemd): its slice.
+		{sdm.PodCgroup("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234_ab.slice", "1234-ab"), "kubepods-burstable-pod1234_ab.slice"},
+		{sdm.PodCgroup("/kubepods.slice/kubepods-pod1.slice", "1"), "kubepods-pod1.slice"},
+		// A path that is not its last element's expansion stays as given
+		// (and is refused as a slice name when the pod's cgroup is made).
+		{sdm.PodCgroup("/system.slice/kubepods-pod1.slice", "1"), "/system.slice/kubepods-pod1.slice"},
 		{sdm.ContainerCgroupsPath("kubepods-pod1.slice", "c0ffee"), "kubepods-pod1.slice:berth:c0ffee"},
 	} {
 		if tc.got != tc.want {

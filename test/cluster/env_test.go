@@ -75,6 +75,10 @@ type env struct {
 	apiPort                                 int
 
 	nodes []*node // both schedulable, in namespaces of their own (node_test.go)
+	// vm is the VM node (vmnode_test.go): TestCluster's, not the e2e
+	// tier's; nil without it.
+	vm     *vmNode
+	withVM bool
 
 	hostPort, hostNetPort int // of the hostport and hostnet pods
 }
@@ -83,10 +87,12 @@ func requireTier(t *testing.T) { kubeenv.Require(t, guardEnv, "test-cluster") }
 
 // newEnv checks the host and the binaries, then starts everything; each part
 // is stopped and removed by cleanups registered here, in reverse order.
-func newEnv(t *testing.T) *env {
+// With withVM the VM node boots beside the control plane and the netns
+// nodes (vmnode_test.go); its steps wait for it.
+func newEnv(t *testing.T, withVM bool) *env {
 	t.Helper()
 	repo := kubeenv.RepoRoot(t)
-	e := &env{t: t,
+	e := &env{t: t, withVM: withVM,
 		binDir: kubeenv.EnvOr("BERTH_BIN_DIR", filepath.Join(repo, "bin")),
 		k8sBin: kubeenv.EnvOr("CLUSTER_BIN_DIR", filepath.Join(repo, "bin", "cluster")),
 	}
@@ -152,6 +158,9 @@ func (e *env) startControlPlane() {
 	e.admin = p.kubeconfig(t, "admin", server, p.issue(t, "admin", "berth-admin", []string{"system:masters"}))
 	cmConfig := p.kubeconfig(t, "controller-manager", server, p.issue(t, "controller-manager", "system:kube-controller-manager", nil))
 	schedConfig := p.kubeconfig(t, "scheduler", server, p.issue(t, "scheduler", "system:kube-scheduler", nil))
+	if e.withVM {
+		e.startVMNode(server)
+	}
 
 	clientPort, peerPort := kubeenv.FreePort(t), kubeenv.FreePort(t)
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
