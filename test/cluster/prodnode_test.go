@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,6 +26,9 @@ func (e *env) productionNode(t *testing.T, begin time.Time) {
 	}
 	step(t, "Resources", e.vmResources)
 	step(t, "AppArmor", e.vmAppArmor)
+	step(t, "InPlaceResize", e.vmResize)
+	step(t, "Streams", e.vmStreams)
+	step(t, "BerthdRestart", e.vmBerthdRestart)
 	t.Logf("VM node steps done in %s (then the teardown)", time.Since(begin).Round(time.Second))
 }
 
@@ -240,8 +244,10 @@ func podSlice(p *corev1.Pod) string {
 // vmResources: a Deployment's Burstable pods and a Guaranteed pod Ready on
 // the VM node, and the cgroup v2 files of their containers under the
 // kubelet's systemd slices as their specs imply: memory.max (the limit),
-// memory.high (memory QoS, on by default in 1.37: request + 0.9 of the
-// room to the limit, in whole pages, for Burstable; none for Guaranteed),
+// memory.high "max" (memory QoS is on by default in 1.37, but sets
+// memory.high only with a memoryThrottlingFactor, which the kubelet's
+// configuration leaves unset by default; memory.min and memory.low 0,
+// the default memoryReservationPolicy None),
 // memory.swap.max (LimitedSwap: the request's share of the node's memory,
 // of its swap, for Burstable; 0 for Guaranteed), cpu.max (the limit) and
 // cpu.weight (the request's shares); the pod slices' limits too.
@@ -267,7 +273,7 @@ func (e *env) vmResources(t *testing.T) {
 	}
 	t.Logf("node memory %d, swap %d", memCap, swapCap)
 
-	files := []string{"memory.max", "memory.high", "memory.swap.max", "cpu.max", "cpu.weight"}
+	files := []string{"memory.max", "memory.high", "memory.min", "memory.low", "memory.swap.max", "cpu.max", "cpu.weight"}
 	expect := func(what string, got, want map[string]string) {
 		t.Helper()
 		for k, w := range want {
@@ -292,7 +298,9 @@ func (e *env) vmResources(t *testing.T) {
 		swap := int64(float64(32*mi)/float64(memCap)*float64(swapCap)) / pageSize * pageSize
 		expect("Burstable "+p.Name, got, map[string]string{
 			"memory.max":      strconv.Itoa(64 * mi),
-			"memory.high":     strconv.FormatInt(int64(math.Floor((32*mi+0.9*32*mi)/pageSize))*pageSize, 10),
+			"memory.high":     "max",
+			"memory.min":      "0",
+			"memory.low":      "0",
 			"memory.swap.max": strconv.FormatInt(swap, 10),
 			"cpu.max":         "30000 100000",
 			"cpu.weight":      strconv.FormatInt(cpuWeight(102), 10),
@@ -313,6 +321,8 @@ func (e *env) vmResources(t *testing.T) {
 	expect("Guaranteed", got, map[string]string{
 		"memory.max":      strconv.Itoa(48 * mi),
 		"memory.high":     "max",
+		"memory.min":      "0",
+		"memory.low":      "0",
 		"memory.swap.max": "0",
 		"cpu.max":         "20000 100000",
 		"cpu.weight":      strconv.FormatInt(cpuWeight(204), 10),
@@ -349,5 +359,196 @@ func (e *env) vmAppArmor(t *testing.T) {
 		if !strings.Contains(l, " berth-default (enforce) ") {
 			t.Errorf("process %q: want berth-default (enforce)", l)
 		}
+	}
+}
+
+// resizePod is Burstable; its resize raises the CPU request and both limits.
+var resizePod = `apiVersion: v1
+kind: Pod
+metadata: {name: resize, namespace: prod}
+spec:
+` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
+  - name: app
+    image: IMAGE
+    command: ["sleep", "36000"]
+    resources:
+      requests: {cpu: 100m, memory: 32Mi}
+      limits: {cpu: 300m, memory: 64Mi}
+`
+
+// vmResize: kubectl patch --subresource resize changes the container's
+// cgroup v2 files under its slice and status.containerStatuses[].resources,
+// without a restart.
+func (e *env) vmResize(t *testing.T) {
+	e.apply(t, resizePod)
+	p := e.waitPod(t, prodNS, "resize", vmStartTimeout, "Running", running)
+	dir := e.containerCgroup(t, podSlice(p), p)
+	e.kubectl(t, "patch", "pod", "resize", "-n", prodNS, "--subresource", "resize", "--patch",
+		`{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"150m","memory":"32Mi"},"limits":{"cpu":"400m","memory":"96Mi"}}}]}}`)
+	const mi = 1 << 20
+	want := map[string]string{"memory.max": strconv.Itoa(96 * mi), "cpu.max": "40000 100000", "cpu.weight": strconv.FormatInt(cpuWeight(153), 10)}
+	kubeenv.WaitFor(t, vmStartTimeout, "the resize in the container's cgroup and status", func() (bool, string) {
+		got := e.cgroupFiles(t, dir, "memory.max", "cpu.max", "cpu.weight")
+		p = e.pod(t, prodNS, "resize")
+		cs := p.Status.ContainerStatuses[0]
+		if cs.Resources == nil {
+			return false, fmt.Sprintf("cgroup %v, no resources in the status", got)
+		}
+		status := fmt.Sprintf("cgroup %v, status limits cpu %s memory %s requests cpu %s", got,
+			cs.Resources.Limits.Cpu(), cs.Resources.Limits.Memory(), cs.Resources.Requests.Cpu())
+		for k, w := range want {
+			if got[k] != w {
+				return false, status
+			}
+		}
+		return cs.Resources.Limits.Cpu().String() == "400m" && cs.Resources.Limits.Memory().String() == "96Mi" &&
+			cs.Resources.Requests.Cpu().String() == "150m", status
+	})
+	if c := p.Status.ContainerStatuses[0]; c.RestartCount != 0 {
+		t.Errorf("the resized container restarted %d times", c.RestartCount)
+	}
+	slice := e.cgroupFiles(t, podSlice(p), "memory.max", "cpu.max")
+	if slice["memory.max"] != strconv.Itoa(96*mi) || slice["cpu.max"] != "40000 100000" {
+		t.Errorf("the pod slice after the resize: %v, want memory.max %d, cpu.max 40000 100000", slice, 96*mi)
+	}
+}
+
+// vmWebPods: a web server on the VM node, and one on a netns node (no
+// toleration) behind a Service.
+var vmWebPods = `apiVersion: v1
+kind: Pod
+metadata: {name: vmweb, namespace: prod, labels: {app: vmweb}}
+spec:
+` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
+  - name: web
+    image: IMAGE
+    command: ["/bin/web", "serve", ":8080"]
+    readinessProbe:
+      httpGet: {path: /, port: 8080}
+      periodSeconds: 1
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: netweb, namespace: prod, labels: {app: netweb}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: web
+    image: IMAGE
+    command: ["/bin/web", "serve", ":8080"]
+    readinessProbe:
+      httpGet: {path: /, port: 8080}
+      periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata: {name: netweb, namespace: prod}
+spec:
+  selector: {app: netweb}
+  ports: [{port: 80, targetPort: 8080}]
+`
+
+// vmStreams: kubectl exec (with its exit code), logs and port-forward to a
+// pod on the VM node; from it, a pod on a netns node by each of its IPs
+// and a ClusterIP Service (the VM's kube-proxy, nftables).
+func (e *env) vmStreams(t *testing.T) {
+	e.apply(t, vmWebPods)
+	e.waitPod(t, prodNS, "vmweb", vmStartTimeout, "Running", running)
+	other := e.waitPod(t, prodNS, "netweb", startTimeout, "Running", running)
+	if other.Spec.NodeName == e.vm.name {
+		t.Fatalf("netweb on %s, want a netns node", other.Spec.NodeName)
+	}
+	if _, err := e.kubectlErr("exec", "-n", prodNS, "vmweb", "--", "sh", "-c", "exit 7"); err == nil || !strings.Contains(err.Error(), "exit code 7") {
+		t.Errorf("kubectl exec of exit 7: %v, want exit code 7", err)
+	}
+	e.kubectl(t, "exec", "-n", prodNS, "vmweb", "--", "sh", "-c", "echo hello from the VM node >/proc/1/fd/1")
+	kubeenv.WaitFor(t, 30*time.Second, "kubectl logs of vmweb", func() (bool, string) {
+		out, err := e.kubectlErr("logs", "-n", prodNS, "vmweb")
+		return err == nil && strings.Contains(out, "hello from the VM node"), fmt.Sprintf("%q %v", out, err)
+	})
+	e.portForwardGet(t, prodNS, "vmweb", "v1 vmweb\n", time.Minute)
+	for _, ip := range other.Status.PodIPs {
+		url := "http://" + net.JoinHostPort(ip.IP, "8080") + "/"
+		if out := e.exec(t, prodNS, "vmweb", "/bin/web", "get", url); out != "v1 netweb\n" {
+			t.Errorf("GET %s from the VM node's pod: %q", url, out)
+		}
+	}
+	svc := strings.TrimSpace(e.kubectl(t, "get", "service", "-n", prodNS, "netweb", "-o", "jsonpath={.spec.clusterIP}"))
+	kubeenv.WaitFor(t, time.Minute, "the Service from the VM node's pod", func() (bool, string) {
+		out, err := e.kubectlErr("exec", "-n", prodNS, "vmweb", "--", "/bin/web", "get", "http://"+svc+"/")
+		return err == nil && out == "v1 netweb\n", fmt.Sprintf("%q %v", out, err)
+	})
+}
+
+// vmPodState is what must not change across berthd's restarts: each pod
+// of prod on the VM node, with its containers' IDs and restart counts.
+func (e *env) vmPodState(t *testing.T) map[string]string {
+	t.Helper()
+	state := map[string]string{}
+	for _, p := range e.pods(t, prodNS, "") {
+		if p.Spec.NodeName != e.vm.name {
+			continue
+		}
+		s := string(p.Status.Phase)
+		for _, c := range p.Status.ContainerStatuses {
+			s += fmt.Sprintf(" %s=%s/%d/ready=%v", c.Name, c.ContainerID, c.RestartCount, c.Ready)
+		}
+		state[p.Name] = s
+	}
+	return state
+}
+
+// onVM is a command run in PID 1's namespaces of the VM, through the
+// probe pod (hostPID): the VM's own busybox nsenter, by its path in PID 1's
+// root (the test image has no nsenter).
+func onVM(args ...string) []string {
+	return append([]string{"exec", "-n", prodNS, "cgprobe", "--", "/proc/1/root/bin/busybox", "nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"}, args...)
+}
+
+// berthdUnit is berthd.service's main PID, restart count and state in the
+// VM (systemctl).
+func (e *env) berthdUnit() (string, error) {
+	out, err := e.kubectlErr(onVM("systemctl", "show", "-p", "MainPID", "-p", "NRestarts", "-p", "ActiveState", "berthd")...)
+	return strings.Join(strings.Fields(out), " "), err
+}
+
+// vmBerthdRestart: systemctl restart berthd, then a SIGKILL of berthd's
+// main process (Restart=always brings the unit back): each time the
+// unit has a new berthd and every pod of the VM node keeps running, with
+// the same containers and no restart.
+func (e *env) vmBerthdRestart(t *testing.T) {
+	before := e.vmPodState(t)
+	if len(before) < 3 {
+		t.Fatalf("%d pods on the VM node, want the earlier steps' (at least 3): %v", len(before), before)
+	}
+	unit, err := e.berthdUnit()
+	if err != nil || !strings.Contains(unit, "ActiveState=active") {
+		t.Fatalf("berthd.service: %q %v", unit, err)
+	}
+	t.Logf("berthd.service: %s", unit)
+	for _, how := range []string{"systemctl restart", "SIGKILL"} {
+		pid := strings.TrimPrefix(strings.Fields(unit)[0], "MainPID=")
+		cmd := "systemctl --no-block restart berthd"
+		if how == "SIGKILL" {
+			cmd = "kill -KILL " + pid
+		}
+		start := time.Now()
+		if _, err := e.kubectlErr(onVM("sh", "-c", cmd)...); err != nil {
+			t.Logf("%s: %v (the exec went through the berthd it restarts)", how, err)
+		}
+		kubeenv.WaitFor(t, 2*time.Minute, "berthd.service back with a new berthd after "+how, func() (bool, string) {
+			unit, err = e.berthdUnit()
+			return err == nil && strings.Contains(unit, "ActiveState=active") && !strings.Contains(unit, "MainPID="+pid+" "), fmt.Sprintf("%q %v", unit, err)
+		})
+		t.Logf("after %s: berthd.service %s, %s", how, unit, time.Since(start).Round(100*time.Millisecond))
+		kubeenv.WaitFor(t, time.Minute, "the VM node's pods unchanged after "+how, func() (bool, string) {
+			after := e.vmPodState(t)
+			for name, s := range before {
+				if after[name] != s {
+					return false, fmt.Sprintf("%s: %s, was %s", name, after[name], s)
+				}
+			}
+			return true, ""
+		})
 	}
 }
