@@ -133,21 +133,31 @@ const vmPodSpec = `      nodeSelector: {kubernetes.io/hostname: berth-vm-node}
       terminationGracePeriodSeconds: 0
 `
 
+// vmPod is a pod of prod on the VM node (tolerating its taint), named
+// name, with labels, running sleep or the web server (web) with resources
+// (the container's resources block, "" for none) and securityContext
+// (likewise); podSpec adds to the pod's spec.
+func vmPod(name, labels string, web bool, resources, securityContext, podSpec string) string {
+	y := "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name + ", namespace: prod, labels: {" + labels + "}}\nspec:\n" +
+		strings.ReplaceAll(vmPodSpec, "      ", "  ") + podSpec + "  containers:\n  - name: app\n    image: IMAGE\n"
+	if web {
+		y += "    command: [\"/bin/web\", \"serve\", \":8080\"]\n    readinessProbe:\n      httpGet: {path: /, port: 8080}\n      periodSeconds: 1\n"
+	} else {
+		y += "    command: [\"sleep\", \"36000\"]\n"
+	}
+	if resources != "" {
+		y += "    resources: " + resources + "\n"
+	}
+	if securityContext != "" {
+		y += "    securityContext: " + securityContext + "\n"
+	}
+	return y
+}
+
 // cgroupProbe reads the VM node's cgroup tree and processes: privileged,
 // the host's PID namespace, /sys/fs/cgroup at /cg.
-var cgroupProbe = `apiVersion: v1
-kind: Pod
-metadata: {name: cgprobe, namespace: prod}
-spec:
-  hostPID: true
-` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
-  - name: probe
-    image: IMAGE
-    command: ["sleep", "36000"]
-    securityContext: {privileged: true}
-    volumeMounts: [{name: cg, mountPath: /cg, readOnly: true}]
-  volumes: [{name: cg, hostPath: {path: /sys/fs/cgroup}}]
-`
+var cgroupProbe = vmPod("cgprobe", "", false, "", "{privileged: true}", "  hostPID: true\n") +
+	"    volumeMounts: [{name: cg, mountPath: /cg, readOnly: true}]\n  volumes: [{name: cg, hostPath: {path: /sys/fs/cgroup}}]\n"
 
 // resDeployment: two Burstable replicas (requests below limits).
 var resDeployment = `apiVersion: apps/v1
@@ -171,18 +181,7 @@ spec:
 `
 
 // guaranteedPod: requests equal to limits.
-var guaranteedPod = `apiVersion: v1
-kind: Pod
-metadata: {name: guaranteed, namespace: prod}
-spec:
-` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
-  - name: app
-    image: IMAGE
-    command: ["sleep", "36000"]
-    resources:
-      requests: {cpu: 200m, memory: 48Mi}
-      limits: {cpu: 200m, memory: 48Mi}
-`
+var guaranteedPod = vmPod("guaranteed", "", false, "{requests: {cpu: 200m, memory: 48Mi}, limits: {cpu: 200m, memory: 48Mi}}", "", "")
 
 const pageSize = 4096
 
@@ -330,17 +329,7 @@ func (e *env) vmResources(t *testing.T) {
 }
 
 // appArmorPod asks for the runtime's default AppArmor profile.
-var appArmorPod = `apiVersion: v1
-kind: Pod
-metadata: {name: apparmor, namespace: prod}
-spec:
-` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
-  - name: app
-    image: IMAGE
-    command: ["sleep", "36000"]
-    securityContext:
-      appArmorProfile: {type: RuntimeDefault}
-`
+var appArmorPod = vmPod("apparmor", "", false, "", "{appArmorProfile: {type: RuntimeDefault}}", "")
 
 // vmAppArmor: appArmorProfile RuntimeDefault puts the container's process
 // in berth's default profile, enforced, as the VM's kernel shows it.
@@ -363,18 +352,7 @@ func (e *env) vmAppArmor(t *testing.T) {
 }
 
 // resizePod is Burstable; its resize raises the CPU request and both limits.
-var resizePod = `apiVersion: v1
-kind: Pod
-metadata: {name: resize, namespace: prod}
-spec:
-` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
-  - name: app
-    image: IMAGE
-    command: ["sleep", "36000"]
-    resources:
-      requests: {cpu: 100m, memory: 32Mi}
-      limits: {cpu: 300m, memory: 64Mi}
-`
+var resizePod = vmPod("resize", "", false, "{requests: {cpu: 100m, memory: 32Mi}, limits: {cpu: 300m, memory: 64Mi}}", "", "")
 
 // vmResize: kubectl patch --subresource resize changes the container's
 // cgroup v2 files under its slice and status.containerStatuses[].resources,
@@ -415,18 +393,7 @@ func (e *env) vmResize(t *testing.T) {
 
 // vmWebPods: a web server on the VM node, and one on a netns node (no
 // toleration) behind a Service.
-var vmWebPods = `apiVersion: v1
-kind: Pod
-metadata: {name: vmweb, namespace: prod, labels: {app: vmweb}}
-spec:
-` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
-  - name: web
-    image: IMAGE
-    command: ["/bin/web", "serve", ":8080"]
-    readinessProbe:
-      httpGet: {path: /, port: 8080}
-      periodSeconds: 1
----
+var vmWebPods = vmPod("vmweb", "app: vmweb", true, "", "", "") + `---
 apiVersion: v1
 kind: Pod
 metadata: {name: netweb, namespace: prod, labels: {app: netweb}}

@@ -191,18 +191,7 @@ install -m 0644 cmd/berthd/berthd.service "$root/berth/berthd.service"
 # the AppArmor tests theirs (the kernel boots with AppArmor as its LSM); and
 # mkfs.ext4, with which TestDiskFull makes its small root (busybox has no
 # mkfs for ext4).
-copy_host_file() { # PATH: the file at the same path, symlinks resolved, plus its libraries
-	local f=$1 real lib
-	real=$(readlink -f "$f")
-	[[ -e $root$real ]] || install -D "$real" "$root$real"
-	if [[ $f != "$real" && ! -e $root$f ]]; then
-		mkdir -p "$root$(dirname "$f")"
-		ln -s "$real" "$root$f"
-	fi
-	for lib in $(ldd "$real" 2>/dev/null | grep -o '/[^ ]*' || true); do
-		[[ -e $root$lib ]] || install -D "$(readlink -f "$lib")" "$root$lib"
-	done
-}
+. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd
 host_files=(/usr/lib/cni/* /usr/lib/x86_64-linux-gnu/xtables/*.so
 	/usr/sbin/{iptables,iptables-save,iptables-restore,ip6tables,ip6tables-save,ip6tables-restore}
 	/usr/sbin/apparmor_parser /usr/sbin/mkfs.ext4)
@@ -210,22 +199,11 @@ for f in "${host_files[@]}"; do
 	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
 done
 
-# Debian's systemd (deps.sh installs it on the host, where it need not run):
-# the files of its packages, less documentation, and the libraries of its
-# programs. No dbus: as root, the systemd cgroup manager falls back to
-# systemd's private socket (/run/systemd/private) without a bus.
+# Debian's systemd (copy_systemd). No dbus: as root, the systemd cgroup
+# manager falls back to systemd's private socket (/run/systemd/private)
+# without a bus.
 if [[ $vm_init == systemd ]]; then
-	while IFS= read -r f; do
-		[[ -L $f || -f $f ]] || continue
-		case $f in /usr/share/doc/* | /usr/share/man/* | /usr/share/locale/* | /usr/share/zsh/* | /usr/share/bash-completion/*) continue ;; esac
-		if [[ -L $f ]]; then
-			[[ -e $root$f || -L $root$f ]] || { mkdir -p "$root$(dirname "$f")" && cp -P "$f" "$root$f"; }
-		elif [[ $(head -c4 "$f" | od -An -c | tr -d ' ') == 177ELF ]]; then
-			copy_host_file "$f"
-		else
-			[[ -e $root$f ]] || install -D -m "$(stat -c %a "$f")" "$f" "$root$f"
-		fi
-	done < <(dpkg -L systemd libsystemd-shared)
+	copy_systemd
 	[[ -x $root/lib/systemd/systemd ]] || { echo "test-vm: no /lib/systemd/systemd in the image: run test/vm/deps.sh" >&2; exit 2; }
 	# The one unit the boot starts (systemd.unit= on the command line), with
 	# no default dependencies: nothing else starts, no getty, udev, journald

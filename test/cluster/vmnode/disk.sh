@@ -46,20 +46,7 @@ rm -rf "$out/root" "$out/initrd"
 root="$out/root"
 mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,usr/local/sbin,etc,proc,sys,dev,run,tmp,var/tmp,var/lib,var/log,root,lib/modules}
 
-# copy_host_file PATH: the host's file at the same path, symlinks resolved,
-# with the shared libraries it loads (test/vm/run.sh does the same).
-copy_host_file() {
-	local f=$1 real lib
-	real=$(readlink -f "$f")
-	[[ -e $root$real ]] || install -D "$real" "$root$real"
-	if [[ $f != "$real" && ! -e $root$f ]]; then
-		mkdir -p "$root$(dirname "$f")"
-		ln -s "$real" "$root$f"
-	fi
-	for lib in $(ldd "$real" 2>/dev/null | grep -o '/[^ ]*' || true); do
-		[[ -e $root$lib ]] || install -D "$(readlink -f "$lib")" "$root$lib"
-	done
-}
+. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd
 # install_bin SRC DEST: a binary of the tree or of the tier, with its libraries.
 install_bin() {
 	install -D -m 0755 "$1" "$root$2"
@@ -83,17 +70,7 @@ for f in /usr/sbin/nft /usr/sbin/ip /usr/sbin/apparmor_parser; do
 done
 
 # Debian's systemd, as the VM tier's systemd boot has it (test/vm/run.sh).
-while IFS= read -r f; do
-	[[ -L $f || -f $f ]] || continue
-	case $f in /usr/share/doc/* | /usr/share/man/* | /usr/share/locale/* | /usr/share/zsh/* | /usr/share/bash-completion/*) continue ;; esac
-	if [[ -L $f ]]; then
-		[[ -e $root$f || -L $root$f ]] || { mkdir -p "$root$(dirname "$f")" && cp -P "$f" "$root$f"; }
-	elif [[ $(head -c4 "$f" | od -An -c | tr -d ' ') == 177ELF ]]; then
-		copy_host_file "$f"
-	else
-		[[ -e $root$f ]] || install -D -m "$(stat -c %a "$f")" "$f" "$root$f"
-	fi
-done < <(dpkg -L systemd libsystemd-shared)
+copy_systemd
 
 # busybox-static's applets where nothing above is.
 cp /bin/busybox "$root/bin/busybox"
