@@ -214,6 +214,15 @@ func (v *vmNode) teardown() {
 			<-v.qemuDone
 		}
 	}
+	// The VM went without closing its connections: the API server's to
+	// and from it (the kubelet's and kube-proxy's watches, its own to the
+	// kubelet) would hold its shutdown past its grace. They are the run's
+	// own sockets, to the node's addresses only.
+	for _, ip := range []string{v.ip, "[" + v.ip6 + "]"} {
+		if out, err := exec.Command("ss", "-K", "-t", "dst", ip).CombinedOutput(); err != nil {
+			t.Errorf("teardown: ss -K dst %s: %v %s", ip, err, out)
+		}
+	}
 	for _, cidr := range v.podCIDRs {
 		if out, err := exec.Command("ip", "route", "del", cidr).CombinedOutput(); err != nil {
 			t.Errorf("teardown: ip route del %s: %v %s", cidr, err, out)
