@@ -273,7 +273,7 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, c
 	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, ip6, name)
 	healthz := kubeenv.FreePort(t)
 	config := fmt.Sprintf(kubeletConfig, ip, kubeletPort, ip, healthz, serving.cert, serving.key, e.pki.caFile,
-		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket)
+		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket, kubeletNoEviction)
 	configPath := w.Path("kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
@@ -287,6 +287,19 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, c
 // network namespace of its own, and the e2e framework assumes it (its
 // failure dumps ask each node's kubelet for its pods there).
 const kubeletPort = 10250
+
+// kubeletNoEviction keeps the kubelet from evicting a test pod or
+// collecting a test image on a test machine (or VM) of little free disk.
+const kubeletNoEviction = `evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+  imagefs.inodesFree: "1%"
+mergeDefaultEvictionSettings: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+`
 
 // kubeletConfig is the node's KubeletConfiguration; the run fills in its
 // addresses, ports, certificates and folders.
@@ -321,16 +334,7 @@ clusterDomain: cluster.local
 # Test hosts have swap or not, little free disk maybe, and share the machine:
 # never evict a test pod and never garbage-collect the test images.
 failSwapOn: false
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%%"
-  nodefs.inodesFree: "1%%"
-  imagefs.available: "1%%"
-  imagefs.inodesFree: "1%%"
-mergeDefaultEvictionSettings: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
+%sserializeImagePulls: false
 # Leave the host alone: no iptables chains, no oom_score_adj for itself; the
 # kernel settings it still sets are restored by the test.
 makeIPTablesUtilChains: false

@@ -301,7 +301,7 @@ func (v *vmNode) writeConfig(t *testing.T, dir, server, mirror string) {
 	}
 	files["etc/kubernetes/kubelet.conf"] = kubeconfig("kubelet-client")
 	files["etc/kubernetes/kube-proxy.conf"] = kubeconfig("kube-proxy")
-	files["etc/kubernetes/kubelet.yaml"] = fmt.Sprintf(vmKubeletConfig, vmTaint)
+	files["etc/kubernetes/kubelet.yaml"] = fmt.Sprintf(vmKubeletConfig, vmTaint, kubeletNoEviction)
 	files["etc/kubernetes/kube-proxy.yaml"] = fmt.Sprintf(vmKubeProxyConfig, v.name, clusterCIDR+","+clusterCIDR6)
 	files["etc/berth/config.toml"] = fmt.Sprintf(vmBerthConfig, v.e.reg.Host, "http://"+mirror)
 	files["etc/resolv.conf"] = "nameserver 192.0.2.53\noptions ndots:2\n"
@@ -346,17 +346,7 @@ memorySwap:
 registerWithTaints:
 - key: %s
   effect: NoSchedule
-# The VM's disk is small: never evict a test pod, never collect its images.
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%%"
-  nodefs.inodesFree: "1%%"
-  imagefs.available: "1%%"
-  imagefs.inodesFree: "1%%"
-mergeDefaultEvictionSettings: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-`
+%s`
 
 const vmKubeProxyConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration

@@ -33,3 +33,26 @@ copy_systemd() {
 		fi
 	done < <(dpkg -L systemd libsystemd-shared)
 }
+
+# add_busybox DIR: busybox-static as DIR/bin/busybox, and each of its applets
+# where DIR has nothing of that name yet.
+add_busybox() {
+	local dir=$1 a
+	cp /bin/busybox "$dir/bin/busybox"
+	for a in $(/bin/busybox --list-full); do
+		[[ -e $dir/$a || -L $dir/$a ]] || ln -s /bin/busybox "$dir/$a"
+	done
+}
+
+# write_users: root and nobody, the users and groups a VM's root needs.
+write_users() {
+	cat >"$root/etc/passwd" <<'USERS'
+root:x:0:0:root:/root:/bin/sh
+nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+USERS
+	cat >"$root/etc/group" <<'GROUPS'
+root:x:0:
+tty:x:5:
+nogroup:x:65534:
+GROUPS
+}

@@ -46,7 +46,7 @@ rm -rf "$out/root" "$out/initrd"
 root="$out/root"
 mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,usr/local/sbin,etc,proc,sys,dev,run,tmp,var/tmp,var/lib,var/log,root,lib/modules}
 
-. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd
+. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd, add_busybox, write_users
 # install_bin SRC DEST: a binary of the tree or of the tier, with its libraries.
 install_bin() {
 	install -D -m 0755 "$1" "$root$2"
@@ -73,21 +73,9 @@ done
 copy_systemd
 
 # busybox-static's applets where nothing above is.
-cp /bin/busybox "$root/bin/busybox"
-for a in $(/bin/busybox --list-full); do
-	[[ -e $root/$a || -L $root/$a ]] || ln -s /bin/busybox "$root/$a"
-done
+add_busybox "$root"
 cp -a "$mods/lib/modules/$release" "$root/lib/modules/"
-
-cat >"$root/etc/passwd" <<'EOF'
-root:x:0:0:root:/root:/bin/sh
-nobody:x:65534:65534:nobody:/nonexistent:/bin/false
-EOF
-cat >"$root/etc/group" <<'EOF'
-root:x:0:
-tty:x:5:
-nogroup:x:65534:
-EOF
+write_users
 : >"$root/etc/machine-id"
 printf 'NAME="berth VM node"\nID=debian\n' >"$root/etc/os-release"
 echo "hosts: files dns" >"$root/etc/nsswitch.conf"
@@ -210,10 +198,7 @@ cp -a "$config/." "$root/"
 # --- the initramfs: the VM tier's stage 1, with virtio_net ---------------------
 ird="$out/initrd"
 mkdir -p "$ird"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,newroot,lib/modules}
-cp /bin/busybox "$ird/bin/busybox"
-for a in $(/bin/busybox --list-full); do
-	[[ -e $ird/$a || -L $ird/$a ]] || ln -s /bin/busybox "$ird/$a"
-done
+add_busybox "$ird"
 cp -a "$kdir/lib/modules/$release" "$ird/lib/modules/"
 m="$ird/lib/modules/$release/kernel"
 for f in drivers/net/virtio_net.ko drivers/net/net_failover.ko net/core/failover.ko; do
