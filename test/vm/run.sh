@@ -160,21 +160,12 @@ for t in $tests; do
 done
 echo "test-vm: built in $(elapsed "$t_start")s"
 
+. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd, add_busybox, write_users
+
 # busybox-static as /bin/busybox (the test images are made from it) and
 # every applet.
-cp /bin/busybox "$root/bin/busybox"
-for a in $(/bin/busybox --list-full); do
-	[[ -e $root/$a || -L $root/$a ]] || ln -s /bin/busybox "$root/$a"
-done
-cat >"$root/etc/passwd" <<'EOF'
-root:x:0:0:root:/root:/bin/sh
-nobody:x:65534:65534:nobody:/nonexistent:/bin/false
-EOF
-cat >"$root/etc/group" <<'EOF'
-root:x:0:
-tty:x:5:
-nogroup:x:65534:
-EOF
+add_busybox "$root"
+write_users
 printf '127.0.0.1\tlocalhost berth-vm\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 echo "hosts: files dns" >"$root/etc/nsswitch.conf"
 : >"$root/etc/resolv.conf"
@@ -191,7 +182,6 @@ install -m 0644 cmd/berthd/berthd.service "$root/berth/berthd.service"
 # the AppArmor tests theirs (the kernel boots with AppArmor as its LSM); and
 # mkfs.ext4, with which TestDiskFull makes its small root (busybox has no
 # mkfs for ext4).
-. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd
 host_files=(/usr/lib/cni/* /usr/lib/x86_64-linux-gnu/xtables/*.so
 	/usr/sbin/{iptables,iptables-save,iptables-restore,ip6tables,ip6tables-save,ip6tables-restore}
 	/usr/sbin/apparmor_parser /usr/sbin/mkfs.ext4)
@@ -231,10 +221,7 @@ fi
 # --- the initramfs: busybox, the modules, boot.sh as /init -------------------
 ird="$out/initrd"
 mkdir -p "$ird"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,newroot,lib/modules}
-cp /bin/busybox "$ird/bin/busybox"
-for a in $(/bin/busybox --list-full); do
-	[[ -e $ird/$a || -L $ird/$a ]] || ln -s /bin/busybox "$ird/$a"
-done
+add_busybox "$ird"
 cp -a "$kdir/lib/modules/$release" "$ird/lib/modules/"
 cp test/vm/modules "$ird/etc/berth-vm-modules"
 install -m 0755 test/vm/boot.sh "$ird/init"
