@@ -25,15 +25,26 @@ const scopePrefix = "berth"
 // PodCgroup returns the pod's cgroup. The kubelet's cgroup_parent already
 // names the pod's own cgroup ("/kubepods/burstable/pod<uid>" for cgroupfs,
 // "kubepods-burstable-pod<uid>.slice" for systemd), so it is used as given.
-// Without one (crictl, critest) the pod goes under berth's own parent:
-// "/berth/pod<uid>" or "berth-pod<uid>.slice". A systemd slice given as a
-// path (critest's "/test.slice") is its last element, as containerd reads
-// it: systemd places a slice by its name alone.
+// A kubelet on the systemd driver sends the slice's expanded path,
+// "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice"
+// (its CgroupName.ToSystemd): that is the slice named by its last element,
+// which is what containerd and CRI-O take too (critest's "/test.slice" is
+// the same form). Without one (crictl,
+// critest) the pod goes under berth's own parent: "/berth/pod<uid>" or
+// "berth-pod<uid>.slice".
 func (m *Manager) PodCgroup(cgroupParent, podUID string) string {
 	uid := sanitize(podUID)
 	if m.driver == Systemd {
+		if strings.Contains(cgroupParent, "/") {
+			// Only the expansion of its own last element: any other
+			// path stays as given, and is refused as a slice name.
+			slice := path.Base(cgroupParent)
+			if dir, err := systemd.ExpandSlice(slice); err == nil && dir == path.Clean("/"+cgroupParent) {
+				return slice
+			}
+		}
 		if cgroupParent != "" {
-			return path.Base(cgroupParent)
+			return cgroupParent
 		}
 		// "-" separates slice levels in systemd, so it cannot appear in a name.
 		return "berth-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice"

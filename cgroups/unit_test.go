@@ -152,8 +152,13 @@ func TestPaths(t *testing.T) {
 		{fsm.ContainerCgroupsPath("/kubepods/pod1", "../x"), "/kubepods/pod1/___x"},
 		{sdm.PodCgroup("kubepods-burstable-pod1234_ab.slice", "1234-ab"), "kubepods-burstable-pod1234_ab.slice"},
 		{sdm.PodCgroup("", "1234-ab"), "berth-pod1234_ab.slice"},
-		{sdm.PodCgroup("/test.slice", "1234-ab"), "test.slice"},
+		// The kubelet's expanded form (CgroupName.ToSystemd): its slice.
+		{sdm.PodCgroup("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234_ab.slice", "1234-ab"), "kubepods-burstable-pod1234_ab.slice"},
 		{sdm.PodCgroup("/kubepods.slice/kubepods-pod1.slice", "1"), "kubepods-pod1.slice"},
+		{sdm.PodCgroup("/test.slice", "1234-ab"), "test.slice"},
+		// A path that is not its last element's expansion stays as given
+		// (and is refused as a slice name when the pod's cgroup is made).
+		{sdm.PodCgroup("/system.slice/kubepods-pod1.slice", "1"), "/system.slice/kubepods-pod1.slice"},
 		{sdm.ContainerCgroupsPath("kubepods-pod1.slice", "c0ffee"), "kubepods-pod1.slice:berth:c0ffee"},
 	} {
 		if tc.got != tc.want {
@@ -530,47 +535,5 @@ func TestParseKeyValues(t *testing.T) {
 	}
 	if found, err := r.keyValues(dir, "missing.stat", []string{"wanted"}, v[:]); found != 0 || err != nil {
 		t.Errorf("keyValues(missing.stat) = %b, %v; want nothing found, no error", found, err)
-	}
-}
-
-func TestV2FakePSI(t *testing.T) {
-	root := fakeV2(t)
-	m, err := newManager(Cgroupfs, root, V2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFiles(t, filepath.Join(root, "kubepods/pod1/c1"), map[string]string{
-		"memory.events": "oom_kill 0\n",
-		// Linux before 5.13: no full line for CPU.
-		"cpu.pressure":    "some avg10=1.50 avg60=0.25 avg300=0.05 total=2000\n",
-		"memory.pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=30\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n",
-		"io.pressure":     "some avg10=0.10 avg60=0.20 avg300=0.30 total=7\nfull avg10=0.01 avg60=0.02 avg300=0.03 total=5\n",
-	})
-	st, err := m.Stats("/kubepods/pod1/c1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := PSI{
-		CPU:    Pressure{Some: PressureData{TotalNanos: 2000000, Avg10: 1.5, Avg60: 0.25, Avg300: 0.05}, OK: true},
-		Memory: Pressure{Some: PressureData{TotalNanos: 30000}, Full: PressureData{TotalNanos: 10000}, OK: true, HasFull: true},
-		IO: Pressure{Some: PressureData{TotalNanos: 7000, Avg10: 0.1, Avg60: 0.2, Avg300: 0.3},
-			Full: PressureData{TotalNanos: 5000, Avg10: 0.01, Avg60: 0.02, Avg300: 0.03}, OK: true, HasFull: true},
-	}
-	if st.PSI != want {
-		t.Errorf("PSI\n got %+v\nwant %+v", st.PSI, want)
-	}
-
-	writeFiles(t, filepath.Join(root, "kubepods/pod1/c1"), map[string]string{"io.pressure": "some avg10=0.10 total=7\n"})
-	if _, err := m.Stats("/kubepods/pod1/c1"); err == nil || !strings.Contains(err.Error(), "io.pressure") {
-		t.Errorf("Stats with a short io.pressure line: %v, want an error naming the file", err)
-	}
-}
-
-func TestParsePressureRefusesOtherFiles(t *testing.T) {
-	for _, b := range []string{"", "full avg10=0 avg60=0 avg300=0 total=1\n", "some avg10=x avg60=0 avg300=0 total=1\n",
-		"some avg10=0 avg60=0 avg300=0 total=-1\n", "usage_usec 5\n"} {
-		if p, err := parsePressure([]byte(b)); err == nil {
-			t.Errorf("parsePressure(%q) = %+v, want an error", b, p)
-		}
 	}
 }

@@ -31,41 +31,58 @@ const ns = "e2e"
 func TestCluster(t *testing.T) {
 	requireTier(t)
 	begin := time.Now()
-	e := newEnv(t)
+	e := newEnv(t, vmEnabled())
 	t.Logf("cluster up in %s", time.Since(begin).Round(100*time.Millisecond))
-
-	step := func(name string, f func(t *testing.T)) bool {
-		start := time.Now()
-		ok := t.Run(name, f)
-		t.Logf("%s: %s", name, time.Since(start).Round(100*time.Millisecond))
-		return ok
+	// The netns nodes' steps and the VM node's (which wait for it to boot)
+	// run side by side; newEnv's cleanups, the teardown, wait for both.
+	t.Run("NetnsNodes", func(t *testing.T) {
+		t.Parallel()
+		e.netnsNodes(t, begin)
+	})
+	if e.vm != nil {
+		t.Run("ProductionNode", func(t *testing.T) {
+			t.Parallel()
+			e.productionNode(t, begin)
+		})
 	}
-	if !step("Node", e.node) || !step("Deployment", e.deployment) {
+}
+
+// step runs f as the subtest name of t and logs its time.
+func step(t *testing.T, name string, f func(t *testing.T)) bool {
+	start := time.Now()
+	ok := t.Run(name, f)
+	t.Logf("%s: %s", name, time.Since(start).Round(100*time.Millisecond))
+	return ok
+}
+
+// netnsNodes: the scenarios of the two netns nodes, in order.
+func (e *env) netnsNodes(t *testing.T, begin time.Time) {
+	if !step(t, "Node", e.node) || !step(t, "Deployment", e.deployment) {
 		return
 	}
 	e.applyPods(t)
-	step("PodIPs", e.podIPs)
-	step("ClusterIPService", e.service)
-	step("DualStack", e.dualStack)
-	step("Logs", e.logs)
-	step("ExecCpAttachPortForward", e.streams)
-	step("Volumes", e.volumes)
-	step("ImageVolume", e.imageVolume)
-	step("Probes", e.probes)
-	step("OOMKilled", e.oom)
-	step("HostPortHostNetwork", e.hostAccess)
-	step("SeccompUserNamespace", e.security)
-	step("Limits", e.limits)
-	step("InPlaceResize", e.resize)
-	step("KubeletAsks", e.kubeletAsks)
-	step("Scale", e.scale)
-	step("RollingUpdate", e.rollingUpdate)
-	step("Job", e.job)
-	step("BerthdKilledDuringRollout", e.berthdKilled)
-	step("KubeletRestart", e.kubeletRestart)
-	step("TwoNodes", e.twoNodes)
-	step("Delete", e.deleteAll)
-	step("NoUnimplemented", e.noUnimplemented)
+	step(t, "PodIPs", e.podIPs)
+	step(t, "ClusterIPService", e.service)
+	step(t, "DualStack", e.dualStack)
+	step(t, "Logs", e.logs)
+	step(t, "ExecCpAttachPortForward", e.streams)
+	step(t, "Volumes", e.volumes)
+	step(t, "ImageVolume", e.imageVolume)
+	step(t, "Probes", e.probes)
+	step(t, "OOMKilled", e.oom)
+	step(t, "HostPortHostNetwork", e.hostAccess)
+	step(t, "SeccompUserNamespace", e.security)
+	step(t, "Limits", e.limits)
+	step(t, "InPlaceResize", e.resize)
+	step(t, "KubeletAsks", e.kubeletAsks)
+	step(t, "Scale", e.scale)
+	step(t, "RollingUpdate", e.rollingUpdate)
+	step(t, "Job", e.job)
+	step(t, "BerthdKilledDuringRollout", e.berthdKilled)
+	step(t, "KubeletRestart", e.kubeletRestart)
+	step(t, "TwoNodes", e.twoNodes)
+	step(t, "Delete", e.deleteAll)
+	step(t, "NoUnimplemented", e.noUnimplemented)
 	t.Logf("scenarios done in %s (then the teardown)", time.Since(begin).Round(time.Second))
 }
 

@@ -69,7 +69,7 @@ func TestConformance(t *testing.T) {
 	}
 	skips := readSkipList(t, conformanceSkips)
 	begin := time.Now()
-	e := newEnv(t)
+	e := newEnv(t, false)
 	kubeenv.NeedFiles(t, "`make test-conformance` (or set CLUSTER_BIN_DIR)",
 		e.bin("e2e.test"), e.bin("ginkgo"), e.bin("agnhost"), e.bin("nonewprivs"))
 	repoList := e.pushE2EImages(t)

@@ -75,6 +75,10 @@ type env struct {
 	apiPort                                 int
 
 	nodes []*node // both schedulable, in namespaces of their own (node_test.go)
+	// vm is the VM node (vmnode_test.go): TestCluster's, not the e2e
+	// tier's; nil without it.
+	vm     *vmNode
+	withVM bool
 
 	hostPort, hostNetPort int // of the hostport and hostnet pods
 }
@@ -83,10 +87,12 @@ func requireTier(t *testing.T) { kubeenv.Require(t, guardEnv, "test-cluster") }
 
 // newEnv checks the host and the binaries, then starts everything; each part
 // is stopped and removed by cleanups registered here, in reverse order.
-func newEnv(t *testing.T) *env {
+// With withVM the VM node boots beside the control plane and the netns
+// nodes (vmnode_test.go); its steps wait for it.
+func newEnv(t *testing.T, withVM bool) *env {
 	t.Helper()
 	repo := kubeenv.RepoRoot(t)
-	e := &env{t: t,
+	e := &env{t: t, withVM: withVM,
 		binDir: kubeenv.EnvOr("BERTH_BIN_DIR", filepath.Join(repo, "bin")),
 		k8sBin: kubeenv.EnvOr("CLUSTER_BIN_DIR", filepath.Join(repo, "bin", "cluster")),
 	}
@@ -152,6 +158,9 @@ func (e *env) startControlPlane() {
 	e.admin = p.kubeconfig(t, "admin", server, p.issue(t, "admin", "berth-admin", []string{"system:masters"}))
 	cmConfig := p.kubeconfig(t, "controller-manager", server, p.issue(t, "controller-manager", "system:kube-controller-manager", nil))
 	schedConfig := p.kubeconfig(t, "scheduler", server, p.issue(t, "scheduler", "system:kube-scheduler", nil))
+	if e.withVM {
+		e.startVMNode(server)
+	}
 
 	clientPort, peerPort := kubeenv.FreePort(t), kubeenv.FreePort(t)
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
@@ -264,7 +273,7 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, c
 	serving := e.pki.issue(t, "kubelet-serving-"+name, "system:node:"+name, []string{"system:nodes"}, ip, ip6, name)
 	healthz := kubeenv.FreePort(t)
 	config := fmt.Sprintf(kubeletConfig, ip, kubeletPort, ip, healthz, serving.cert, serving.key, e.pki.caFile,
-		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket)
+		cgroups.Root, w.Path("pod-logs"), w.Path("volume-plugins"), resolv, "unix://"+socket, kubeletNoEviction)
 	configPath := w.Path("kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
@@ -278,6 +287,19 @@ func (e *env) kubeletArgs(t *testing.T, w *kubeenv.Work, name, ip, ip6 string, c
 // network namespace of its own, and the e2e framework assumes it (its
 // failure dumps ask each node's kubelet for its pods there).
 const kubeletPort = 10250
+
+// kubeletNoEviction keeps the kubelet from evicting a test pod or
+// collecting a test image on a test machine (or VM) of little free disk.
+const kubeletNoEviction = `evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+  imagefs.inodesFree: "1%"
+mergeDefaultEvictionSettings: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+`
 
 // kubeletConfig is the node's KubeletConfiguration; the run fills in its
 // addresses, ports, certificates and folders.
@@ -312,16 +334,7 @@ clusterDomain: cluster.local
 # Test hosts have swap or not, little free disk maybe, and share the machine:
 # never evict a test pod and never garbage-collect the test images.
 failSwapOn: false
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%%"
-  nodefs.inodesFree: "1%%"
-  imagefs.available: "1%%"
-  imagefs.inodesFree: "1%%"
-mergeDefaultEvictionSettings: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
+%sserializeImagePulls: false
 # Leave the host alone: no iptables chains, no oom_score_adj for itself; the
 # kernel settings it still sets are restored by the test.
 makeIPTablesUtilChains: false

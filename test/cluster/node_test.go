@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -250,24 +249,7 @@ func (n *node) serveRegistry() {
 		t.Fatalf("listen on %s in %s: %v", reg, n.netns, err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r, err := net.Dial("tcp", reg)
-				if err != nil {
-					return
-				}
-				defer r.Close()
-				go func() { _, _ = io.Copy(r, c); r.(*net.TCPConn).CloseWrite() }()
-				_, _ = io.Copy(c, r)
-			}()
-		}
-	}()
+	go forward(ln, reg)
 }
 
 // listenIn opens a TCP listener in the network namespace at nsPath: on a

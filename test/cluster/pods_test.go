@@ -275,17 +275,24 @@ func (e *env) streams(t *testing.T) {
 	}
 	e.waitPod(t, ns, "attach", 30*time.Second, "Succeeded once its stdin closed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
 
+	e.portForwardGet(t, ns, web, "v1 "+web+"\n", 30*time.Second)
+}
+
+// portForwardGet runs kubectl port-forward from a free loopback port to
+// port 8080 of pod, and waits until a GET through it answers want.
+func (e *env) portForwardGet(t *testing.T, namespace, pod, want string, timeout time.Duration) {
+	t.Helper()
 	port := kubeenv.FreePort(t)
 	c, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pf := e.kubectlCmd(c, "port-forward", "-n", ns, "pod/"+web, fmt.Sprintf("%d:8080", port))
+	pf := e.kubectlCmd(c, "port-forward", "-n", namespace, "pod/"+pod, fmt.Sprintf("%d:8080", port))
 	if err := pf.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { cancel(); _ = pf.Wait() }()
-	kubeenv.WaitFor(t, 30*time.Second, "kubectl port-forward", func() (bool, string) {
+	kubeenv.WaitFor(t, timeout, "kubectl port-forward to "+pod, func() (bool, string) {
 		body, err := kubeenv.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
-		return err == nil && body == "v1 "+web+"\n", fmt.Sprintf("%q %v", body, err)
+		return err == nil && body == want, fmt.Sprintf("%q %v", body, err)
 	})
 }
 

@@ -35,6 +35,8 @@ spec:
       - maxSkew: 1
         topologyKey: kubernetes.io/hostname
         whenUnsatisfiable: DoNotSchedule
+        # The VM node's taint keeps it out of the spread's domains.
+        nodeTaintsPolicy: Honor
         labelSelector:
           matchLabels: {app: spread}
       containers:

@@ -170,21 +170,12 @@ for t in $tests; do
 done
 echo "test-vm: built in $(elapsed "$t_start")s"
 
+. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd, add_busybox, write_users
+
 # busybox-static as /bin/busybox (the test images are made from it) and
 # every applet.
-cp /bin/busybox "$root/bin/busybox"
-for a in $(/bin/busybox --list-full); do
-	[[ -e $root/$a || -L $root/$a ]] || ln -s /bin/busybox "$root/$a"
-done
-cat >"$root/etc/passwd" <<'EOF'
-root:x:0:0:root:/root:/bin/sh
-nobody:x:65534:65534:nobody:/nonexistent:/bin/false
-EOF
-cat >"$root/etc/group" <<'EOF'
-root:x:0:
-tty:x:5:
-nogroup:x:65534:
-EOF
+add_busybox "$root"
+write_users
 printf '127.0.0.1\tlocalhost berth-vm\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 echo "hosts: files dns" >"$root/etc/nsswitch.conf"
 : >"$root/etc/resolv.conf"
@@ -201,18 +192,6 @@ install -m 0644 cmd/berthd/berthd.service "$root/berth/berthd.service"
 # the AppArmor tests theirs (the kernel boots with AppArmor as its LSM); and
 # mkfs.ext4, with which TestDiskFull makes its small root (busybox has no
 # mkfs for ext4).
-copy_host_file() { # PATH: the file at the same path, symlinks resolved, plus its libraries
-	local f=$1 real lib
-	real=$(readlink -f "$f")
-	[[ -e $root$real ]] || install -D "$real" "$root$real"
-	if [[ $f != "$real" && ! -e $root$f ]]; then
-		mkdir -p "$root$(dirname "$f")"
-		ln -s "$real" "$root$f"
-	fi
-	for lib in $(ldd "$real" 2>/dev/null | grep -o '/[^ ]*' || true); do
-		[[ -e $root$lib ]] || install -D "$(readlink -f "$lib")" "$root$lib"
-	done
-}
 host_files=(/usr/lib/cni/* /usr/lib/x86_64-linux-gnu/xtables/*.so
 	/usr/sbin/{iptables,iptables-save,iptables-restore,ip6tables,ip6tables-save,ip6tables-restore}
 	/usr/sbin/apparmor_parser /usr/sbin/mkfs.ext4)
@@ -220,22 +199,11 @@ for f in "${host_files[@]}"; do
 	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
 done
 
-# Debian's systemd (deps.sh installs it on the host, where it need not run):
-# the files of its packages, less documentation, and the libraries of its
-# programs. No dbus: as root, the systemd cgroup manager falls back to
-# systemd's private socket (/run/systemd/private) without a bus.
+# Debian's systemd (copy_systemd). No dbus: as root, the systemd cgroup
+# manager falls back to systemd's private socket (/run/systemd/private)
+# without a bus.
 if [[ $vm_init == systemd ]]; then
-	while IFS= read -r f; do
-		[[ -L $f || -f $f ]] || continue
-		case $f in /usr/share/doc/* | /usr/share/man/* | /usr/share/locale/* | /usr/share/zsh/* | /usr/share/bash-completion/*) continue ;; esac
-		if [[ -L $f ]]; then
-			[[ -e $root$f || -L $root$f ]] || { mkdir -p "$root$(dirname "$f")" && cp -P "$f" "$root$f"; }
-		elif [[ $(head -c4 "$f" | od -An -c | tr -d ' ') == 177ELF ]]; then
-			copy_host_file "$f"
-		else
-			[[ -e $root$f ]] || install -D -m "$(stat -c %a "$f")" "$f" "$root$f"
-		fi
-	done < <(dpkg -L systemd libsystemd-shared)
+	copy_systemd
 	[[ -x $root/lib/systemd/systemd ]] || { echo "test-vm: no /lib/systemd/systemd in the image: run test/vm/deps.sh" >&2; exit 2; }
 	# The one unit the boot starts (systemd.unit= on the command line), with
 	# no default dependencies: nothing else starts, no getty, udev, journald
@@ -263,10 +231,7 @@ fi
 # --- the initramfs: busybox, the modules, boot.sh as /init -------------------
 ird="$out/initrd"
 mkdir -p "$ird"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,newroot,lib/modules}
-cp /bin/busybox "$ird/bin/busybox"
-for a in $(/bin/busybox --list-full); do
-	[[ -e $ird/$a || -L $ird/$a ]] || ln -s /bin/busybox "$ird/$a"
-done
+add_busybox "$ird"
 cp -a "$kdir/lib/modules/$release" "$ird/lib/modules/"
 cp test/vm/modules "$ird/etc/berth-vm-modules"
 install -m 0755 test/vm/boot.sh "$ird/init"

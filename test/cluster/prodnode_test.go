@@ -1,0 +1,521 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-runtime/berth/test/kubeenv"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// prodNS is the namespace of the VM node's steps: the netns nodes' Delete
+// step empties e2e while these may still run.
+const prodNS = "prod"
+
+// productionNode: the steps on the VM node (vmnode_test.go), the node users
+// run: systemd, cgroup v2, the kubelet on the systemd driver.
+func (e *env) productionNode(t *testing.T, begin time.Time) {
+	if !step(t, "Node", e.vmNodeReady) {
+		return
+	}
+	step(t, "Resources", e.vmResources)
+	step(t, "AppArmor", e.vmAppArmor)
+	step(t, "InPlaceResize", e.vmResize)
+	step(t, "Streams", e.vmStreams)
+	step(t, "BerthdRestart", e.vmBerthdRestart)
+	t.Logf("VM node steps done in %s (then the teardown)", time.Since(begin).Round(time.Second))
+}
+
+// vmNodeReady: the node Ready with berth as its runtime and its taint; the
+// kubelet on the systemd cgroup driver, which it took from berth's
+// RuntimeConfig, LimitedSwap, failCgroupV1 at its default (true: the node
+// is cgroup v2, or the kubelet would not start); the node's setup saw
+// cgroup2, AppArmor and swap.
+func (e *env) vmNodeReady(t *testing.T) {
+	v := e.vm
+	v.join(t)
+	n := e.waitNodeReady(t, v.name, time.Minute)
+	if rv := n.Status.NodeInfo.ContainerRuntimeVersion; !strings.HasPrefix(rv, "berth://0.") {
+		t.Errorf("%s: runtime version %q, want berth://<semantic version>", v.name, rv)
+	}
+	tainted := false
+	for _, taint := range n.Spec.Taints {
+		tainted = tainted || (taint.Key == vmTaint && taint.Effect == corev1.TaintEffectNoSchedule)
+	}
+	if !tainted {
+		t.Errorf("%s: taints %v, want %s:NoSchedule", v.name, n.Spec.Taints, vmTaint)
+	}
+	t.Logf("kubectl get node %s -o yaml:\n%s", v.name, e.kubectl(t, "get", "node", v.name, "-o", "yaml"))
+
+	var configz struct {
+		Config struct {
+			CgroupDriver string `json:"cgroupDriver"`
+			FailCgroupV1 *bool  `json:"failCgroupV1"`
+			MemorySwap   struct {
+				SwapBehavior string `json:"swapBehavior"`
+			} `json:"memorySwap"`
+			FeatureGates map[string]bool `json:"featureGates"`
+		} `json:"kubeletconfig"`
+	}
+	raw := e.kubectl(t, "get", "--raw", "/api/v1/nodes/"+v.name+"/proxy/configz")
+	if err := json.Unmarshal([]byte(raw), &configz); err != nil {
+		t.Fatalf("configz: %v\n%s", err, raw)
+	}
+	c := configz.Config
+	t.Logf("%s's kubelet (configz): cgroupDriver %q, failCgroupV1 %v, memorySwap.swapBehavior %q, featureGates %v",
+		v.name, c.CgroupDriver, deref(c.FailCgroupV1), c.MemorySwap.SwapBehavior, c.FeatureGates)
+	if c.CgroupDriver != "systemd" {
+		t.Errorf("the kubelet's cgroupDriver %q, want systemd (from berth's RuntimeConfig)", c.CgroupDriver)
+	}
+	if c.FailCgroupV1 == nil || !*c.FailCgroupV1 {
+		t.Errorf("failCgroupV1 %v, want its default, true", deref(c.FailCgroupV1))
+	}
+	if c.MemorySwap.SwapBehavior != "LimitedSwap" {
+		t.Errorf("memorySwap.swapBehavior %q, want LimitedSwap", c.MemorySwap.SwapBehavior)
+	}
+	if len(c.FeatureGates) != 0 {
+		t.Errorf("feature gates %v, want none set", c.FeatureGates)
+	}
+	// The kubelet says where its driver came from.
+	fromCRI := ""
+	for _, l := range strings.Split(readFile(t, v.kubelet), "\n") {
+		if strings.Contains(l, "cgroup driver setting received from the CRI runtime") {
+			fromCRI = strings.TrimSpace(l)
+		}
+	}
+	if !strings.Contains(fromCRI, `cgroupDriver="systemd"`) {
+		t.Errorf("no kubelet log line of the systemd driver received from the CRI runtime (%q)", fromCRI)
+	}
+	t.Logf("kubelet: %s", fromCRI)
+	setup := ""
+	for _, l := range strings.Split(readFile(t, v.console), "\n") {
+		if strings.HasPrefix(l, "berth-node: ready") {
+			setup = strings.TrimSpace(l)
+		}
+	}
+	t.Logf("console: %s", setup)
+	if !strings.Contains(setup, "cgroup cgroup2;") || !strings.Contains(setup, "AppArmor enabled: Y") {
+		t.Errorf("the node's setup: %q, want cgroup2 and AppArmor enabled", setup)
+	}
+	e.apply(t, prodNamespace)
+	kubeenv.WaitFor(t, time.Minute, "the default service account of "+prodNS, func() (bool, string) {
+		_, err := e.kubectlErr("get", "serviceaccount", "default", "-n", prodNS)
+		return err == nil, fmt.Sprint(err)
+	})
+	e.apply(t, cgroupProbe)
+	e.waitPod(t, prodNS, "cgprobe", vmStartTimeout, "Running", running)
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+const prodNamespace = `apiVersion: v1
+kind: Namespace
+metadata:
+  name: prod
+  labels:
+    berth.test/cluster: "1"
+`
+
+// vmPodSpec places a pod on the VM node, tolerating its taint.
+const vmPodSpec = `      nodeSelector: {kubernetes.io/hostname: berth-vm-node}
+      tolerations: [{key: berth.test/vm-node, operator: Exists, effect: NoSchedule}]
+      terminationGracePeriodSeconds: 0
+`
+
+// vmPod is a pod of prod on the VM node (tolerating its taint), named
+// name, with labels, running sleep or the web server (web) with resources
+// (the container's resources block, "" for none) and securityContext
+// (likewise); podSpec adds to the pod's spec.
+func vmPod(name, labels string, web bool, resources, securityContext, podSpec string) string {
+	y := "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name + ", namespace: prod, labels: {" + labels + "}}\nspec:\n" +
+		strings.ReplaceAll(vmPodSpec, "      ", "  ") + podSpec + "  containers:\n  - name: app\n    image: IMAGE\n"
+	if web {
+		y += "    command: [\"/bin/web\", \"serve\", \":8080\"]\n    readinessProbe:\n      httpGet: {path: /, port: 8080}\n      periodSeconds: 1\n"
+	} else {
+		y += "    command: [\"sleep\", \"36000\"]\n"
+	}
+	if resources != "" {
+		y += "    resources: " + resources + "\n"
+	}
+	if securityContext != "" {
+		y += "    securityContext: " + securityContext + "\n"
+	}
+	return y
+}
+
+// cgroupProbe reads the VM node's cgroup tree and processes: privileged,
+// the host's PID namespace, /sys/fs/cgroup at /cg.
+var cgroupProbe = vmPod("cgprobe", "", false, "", "{privileged: true}", "  hostPID: true\n") +
+	"    volumeMounts: [{name: cg, mountPath: /cg, readOnly: true}]\n  volumes: [{name: cg, hostPath: {path: /sys/fs/cgroup}}]\n"
+
+// resDeployment: two Burstable replicas (requests below limits).
+var resDeployment = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: res, namespace: prod}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: res}
+  template:
+    metadata:
+      labels: {app: res}
+    spec:
+` + vmPodSpec + `      containers:
+      - name: app
+        image: IMAGE
+        command: ["sleep", "36000"]
+        resources:
+          requests: {cpu: 100m, memory: 32Mi}
+          limits: {cpu: 300m, memory: 64Mi}
+`
+
+// guaranteedPod: requests equal to limits.
+var guaranteedPod = vmPod("guaranteed", "", false, "{requests: {cpu: 200m, memory: 48Mi}, limits: {cpu: 200m, memory: 48Mi}}", "", "")
+
+const pageSize = 4096
+
+// cpuWeight is cgroup v2's cpu.weight for CPU shares, as runc's
+// libcontainer (opencontainers/cgroups) converts them for berth.
+func cpuWeight(shares float64) int64 {
+	l := math.Log2(shares)
+	return int64(math.Ceil(math.Pow(10, (l*l+125*l)/612.0-7.0/34.0)))
+}
+
+// cgroupFiles reads the files of the cgroup folder dir (below the VM's
+// /sys/fs/cgroup) through the probe pod.
+func (e *env) cgroupFiles(t *testing.T, dir string, files ...string) map[string]string {
+	t.Helper()
+	script := ""
+	for _, f := range files {
+		script += fmt.Sprintf("printf '%%s=%%s\\n' %s \"$(cat /cg/%s/%s)\"; ", f, dir, f)
+	}
+	out := e.kubectl(t, "exec", "-n", prodNS, "cgprobe", "--", "sh", "-c", script)
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, val, ok := strings.Cut(l, "="); ok {
+			got[k] = val
+		}
+	}
+	return got
+}
+
+// containerCgroup is the cgroup folder (below /sys/fs/cgroup) of the
+// container of pod p, found below its pod slice by the container's ID.
+func (e *env) containerCgroup(t *testing.T, podSlice string, p *corev1.Pod) string {
+	t.Helper()
+	id := p.Status.ContainerStatuses[0].ContainerID
+	if i := strings.Index(id, "://"); i >= 0 {
+		id = id[i+3:]
+	}
+	out := strings.TrimSpace(e.kubectl(t, "exec", "-n", prodNS, "cgprobe", "--", "ls", "/cg/"+podSlice))
+	for _, f := range strings.Fields(out) {
+		if strings.Contains(f, id) {
+			return podSlice + "/" + f
+		}
+	}
+	t.Fatalf("no cgroup of container %s in %s: %s", id, podSlice, out)
+	return ""
+}
+
+// podSlice is the kubelet's systemd slice of pod p (below /sys/fs/cgroup).
+func podSlice(p *corev1.Pod) string {
+	uid := strings.ReplaceAll(string(p.UID), "-", "_")
+	switch p.Status.QOSClass {
+	case corev1.PodQOSGuaranteed:
+		return "kubepods.slice/kubepods-pod" + uid + ".slice"
+	case corev1.PodQOSBurstable:
+		return "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + uid + ".slice"
+	}
+	return "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uid + ".slice"
+}
+
+// vmResources: a Deployment's Burstable pods and a Guaranteed pod Ready on
+// the VM node, and the cgroup v2 files of their containers under the
+// kubelet's systemd slices as their specs imply: memory.max (the limit),
+// memory.high "max" (memory QoS is on by default in 1.37, but sets
+// memory.high only with a memoryThrottlingFactor, which the kubelet's
+// configuration leaves unset by default; memory.min and memory.low 0,
+// the default memoryReservationPolicy None),
+// memory.swap.max (LimitedSwap: the request's share of the node's memory,
+// of its swap, for Burstable; 0 for Guaranteed), cpu.max (the limit) and
+// cpu.weight (the request's shares); the pod slices' limits too.
+func (e *env) vmResources(t *testing.T) {
+	start := time.Now()
+	e.apply(t, resDeployment)
+	e.apply(t, guaranteedPod)
+	e.kubectl(t, "rollout", "status", "-n", prodNS, "deployment/res", "--timeout", vmStartTimeout.String())
+	g := e.waitPod(t, prodNS, "guaranteed", vmStartTimeout, "Running", running)
+	fmt.Printf("cluster: %s: 2 Burstable replicas and a Guaranteed pod Ready %s after the apply\n", e.vm.name, time.Since(start).Round(100*time.Millisecond))
+
+	var n corev1.Node
+	if err := json.Unmarshal([]byte(e.kubectl(t, "get", "node", e.vm.name, "-o", "json")), &n); err != nil {
+		t.Fatal(err)
+	}
+	memCap := n.Status.Capacity.Memory().Value()
+	var swapCap int64
+	if s := n.Status.NodeInfo.Swap; s != nil && s.Capacity != nil {
+		swapCap = *s.Capacity
+	}
+	if swapCap <= 0 {
+		t.Fatalf("node %s reports no swap (nodeInfo.swap %v)", e.vm.name, n.Status.NodeInfo.Swap)
+	}
+	t.Logf("node memory %d, swap %d", memCap, swapCap)
+
+	files := []string{"memory.max", "memory.high", "memory.min", "memory.low", "memory.swap.max", "cpu.max", "cpu.weight"}
+	expect := func(what string, got, want map[string]string) {
+		t.Helper()
+		for k, w := range want {
+			if got[k] != w {
+				t.Errorf("%s: %s = %q, want %q", what, k, got[k], w)
+			}
+		}
+	}
+	const mi = 1 << 20
+	burstable := e.pods(t, prodNS, "app=res")
+	if len(burstable) != 2 {
+		t.Fatalf("%d pods of app=res, want 2", len(burstable))
+	}
+	for _, p := range burstable {
+		if p.Spec.NodeName != e.vm.name || p.Status.QOSClass != corev1.PodQOSBurstable {
+			t.Fatalf("pod %s on %q, QoS %s: want %s, Burstable", p.Name, p.Spec.NodeName, p.Status.QOSClass, e.vm.name)
+		}
+		slice := podSlice(&p)
+		dir := e.containerCgroup(t, slice, &p)
+		got := e.cgroupFiles(t, dir, files...)
+		t.Logf("Burstable %s: %s: %v", p.Name, dir, got)
+		swap := int64(float64(32*mi)/float64(memCap)*float64(swapCap)) / pageSize * pageSize
+		expect("Burstable "+p.Name, got, map[string]string{
+			"memory.max":      strconv.Itoa(64 * mi),
+			"memory.high":     "max",
+			"memory.min":      "0",
+			"memory.low":      "0",
+			"memory.swap.max": strconv.FormatInt(swap, 10),
+			"cpu.max":         "30000 100000",
+			"cpu.weight":      strconv.FormatInt(cpuWeight(102), 10),
+		})
+		if swap <= 0 {
+			t.Errorf("Burstable %s: swap limit %d, want some", p.Name, swap)
+		}
+		pod := e.cgroupFiles(t, slice, "memory.max", "cpu.max")
+		expect("the slice of "+p.Name, pod, map[string]string{"memory.max": strconv.Itoa(64 * mi), "cpu.max": "30000 100000"})
+	}
+	if g.Spec.NodeName != e.vm.name || g.Status.QOSClass != corev1.PodQOSGuaranteed {
+		t.Fatalf("pod guaranteed on %q, QoS %s: want %s, Guaranteed", g.Spec.NodeName, g.Status.QOSClass, e.vm.name)
+	}
+	slice := podSlice(g)
+	dir := e.containerCgroup(t, slice, g)
+	got := e.cgroupFiles(t, dir, files...)
+	t.Logf("Guaranteed: %s: %v", dir, got)
+	expect("Guaranteed", got, map[string]string{
+		"memory.max":      strconv.Itoa(48 * mi),
+		"memory.high":     "max",
+		"memory.min":      "0",
+		"memory.low":      "0",
+		"memory.swap.max": "0",
+		"cpu.max":         "20000 100000",
+		"cpu.weight":      strconv.FormatInt(cpuWeight(204), 10),
+	})
+}
+
+// appArmorPod asks for the runtime's default AppArmor profile.
+var appArmorPod = vmPod("apparmor", "", false, "", "{appArmorProfile: {type: RuntimeDefault}}", "")
+
+// vmAppArmor: appArmorProfile RuntimeDefault puts the container's process
+// in berth's default profile, enforced, as the VM's kernel shows it.
+func (e *env) vmAppArmor(t *testing.T) {
+	e.apply(t, appArmorPod)
+	p := e.waitPod(t, prodNS, "apparmor", vmStartTimeout, "Running", running)
+	dir := e.containerCgroup(t, podSlice(p), p)
+	out := e.kubectl(t, "exec", "-n", prodNS, "cgprobe", "--", "sh", "-c",
+		fmt.Sprintf("for p in $(cat /cg/%s/cgroup.procs); do echo $p $(cat /proc/$p/attr/current) $(cat /proc/$p/cmdline | tr '\\0' ' '); done", dir))
+	t.Logf("processes of the apparmor pod's container, their AppArmor label and command:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) == 0 || strings.TrimSpace(out) == "" {
+		t.Fatalf("no process in %s", dir)
+	}
+	for _, l := range lines {
+		if !strings.Contains(l, " berth-default (enforce) ") {
+			t.Errorf("process %q: want berth-default (enforce)", l)
+		}
+	}
+}
+
+// resizePod is Burstable; its resize raises the CPU request and both limits.
+var resizePod = vmPod("resize", "", false, "{requests: {cpu: 100m, memory: 32Mi}, limits: {cpu: 300m, memory: 64Mi}}", "", "")
+
+// vmResize: kubectl patch --subresource resize changes the container's
+// cgroup v2 files under its slice and status.containerStatuses[].resources,
+// without a restart.
+func (e *env) vmResize(t *testing.T) {
+	e.apply(t, resizePod)
+	p := e.waitPod(t, prodNS, "resize", vmStartTimeout, "Running", running)
+	dir := e.containerCgroup(t, podSlice(p), p)
+	e.kubectl(t, "patch", "pod", "resize", "-n", prodNS, "--subresource", "resize", "--patch",
+		`{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"150m","memory":"32Mi"},"limits":{"cpu":"400m","memory":"96Mi"}}}]}}`)
+	const mi = 1 << 20
+	want := map[string]string{"memory.max": strconv.Itoa(96 * mi), "cpu.max": "40000 100000", "cpu.weight": strconv.FormatInt(cpuWeight(153), 10)}
+	kubeenv.WaitFor(t, vmStartTimeout, "the resize in the container's cgroup and status", func() (bool, string) {
+		got := e.cgroupFiles(t, dir, "memory.max", "cpu.max", "cpu.weight")
+		p = e.pod(t, prodNS, "resize")
+		cs := p.Status.ContainerStatuses[0]
+		if cs.Resources == nil {
+			return false, fmt.Sprintf("cgroup %v, no resources in the status", got)
+		}
+		status := fmt.Sprintf("cgroup %v, status limits cpu %s memory %s requests cpu %s", got,
+			cs.Resources.Limits.Cpu(), cs.Resources.Limits.Memory(), cs.Resources.Requests.Cpu())
+		for k, w := range want {
+			if got[k] != w {
+				return false, status
+			}
+		}
+		return cs.Resources.Limits.Cpu().String() == "400m" && cs.Resources.Limits.Memory().String() == "96Mi" &&
+			cs.Resources.Requests.Cpu().String() == "150m", status
+	})
+	if c := p.Status.ContainerStatuses[0]; c.RestartCount != 0 {
+		t.Errorf("the resized container restarted %d times", c.RestartCount)
+	}
+	slice := e.cgroupFiles(t, podSlice(p), "memory.max", "cpu.max")
+	if slice["memory.max"] != strconv.Itoa(96*mi) || slice["cpu.max"] != "40000 100000" {
+		t.Errorf("the pod slice after the resize: %v, want memory.max %d, cpu.max 40000 100000", slice, 96*mi)
+	}
+}
+
+// vmWebPods: a web server on the VM node, and one on a netns node (no
+// toleration) behind a Service.
+var vmWebPods = vmPod("vmweb", "app: vmweb", true, "", "", "") + `---
+apiVersion: v1
+kind: Pod
+metadata: {name: netweb, namespace: prod, labels: {app: netweb}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: web
+    image: IMAGE
+    command: ["/bin/web", "serve", ":8080"]
+    readinessProbe:
+      httpGet: {path: /, port: 8080}
+      periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata: {name: netweb, namespace: prod}
+spec:
+  selector: {app: netweb}
+  ports: [{port: 80, targetPort: 8080}]
+`
+
+// vmStreams: kubectl exec (with its exit code), logs and port-forward to a
+// pod on the VM node; from it, a pod on a netns node by each of its IPs
+// and a ClusterIP Service (the VM's kube-proxy, nftables).
+func (e *env) vmStreams(t *testing.T) {
+	e.apply(t, vmWebPods)
+	e.waitPod(t, prodNS, "vmweb", vmStartTimeout, "Running", running)
+	other := e.waitPod(t, prodNS, "netweb", startTimeout, "Running", running)
+	if other.Spec.NodeName == e.vm.name {
+		t.Fatalf("netweb on %s, want a netns node", other.Spec.NodeName)
+	}
+	if _, err := e.kubectlErr("exec", "-n", prodNS, "vmweb", "--", "sh", "-c", "exit 7"); err == nil || !strings.Contains(err.Error(), "exit code 7") {
+		t.Errorf("kubectl exec of exit 7: %v, want exit code 7", err)
+	}
+	e.kubectl(t, "exec", "-n", prodNS, "vmweb", "--", "sh", "-c", "echo hello from the VM node >/proc/1/fd/1")
+	kubeenv.WaitFor(t, 30*time.Second, "kubectl logs of vmweb", func() (bool, string) {
+		out, err := e.kubectlErr("logs", "-n", prodNS, "vmweb")
+		return err == nil && strings.Contains(out, "hello from the VM node"), fmt.Sprintf("%q %v", out, err)
+	})
+	e.portForwardGet(t, prodNS, "vmweb", "v1 vmweb\n", time.Minute)
+	for _, ip := range other.Status.PodIPs {
+		url := "http://" + net.JoinHostPort(ip.IP, "8080") + "/"
+		if out := e.exec(t, prodNS, "vmweb", "/bin/web", "get", url); out != "v1 netweb\n" {
+			t.Errorf("GET %s from the VM node's pod: %q", url, out)
+		}
+	}
+	svc := strings.TrimSpace(e.kubectl(t, "get", "service", "-n", prodNS, "netweb", "-o", "jsonpath={.spec.clusterIP}"))
+	kubeenv.WaitFor(t, time.Minute, "the Service from the VM node's pod", func() (bool, string) {
+		out, err := e.kubectlErr("exec", "-n", prodNS, "vmweb", "--", "/bin/web", "get", "http://"+svc+"/")
+		return err == nil && out == "v1 netweb\n", fmt.Sprintf("%q %v", out, err)
+	})
+}
+
+// vmPodState is what must not change across berthd's restarts: each pod
+// of prod on the VM node, with its containers' IDs and restart counts.
+func (e *env) vmPodState(t *testing.T) map[string]string {
+	t.Helper()
+	state := map[string]string{}
+	for _, p := range e.pods(t, prodNS, "") {
+		if p.Spec.NodeName != e.vm.name {
+			continue
+		}
+		s := string(p.Status.Phase)
+		for _, c := range p.Status.ContainerStatuses {
+			s += fmt.Sprintf(" %s=%s/%d/ready=%v", c.Name, c.ContainerID, c.RestartCount, c.Ready)
+		}
+		state[p.Name] = s
+	}
+	return state
+}
+
+// onVM is a command run in PID 1's namespaces of the VM, through the
+// probe pod (hostPID): the VM's own busybox nsenter, by its path in PID 1's
+// root (the test image has no nsenter).
+func onVM(args ...string) []string {
+	return append([]string{"exec", "-n", prodNS, "cgprobe", "--", "/proc/1/root/bin/busybox", "nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"}, args...)
+}
+
+// berthdUnit is berthd.service's main PID, restart count and state in the
+// VM (systemctl).
+func (e *env) berthdUnit() (string, error) {
+	out, err := e.kubectlErr(onVM("systemctl", "show", "-p", "MainPID", "-p", "NRestarts", "-p", "ActiveState", "berthd")...)
+	return strings.Join(strings.Fields(out), " "), err
+}
+
+// vmBerthdRestart: systemctl restart berthd, then a SIGKILL of berthd's
+// main process (Restart=always brings the unit back): each time the
+// unit has a new berthd and every pod of the VM node keeps running, with
+// the same containers and no restart.
+func (e *env) vmBerthdRestart(t *testing.T) {
+	before := e.vmPodState(t)
+	if len(before) < 3 {
+		t.Fatalf("%d pods on the VM node, want the earlier steps' (at least 3): %v", len(before), before)
+	}
+	unit, err := e.berthdUnit()
+	if err != nil || !strings.Contains(unit, "ActiveState=active") {
+		t.Fatalf("berthd.service: %q %v", unit, err)
+	}
+	t.Logf("berthd.service: %s", unit)
+	for _, how := range []string{"systemctl restart", "SIGKILL"} {
+		pid := strings.TrimPrefix(strings.Fields(unit)[0], "MainPID=")
+		cmd := "systemctl --no-block restart berthd"
+		if how == "SIGKILL" {
+			cmd = "kill -KILL " + pid
+		}
+		start := time.Now()
+		if _, err := e.kubectlErr(onVM("sh", "-c", cmd)...); err != nil {
+			t.Logf("%s: %v (the exec went through the berthd it restarts)", how, err)
+		}
+		kubeenv.WaitFor(t, 2*time.Minute, "berthd.service back with a new berthd after "+how, func() (bool, string) {
+			unit, err = e.berthdUnit()
+			return err == nil && strings.Contains(unit, "ActiveState=active") && !strings.Contains(unit, "MainPID="+pid+" "), fmt.Sprintf("%q %v", unit, err)
+		})
+		t.Logf("after %s: berthd.service %s, %s", how, unit, time.Since(start).Round(100*time.Millisecond))
+		kubeenv.WaitFor(t, time.Minute, "the VM node's pods unchanged after "+how, func() (bool, string) {
+			after := e.vmPodState(t)
+			for name, s := range before {
+				if after[name] != s {
+					return false, fmt.Sprintf("%s: %s, was %s", name, after[name], s)
+				}
+			}
+			return true, ""
+		})
+	}
+}
