@@ -29,9 +29,8 @@ const scopePrefix = "berth"
 // "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice"
 // (its CgroupName.ToSystemd): that is the slice named by its last element,
 // which is what containerd and CRI-O take too (critest's "/test.slice" is
-// the same form). Without one (crictl,
-// critest) the pod goes under berth's own parent: "/berth/pod<uid>" or
-// "berth-pod<uid>.slice".
+// the same form). Without one (crictl) the pod goes under berth's own
+// parent: "/berth/pod<uid>" or "berth-pod<uid>.slice".
 func (m *Manager) PodCgroup(cgroupParent, podUID string) string {
 	uid := sanitize(podUID)
 	if m.driver == Systemd {
