@@ -32,9 +32,9 @@ type Stats struct {
 // Stats reads the cgroup at cgroupsPath (a pod cgroup or a container's
 // cgroups path as handed out by this package). A missing cgroup is an error
 // that matches os.ErrNotExist. It reads the files it reports from (five, and
-// on v2 the three pressure files) and no more (a library's full stats read some twenty per cgroup on v1), with
-// a fileReader: a full node's collector samples hundreds of cgroups each
-// second.
+// on v2 the three pressure files) and no more (a library's full stats read
+// some twenty per cgroup on v1), with a fileReader: a full node's collector
+// samples hundreds of cgroups each second.
 func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
 	rel, err := m.fsPath(cgroupsPath)
 	if err != nil {
