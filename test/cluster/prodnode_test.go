@@ -26,8 +26,11 @@ func (e *env) productionNode(t *testing.T, begin time.Time) {
 	}
 	step(t, "Resources", e.vmResources)
 	step(t, "AppArmor", e.vmAppArmor)
+	step(t, "AppArmorLocalhost", e.vmAppArmorLocalhost)
+	step(t, "UserNamespace", e.vmUserNamespace)
 	step(t, "InPlaceResize", e.vmResize)
 	step(t, "Streams", e.vmStreams)
+	step(t, "Attach", e.vmAttach)
 	step(t, "BerthdRestart", e.vmBerthdRestart)
 	t.Logf("VM node steps done in %s (then the teardown)", time.Since(begin).Round(time.Second))
 }
@@ -336,17 +339,120 @@ var appArmorPod = vmPod("apparmor", "", false, "", "{appArmorProfile: {type: Run
 func (e *env) vmAppArmor(t *testing.T) {
 	e.apply(t, appArmorPod)
 	p := e.waitPod(t, prodNS, "apparmor", vmStartTimeout, "Running", running)
+	e.expectAppArmorLabel(t, p, "berth-default (enforce)")
+}
+
+// expectAppArmorLabel: each process of pod p's container, as the VM's
+// kernel shows it through the probe pod (/proc/PID/attr/current), has the
+// AppArmor label want.
+func (e *env) expectAppArmorLabel(t *testing.T, p *corev1.Pod, want string) {
+	t.Helper()
 	dir := e.containerCgroup(t, podSlice(p), p)
 	out := e.kubectl(t, "exec", "-n", prodNS, "cgprobe", "--", "sh", "-c",
 		fmt.Sprintf("for p in $(cat /cg/%s/cgroup.procs); do echo $p $(cat /proc/$p/attr/current) $(cat /proc/$p/cmdline | tr '\\0' ' '); done", dir))
-	t.Logf("processes of the apparmor pod's container, their AppArmor label and command:\n%s", out)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) == 0 || strings.TrimSpace(out) == "" {
+	t.Logf("processes of the %s pod's container, their AppArmor label and command:\n%s", p.Name, out)
+	if strings.TrimSpace(out) == "" {
 		t.Fatalf("no process in %s", dir)
 	}
-	for _, l := range lines {
-		if !strings.Contains(l, " berth-default (enforce) ") {
-			t.Errorf("process %q: want berth-default (enforce)", l)
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.Contains(l, " "+want+" ") {
+			t.Errorf("process %q: want %s", l, want)
+		}
+	}
+}
+
+// denyTmpProfile is a Localhost profile that allows everything but writes
+// below /tmp, as test/integration's loadAppArmorProfile writes them.
+const denyTmpProfile = `profile berth-test-deny-tmp flags=(attach_disconnected,mediate_deleted) {
+  file,
+  network,
+  capability,
+  signal,
+  ptrace,
+  umount,
+  deny /tmp/** w,
+}
+`
+
+// localhostPods: one pod in the VM's profile berth-test-deny-tmp, one
+// Unconfined beside it.
+var localhostPods = vmPod("aa-localhost", "", false, "", "{appArmorProfile: {type: Localhost, localhostProfile: berth-test-deny-tmp}}", "") +
+	"---\n" + vmPod("aa-unconfined", "", false, "", "{appArmorProfile: {type: Unconfined}}", "")
+
+// vmAppArmorLocalhost: a profile loaded on the VM node (its
+// apparmor_parser, in the VM's namespaces), then a pod with
+// appArmorProfile Localhost naming it runs in it, enforced, as the VM's
+// kernel shows it; in it a write below /tmp fails and one elsewhere works,
+// while the same write works in an Unconfined pod.
+func (e *env) vmAppArmorLocalhost(t *testing.T) {
+	if out, err := e.kubectlErr(onVM("sh", "-c", "printf '%s' '"+denyTmpProfile+"' | apparmor_parser -Kr && grep berth-test-deny-tmp /sys/kernel/security/apparmor/profiles")...); err != nil ||
+		!strings.Contains(out, "berth-test-deny-tmp (enforce)") {
+		t.Fatalf("loading berth-test-deny-tmp on the VM node: %q %v", out, err)
+	}
+	e.apply(t, localhostPods)
+	p := e.waitPod(t, prodNS, "aa-localhost", vmStartTimeout, "Running", running)
+	u := e.waitPod(t, prodNS, "aa-unconfined", vmStartTimeout, "Running", running)
+	e.expectAppArmorLabel(t, p, "berth-test-deny-tmp (enforce)")
+	e.expectAppArmorLabel(t, u, "unconfined")
+	const write = "touch /tmp/aa && ls /tmp/aa"
+	out, err := e.kubectlErr("exec", "-n", prodNS, "aa-localhost", "--", "sh", "-c", write)
+	t.Logf("in aa-localhost, %s: %q %v", write, out, err)
+	if err == nil || !strings.Contains(err.Error(), "Permission denied") {
+		t.Errorf("in the Localhost profile's pod, %s: %q %v, want Permission denied", write, out, err)
+	}
+	if out := e.exec(t, prodNS, "aa-localhost", "sh", "-c", "touch /aa && ls /aa"); out != "/aa\n" {
+		t.Errorf("in the Localhost profile's pod, a write outside /tmp: %q, want /aa", out)
+	}
+	if out := e.exec(t, prodNS, "aa-unconfined", "sh", "-c", write); out != "/tmp/aa\n" {
+		t.Errorf("in the Unconfined pod, %s: %q, want /tmp/aa", write, out)
+	}
+}
+
+// usernsPods: hostUsers: false, without the service account token (its
+// projected volume is a tmpfs, which the VM's kernel, 6.1, cannot idmap:
+// tmpfs has idmapped mounts from 6.3), and one with the token.
+var usernsPods = vmPod("userns", "", false, "", "", "  hostUsers: false\n  automountServiceAccountToken: false\n") +
+	"---\n" + vmPod("userns-token", "", false, "", "", "  hostUsers: false\n")
+
+// vmUserNamespace: a hostUsers: false pod Ready on the VM node; inside, root
+// mapped to a 65536-ID host range; on the node (through the probe pod) its
+// container's processes have that uid_map and run as the range's first
+// host UID. One with the service account token is refused its container,
+// as berth says: the token's tmpfs cannot be idmapped on this kernel.
+func (e *env) vmUserNamespace(t *testing.T) {
+	e.apply(t, usernsPods)
+	p := e.waitPod(t, prodNS, "userns", vmStartTimeout, "Running", running)
+	refused := e.waitPod(t, prodNS, "userns-token", vmStartTimeout, "refused its container (CreateContainerError)", func(p *corev1.Pod) bool {
+		s := p.Status.ContainerStatuses
+		return len(s) == 1 && s[0].State.Waiting != nil && s[0].State.Waiting.Reason == "CreateContainerError"
+	})
+	if w := refused.Status.ContainerStatuses[0].State.Waiting; !strings.Contains(w.Message, "kube-api-access") || !strings.Contains(w.Message, "must support idmapped mounts on this kernel") {
+		t.Errorf("userns-token: %s, want berth's refusal to idmap the token's volume", w.Message)
+	}
+	e.kubectl(t, "delete", "pod", "-n", prodNS, "userns-token", "--timeout", vmStartTimeout.String())
+	m := e.exec(t, prodNS, "userns", "cat", "/proc/self/uid_map")
+	var inside, host, length uint64
+	if n, _ := fmt.Sscan(m, &inside, &host, &length); n != 3 || inside != 0 || host == 0 || length != 65536 {
+		t.Fatalf("uid_map in the hostUsers: false pod: %q, want container 0 mapped to a 65536-ID host range", m)
+	}
+	if id := e.exec(t, prodNS, "userns", "id", "-u"); id != "0\n" {
+		t.Errorf("id -u in the hostUsers: false pod: %q, want 0", id)
+	}
+	dir := e.containerCgroup(t, podSlice(p), p)
+	out := e.kubectl(t, "exec", "-n", prodNS, "cgprobe", "--", "sh", "-c",
+		fmt.Sprintf("for p in $(cat /cg/%s/cgroup.procs); do echo $p $(cat /proc/$p/uid_map) $(grep ^Uid: /proc/$p/status); done", dir))
+	t.Logf("processes of the userns pod's container on the node: PID, uid_map, Uid:\n%s", out)
+	if strings.TrimSpace(out) == "" {
+		t.Fatalf("no process in %s", dir)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(l)
+		want := []string{"0", fmt.Sprint(host), "65536", "Uid:"}
+		for i := 0; i < 4; i++ {
+			want = append(want, fmt.Sprint(host))
+		}
+		if len(f) != 1+len(want) || strings.Join(f[1:], " ") != strings.Join(want, " ") {
+			t.Errorf("process %q on the node: want uid_map 0 %d 65536 and host UIDs %d (the range's first)", l, host, host)
 		}
 	}
 }
@@ -445,6 +551,24 @@ func (e *env) vmStreams(t *testing.T) {
 		out, err := e.kubectlErr("exec", "-n", prodNS, "vmweb", "--", "/bin/web", "get", "http://"+svc+"/")
 		return err == nil && out == "v1 netweb\n", fmt.Sprintf("%q %v", out, err)
 	})
+}
+
+// attachPod reads its stdin, once.
+var attachPod = vmPod("vmattach", "", false, "", "", "  restartPolicy: Never\n") + "    stdin: true\n    stdinOnce: true\n"
+
+// vmAttach: kubectl attach -i to a pod on the VM node: its stdin in, its
+// output back; the container ends when the attach closes its stdin.
+func (e *env) vmAttach(t *testing.T) {
+	e.apply(t, strings.Replace(attachPod, `["sleep", "36000"]`, `["cat"]`, 1))
+	e.waitPod(t, prodNS, "vmattach", vmStartTimeout, "Running", running)
+	out, err := e.kubectlIn("hello through attach on the VM node\n", "attach", "-i", "-q", "-n", prodNS, "vmattach")
+	if err != nil || !strings.Contains(out, "hello through attach on the VM node\n") {
+		t.Errorf("kubectl attach -i: %q %v", out, err)
+	}
+	p := e.waitPod(t, prodNS, "vmattach", vmStartTimeout, "Succeeded once its stdin closed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	if s := p.Status.ContainerStatuses; len(s) != 1 || s[0].State.Terminated == nil || s[0].State.Terminated.ExitCode != 0 {
+		t.Errorf("vmattach's container: %+v, want terminated with exit code 0", s)
+	}
 }
 
 // vmPodState is what must not change across berthd's restarts: each pod
