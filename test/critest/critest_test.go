@@ -102,7 +102,7 @@ func TestCritest(t *testing.T) {
 	}
 	endpoint := "unix://" + d.Socket
 	cmd := exec.CommandContext(t.Context(), bin, "-runtime-endpoint", endpoint, "-image-endpoint", endpoint,
-		"-test-images-file", images, "-ginkgo.skip", strings.Join(internetSpecs, "|"), "-ginkgo.no-color")
+		"-test-images-file", images, "-ginkgo.skip", strings.Join(internetSpecs, "|"), "-ginkgo.no-color", "-ginkgo.v")
 	// Streamed as it runs (under TCG the suite takes minutes) and kept for
 	// the summary.
 	var out bytes.Buffer
