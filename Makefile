@@ -253,7 +253,7 @@ test-vm-systemd: deps-vm
 # AppArmor; it prints critest's counts. Not in make test: see
 # test/critest's package comment for its time under TCG.
 test-vm-critest: deps-vm
-	GO=$(GO) BERTH_VM_INIT=systemd BERTH_VM_TESTS=critest BERTH_VM_OUT=$(CURDIR)/$(BIN)/vm-critest test/vm/run.sh
+	GO=$(GO) BERTH_VM_INIT=systemd BERTH_VM_TESTS=critest BERTH_VM_TIMEOUT=2700 BERTH_VM_OUT=$(CURDIR)/$(BIN)/vm-critest test/vm/run.sh
 
 clean:
 	rm -rf $(BIN)

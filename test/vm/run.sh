@@ -156,6 +156,14 @@ for t in $tests; do
 		# test/critest against a berthd of the tree.
 		pkg=./test/critest args=(-test.v -test.count=1 -test.timeout=40m)
 		(cd test/critest/tool && $GO test -c "${static[@]}" -o "$root/berth/tests/critest" sigs.k8s.io/cri-tools/cmd/critest)
+		# The AppArmor specs load their profiles with sudo apparmor_parser
+		# (the VM runs everything as root), and the profiles include the
+		# host's abi, tunables and abstractions. Not the host's parser.conf: with
+		# it, berthd's own profile failed to load in the VM.
+		printf '#!/bin/sh\nexec "$@"\n' >"$root/usr/bin/sudo"
+		chmod 0755 "$root/usr/bin/sudo"
+		mkdir -p "$root/etc/apparmor.d"
+		cp -a /etc/apparmor.d/abi /etc/apparmor.d/tunables /etc/apparmor.d/abstractions "$root/etc/apparmor.d/"
 		;;
 	*)
 		echo "test-vm: unknown test binary $t in BERTH_VM_TESTS (want cgroups, shim, integration, critest)" >&2
