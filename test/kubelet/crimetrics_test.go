@@ -37,9 +37,11 @@ func TestKubeletCRIMetrics(t *testing.T) {
 		return c != nil && c.State.Running != nil
 	})
 	labels := `\{[^}]*container="worker"[^}]*namespace="e2e"[^}]*pod="metered-[^"]+"[^}]*\} `
+	// A container's series carry the time of berth's sample (ms) after
+	// the value, as cadvisor's do.
 	want := map[string]*regexp.Regexp{
 		"working set":  regexp.MustCompile(`(?m)^container_memory_working_set_bytes` + labels + `[1-9]`),
-		"processes":    regexp.MustCompile(`(?m)^container_processes` + labels + `1$`),
+		"processes":    regexp.MustCompile(`(?m)^container_processes` + labels + `1( \d+)?$`),
 		"cpu":          regexp.MustCompile(`(?m)^container_cpu_usage_seconds_total` + labels + `\d`),
 		"pod received": regexp.MustCompile(`(?m)^container_network_receive_bytes_total\{[^}]*interface="eth0"[^}]*namespace="e2e"[^}]*pod="metered-[^"]+"[^}]*\} \d`),
 	}
