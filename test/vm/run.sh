@@ -158,11 +158,14 @@ for t in $tests; do
 		(cd test/critest/tool && $GO test -c "${static[@]}" -o "$root/berth/tests/critest" sigs.k8s.io/cri-tools/cmd/critest)
 		# The AppArmor specs load their profiles with sudo apparmor_parser
 		# (the VM runs everything as root), and the profiles include the
-		# host's abi, tunables and abstractions. Not the host's parser.conf: with
-		# it, berthd's own profile failed to load in the VM.
+		# host's abi, tunables and abstractions. Not the host's parser.conf (it
+		# names a features file the disk lacks: berthd's own profile failed to
+		# load with it), but an empty one: without any, the parser warns on
+		# stderr, which the suite takes for a failed load.
 		printf '#!/bin/sh\nexec "$@"\n' >"$root/usr/bin/sudo"
 		chmod 0755 "$root/usr/bin/sudo"
-		mkdir -p "$root/etc/apparmor.d"
+		mkdir -p "$root/etc/apparmor.d" "$root/etc/apparmor"
+		echo '# empty: apparmor_parser on its defaults' >"$root/etc/apparmor/parser.conf"
 		cp -a /etc/apparmor.d/abi /etc/apparmor.d/tunables /etc/apparmor.d/abstractions "$root/etc/apparmor.d/"
 		;;
 	*)
