@@ -127,35 +127,40 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		s.log.Warn("metrics: list pods", "err", err)
 		return
 	}
-	byState := map[string]float64{}
-	for _, st := range runtimeapi.PodSandboxState_name {
-		byState[st] = 0
+	podStates := make([]string, len(pods))
+	for i, p := range pods {
+		podStates[i] = p.State.String()
 	}
-	for _, p := range pods {
-		byState[p.State.String()]++
-	}
-	for st, n := range byState {
-		ch <- prometheus.MustNewConstMetric(s.x.pods, prometheus.GaugeValue, n, st)
-	}
+	sendByState(ch, s.x.pods, runtimeapi.PodSandboxState_name, podStates)
 
 	ctrs, err := s.store.ListStatuses(store.Filter{})
 	if err != nil {
 		s.log.Warn("metrics: list containers", "err", err)
 	} else {
-		byState = map[string]float64{}
-		for _, st := range runtimeapi.ContainerState_name {
-			byState[st] = 0
+		ctrStates := make([]string, len(ctrs))
+		for i, c := range ctrs {
+			ctrStates[i] = c.State.String()
 		}
-		for _, c := range ctrs {
-			byState[c.State.String()]++
-		}
-		for st, n := range byState {
-			ch <- prometheus.MustNewConstMetric(s.x.containers, prometheus.GaugeValue, n, st)
-		}
+		sendByState(ch, s.x.containers, runtimeapi.ContainerState_name, ctrStates)
 	}
 	ch <- prometheus.MustNewConstMetric(s.x.oomKills, prometheus.CounterValue, float64(s.x.oomKillCount()))
 
 	alive, rss := s.shims()
 	ch <- prometheus.MustNewConstMetric(s.x.shims, prometheus.GaugeValue, float64(alive))
 	ch <- prometheus.MustNewConstMetric(s.x.shimMemory, prometheus.GaugeValue, float64(rss))
+}
+
+// sendByState sends desc's gauge per state of names (every state, zero
+// when none is in it), counting states.
+func sendByState(ch chan<- prometheus.Metric, desc *prometheus.Desc, names map[int32]string, states []string) {
+	count := make(map[string]float64, len(names))
+	for _, name := range names {
+		count[name] = 0
+	}
+	for _, st := range states {
+		count[st]++
+	}
+	for st, n := range count {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, n, st)
+	}
 }
