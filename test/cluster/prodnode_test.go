@@ -12,6 +12,7 @@ import (
 
 	"github.com/berth-runtime/berth/test/kubeenv"
 	corev1 "k8s.io/api/core/v1"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
 // prodNS is the namespace of the VM node's steps: the netns nodes' Delete
@@ -29,6 +30,7 @@ func (e *env) productionNode(t *testing.T, begin time.Time) {
 	step(t, "AppArmorLocalhost", e.vmAppArmorLocalhost)
 	step(t, "UserNamespace", e.vmUserNamespace)
 	step(t, "InPlaceResize", e.vmResize)
+	step(t, "StatsSummary", e.vmStatsSummary)
 	step(t, "Streams", e.vmStreams)
 	step(t, "Attach", e.vmAttach)
 	step(t, "BerthdRestart", e.vmBerthdRestart)
@@ -38,7 +40,8 @@ func (e *env) productionNode(t *testing.T, begin time.Time) {
 // vmNodeReady: the node Ready with berth as its runtime and its taint; the
 // kubelet on the systemd cgroup driver, which it took from berth's
 // RuntimeConfig, LimitedSwap, failCgroupV1 at its default (true: the node
-// is cgroup v2, or the kubelet would not start); the node's setup saw
+// is cgroup v2, or the kubelet would not start), no feature gate but
+// PodAndContainerStatsFromCRI (vmKubeletConfig); the node's setup saw
 // cgroup2, AppArmor and swap.
 func (e *env) vmNodeReady(t *testing.T) {
 	v := e.vm
@@ -82,8 +85,8 @@ func (e *env) vmNodeReady(t *testing.T) {
 	if c.MemorySwap.SwapBehavior != "LimitedSwap" {
 		t.Errorf("memorySwap.swapBehavior %q, want LimitedSwap", c.MemorySwap.SwapBehavior)
 	}
-	if len(c.FeatureGates) != 0 {
-		t.Errorf("feature gates %v, want none set", c.FeatureGates)
+	if len(c.FeatureGates) != 1 || !c.FeatureGates["PodAndContainerStatsFromCRI"] {
+		t.Errorf("feature gates %v, want only PodAndContainerStatsFromCRI", c.FeatureGates)
 	}
 	// The kubelet says where its driver came from.
 	fromCRI := ""
@@ -642,4 +645,101 @@ func (e *env) vmBerthdRestart(t *testing.T) {
 			return true, ""
 		})
 	}
+}
+
+// pressurePod: one container spinning under a tenth of a CPU (its runnable
+// time past the quota is CPU pressure), one writing files three times its
+// memory limit (page cache reclaimed under the limit is memory pressure).
+var pressurePod = `apiVersion: v1
+kind: Pod
+metadata: {name: pressure, namespace: prod}
+spec:
+` + strings.ReplaceAll(vmPodSpec, "      ", "  ") + `  containers:
+  - name: spin
+    image: IMAGE
+    command: ["sh", "-c", "while :; do :; done"]
+    resources: {limits: {cpu: 100m, memory: 32Mi}}
+  - name: reclaim
+    image: IMAGE
+    command: ["sh", "-c", "while :; do /bin/busybox dd if=/dev/zero of=/tmp/f bs=1048576 count=48 2>/dev/null; rm -f /tmp/f; done"]
+    resources: {limits: {cpu: 200m, memory: 16Mi}}
+`
+
+// vmStatsSummary: the kubelet's summary API, its pod and container stats
+// from berth (PodAndContainerStatsFromCRI), carries the pressure berth reads
+// from the cgroups: CPU pressure on the spinning container, memory pressure
+// on the reclaiming one, both on the pod, I/O PSI present on each.
+func (e *env) vmStatsSummary(t *testing.T) {
+	e.apply(t, pressurePod)
+	e.waitPod(t, prodNS, "pressure", vmStartTimeout, "Running", running)
+	var pod *statsapi.PodStats
+	kubeenv.WaitFor(t, 3*time.Minute, "CPU and memory pressure of pod pressure in the VM node's summary", func() (bool, string) {
+		pod = e.summaryPod(t, prodNS, "pressure")
+		if pod == nil {
+			return false, "no stats of the pod"
+		}
+		spin, reclaim := summaryContainer(pod, "spin"), summaryContainer(pod, "reclaim")
+		ok := psiSome(cpuPSI(pod.CPU)) > 0 && psiSome(memoryPSI(pod.Memory)) > 0 &&
+			psiSome(cpuPSI(spin.CPU)) > 0 && psiSome(memoryPSI(reclaim.Memory)) > 0
+		return ok, fmt.Sprintf("pod CPU %+v, memory %+v; spin CPU %+v; reclaim memory %+v",
+			cpuPSI(pod.CPU), memoryPSI(pod.Memory), cpuPSI(spin.CPU), memoryPSI(reclaim.Memory))
+	})
+	for _, c := range pod.Containers {
+		if c.IO == nil || c.IO.PSI == nil {
+			t.Errorf("container %s: I/O stats %+v, want its PSI", c.Name, c.IO)
+		}
+	}
+	if pod.IO == nil || pod.IO.PSI == nil {
+		t.Errorf("pod: I/O stats %+v, want its PSI", pod.IO)
+	}
+	t.Logf("summary of pod pressure: CPU PSI %+v, memory PSI %+v", *pod.CPU.PSI, *pod.Memory.PSI)
+	e.kubectl(t, "delete", "pod", "-n", prodNS, "pressure", "--wait=false")
+}
+
+// summaryPod is pod ns/name's stats in the VM node's summary API, nil
+// while it has none.
+func (e *env) summaryPod(t *testing.T, ns, name string) *statsapi.PodStats {
+	t.Helper()
+	var s statsapi.Summary
+	if err := json.Unmarshal([]byte(e.kubectl(t, "get", "--raw", "/api/v1/nodes/"+e.vm.name+"/proxy/stats/summary")), &s); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range s.Pods {
+		if p.PodRef.Namespace == ns && p.PodRef.Name == name {
+			return &s.Pods[i]
+		}
+	}
+	return nil
+}
+
+// summaryContainer is container name's stats in p, empty if it has none.
+func summaryContainer(p *statsapi.PodStats, name string) statsapi.ContainerStats {
+	for _, c := range p.Containers {
+		if c.Name == name {
+			return c
+		}
+	}
+	return statsapi.ContainerStats{}
+}
+
+func cpuPSI(c *statsapi.CPUStats) *statsapi.PSIStats {
+	if c == nil {
+		return nil
+	}
+	return c.PSI
+}
+
+func memoryPSI(m *statsapi.MemoryStats) *statsapi.PSIStats {
+	if m == nil {
+		return nil
+	}
+	return m.PSI
+}
+
+// psiSome is the total stalled time of some tasks in psi, 0 without it.
+func psiSome(psi *statsapi.PSIStats) uint64 {
+	if psi == nil {
+		return 0
+	}
+	return psi.Some.Total
 }

@@ -320,8 +320,11 @@ func (v *vmNode) writeConfig(t *testing.T, dir, server, mirror string) {
 
 // vmKubeletConfig is the VM node's KubeletConfiguration: what kubeadm
 // writes for a node, plus LimitedSwap and the taint. No cgroupDriver: the
-// kubelet takes it from berth's RuntimeConfig (systemd); failCgroupV1 and
-// the feature gates at their defaults.
+// kubelet takes it from berth's RuntimeConfig (systemd); failCgroupV1 at
+// its default. One feature gate: PodAndContainerStatsFromCRI (beta, off by
+// default in 1.37), so that the summary API's pod and container stats,
+// PSI among them, are berth's and not cadvisor's reading of the same
+// cgroups (the StatsSummary step).
 const vmKubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -343,6 +346,8 @@ rotateCertificates: false
 failSwapOn: false
 memorySwap:
   swapBehavior: LimitedSwap
+featureGates:
+  PodAndContainerStatsFromCRI: true
 registerWithTaints:
 - key: %s
   effect: NoSchedule
