@@ -36,32 +36,49 @@ type Stats struct {
 // some twenty per cgroup on v1), with a fileReader: a full node's collector
 // samples hundreds of cgroups each second.
 func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
-	rel, err := m.fsPath(cgroupsPath)
-	if err != nil {
-		return Stats{}, err
-	}
-	out := Stats{Timestamp: time.Now()}
-	var r fileReader
-	if m.mode == V2 {
-		err = m.statsV2(&r, filepath.Join(m.root, rel), &out)
-	} else {
-		err = m.statsV1(&r, rel, &out)
-	}
-	if err != nil {
-		return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
-	}
-	return out, nil
+	d, err := m.read(cgroupsPath, false)
+	return d.Stats, err
 }
 
+// read reads the cgroup at cgroupsPath: Stats' files, and with full
+// Details' too, each file once.
+func (m *Manager) read(cgroupsPath string, full bool) (Details, error) {
+	rel, err := m.fsPath(cgroupsPath)
+	if err != nil {
+		return Details{}, err
+	}
+	d := Details{Stats: Stats{Timestamp: time.Now()}}
+	var r fileReader
+	if m.mode == V2 {
+		err = m.statsV2(&r, filepath.Join(m.root, rel), &d, full)
+	} else {
+		err = m.statsV1(&r, rel, &d, full)
+	}
+	if err != nil {
+		return Details{}, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
+	}
+	return d, nil
+}
+
+// v2CPUStats are the cpu.stat keys read on v2: Stats' usage, then Details'
+// (free to take: the file is read anyway). The throttling keys are there
+// only where the cpu controller is enabled.
+var v2CPUStats = []string{"usage_usec", "user_usec", "system_usec", "nr_periods", "nr_throttled", "throttled_usec"}
+
+// v2MemoryStats are the memory.stat keys read on v2: setMemory's five,
+// then Details' ("kernel" is there since Linux 5.18).
+var v2MemoryStats = []string{"inactive_file", "anon", "file", "pgfault", "pgmajfault", "file_mapped", "kernel"}
+
 // statsV2 reads a unified cgroup; its counters count its children's.
-func (m *Manager) statsV2(r *fileReader, dir string, out *Stats) error {
+func (m *Manager) statsV2(r *fileReader, dir string, d *Details, full bool) error {
 	// A file of a controller that is not enabled here is missing, and its
 	// figures zero; a missing cgroup must not look idle.
 	if err := statDir(dir); err != nil {
 		return err
 	}
-	var cpu [1]uint64
-	if _, err := r.keyValues(dir, "cpu.stat", []string{"usage_usec"}, cpu[:]); err != nil {
+	out := &d.Stats
+	var cpu [6]uint64
+	if _, err := r.keyValues(dir, "cpu.stat", v2CPUStats, cpu[:]); err != nil {
 		return err
 	}
 	out.CPUUsageNanos = cpu[0] * 1000
@@ -69,28 +86,39 @@ func (m *Manager) statsV2(r *fileReader, dir string, out *Stats) error {
 	if out.MemoryUsageBytes, err = r.uint(dir, "memory.current"); err != nil {
 		return err
 	}
-	var ms [5]uint64
-	if _, err := r.keyValues(dir, "memory.stat", []string{"inactive_file", "anon", "file", "pgfault", "pgmajfault"}, ms[:]); err != nil {
+	var ms [7]uint64
+	memFound, err := r.keyValues(dir, "memory.stat", v2MemoryStats, ms[:])
+	if err != nil {
 		return err
 	}
-	out.setMemory(ms)
+	out.setMemory([5]uint64(ms[:5]))
 	if out.Pids, err = r.uint(dir, "pids.current"); err != nil {
 		return err
 	}
 	if err := r.readPSI(dir, &out.PSI); err != nil {
 		return err
 	}
-	return m.readOOMKills(r, dir, out)
+	if err := m.readOOMKills(r, dir, d, full); err != nil || !full {
+		return err
+	}
+	d.CPUUserNanos, d.CPUSystemNanos = cpu[1]*1000, cpu[2]*1000
+	d.CFSPeriods, d.CFSThrottledPeriods, d.CFSThrottledNanos = cpu[3], cpu[4], cpu[5]*1000
+	d.MemoryMappedFileBytes = ms[5]
+	d.MemoryKernelBytes, d.Has.KernelMemory = ms[6], memFound&(1<<6) != 0
+	return d.readV2(r, dir)
 }
 
-// v1MemoryStats are the memory.stat keys Stats reports on v1: the
-// hierarchical "total_" counters (a pod cgroup has no processes of its
-// own), then the cgroup's own, taken where a kernel has no total.
+// v1MemoryStats are the memory.stat keys read on v1: the hierarchical
+// "total_" counters (a pod cgroup has no processes of its own), then the
+// cgroup's own, taken where a kernel has no total. The first five are
+// setMemory's, the last two Details' (swap is there only with swap
+// accounting).
 var v1MemoryStats = []string{"total_inactive_file", "total_rss", "total_cache", "total_pgfault", "total_pgmajfault",
-	"inactive_file", "rss", "cache", "pgfault", "pgmajfault"}
+	"total_mapped_file", "total_swap",
+	"inactive_file", "rss", "cache", "pgfault", "pgmajfault", "mapped_file", "swap"}
 
 // statsV1 reads a cgroup of the v1 hierarchies.
-func (m *Manager) statsV1(r *fileReader, rel string, out *Stats) error {
+func (m *Manager) statsV1(r *fileReader, rel string, d *Details, full bool) error {
 	dir := func(controller string) string {
 		if mnt, ok := m.hier[controller]; ok {
 			return filepath.Join(mnt, rel)
@@ -101,6 +129,7 @@ func (m *Manager) statsV1(r *fileReader, rel string, out *Stats) error {
 	if err := statDir(memDir); err != nil {
 		return err
 	}
+	out := &d.Stats
 	var err error
 	if out.CPUUsageNanos, err = r.uint(dir("cpuacct"), "cpuacct.usage"); err != nil {
 		return err
@@ -108,21 +137,26 @@ func (m *Manager) statsV1(r *fileReader, rel string, out *Stats) error {
 	if out.MemoryUsageBytes, err = r.uint(memDir, "memory.usage_in_bytes"); err != nil {
 		return err
 	}
-	var ms [10]uint64
+	var ms [14]uint64
 	found, err := r.keyValues(memDir, "memory.stat", v1MemoryStats, ms[:])
 	if err != nil {
 		return err
 	}
-	for i := range 5 {
+	for i := range 7 {
 		if found&(1<<i) == 0 {
-			ms[i] = ms[i+5]
+			ms[i], found = ms[i+7], found|(found>>7)&(1<<i)
 		}
 	}
 	out.setMemory([5]uint64(ms[:5]))
 	if out.Pids, err = r.uint(dir("pids"), "pids.current"); err != nil {
 		return err
 	}
-	return m.readOOMKills(r, memDir, out)
+	if err := m.readOOMKills(r, memDir, d, full); err != nil || !full {
+		return err
+	}
+	d.MemoryMappedFileBytes = ms[5]
+	d.MemorySwapBytes, d.Has.Swap = ms[6], found&(1<<6) != 0
+	return d.readV1(r, dir("cpu"), dir("cpuacct"), memDir, dir("pids"), dir("blkio"))
 }
 
 // statDir is os.Stat's error for dir, without making its FileInfo.
@@ -145,14 +179,18 @@ func (s *Stats) setMemory(ms [5]uint64) {
 	s.MemoryRSSBytes, s.MemoryCacheBytes, s.PageFaults, s.MajorPageFaults = ms[1], ms[2], ms[3], ms[4]
 }
 
-// readOOMKills sets the OOM kill count; without the memory controller there
+// readOOMKills sets the OOM kill count, and with full the v2 failcnt
+// (memory.events, read for it anyway); without the memory controller there
 // is nothing to count them in.
-func (m *Manager) readOOMKills(r *fileReader, memDir string, out *Stats) error {
-	n, err := m.oomKills(r, memDir)
+func (m *Manager) readOOMKills(r *fileReader, memDir string, d *Details, full bool) error {
+	n, max, err := m.memoryEvents(r, memDir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	out.OOMKills = n
+	d.OOMKills = n
+	if full && m.mode == V2 {
+		d.MemoryFailcnt = max
+	}
 	return err
 }
 
@@ -270,28 +308,29 @@ func (m *Manager) OOMKilled(cgroupsPath string) (bool, error) {
 		dir = filepath.Join(mnt, rel)
 	}
 	var r fileReader
-	n, err := m.oomKills(&r, dir)
+	n, _, err := m.memoryEvents(&r, dir)
 	if err != nil {
 		return false, fmt.Errorf("cgroup %s: %w", cgroupsPath, err)
 	}
 	return n > 0, nil
 }
 
-// oomKills reads the oom_kill counter. A file without one is an error, not
-// zero: it means a kernel too old to tell, and guessing would hide OOM kills.
-func (m *Manager) oomKills(r *fileReader, dir string) (uint64, error) {
+// memoryEvents reads the oom_kill counter, and on v2 the max one
+// (memory.events). A file without oom_kill is an error, not zero: it means
+// a kernel too old to tell, and guessing would hide OOM kills.
+func (m *Manager) memoryEvents(r *fileReader, dir string) (oomKills, max uint64, err error) {
 	file := "memory.events"
 	if m.mode == V1 {
 		file = "memory.oom_control"
 	}
 	b, path, err := r.read(dir, file)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var n [1]uint64
-	found, err := parseKeyValues(b, path, []string{"oom_kill"}, n[:])
-	if err == nil && found == 0 {
+	var n [2]uint64
+	found, err := parseKeyValues(b, path, []string{"oom_kill", "max"}, n[:])
+	if err == nil && found&1 == 0 {
 		err = fmt.Errorf("%s has no oom_kill counter (kernel older than 4.13?)", path)
 	}
-	return n[0], err
+	return n[0], n[1], err
 }

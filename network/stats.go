@@ -44,8 +44,8 @@ func PodInterfaceStats(netnsPath string) ([]InterfaceStats, error) {
 			continue
 		}
 		s := a.Statistics
-		out = append(out, InterfaceStats{Name: a.Name, RxBytes: s.RxBytes, RxErrors: s.RxErrors,
-			TxBytes: s.TxBytes, TxErrors: s.TxErrors})
+		out = append(out, InterfaceStats{Name: a.Name, RxBytes: s.RxBytes, RxPackets: s.RxPackets, RxErrors: s.RxErrors, RxDrops: s.RxDropped,
+			TxBytes: s.TxBytes, TxPackets: s.TxPackets, TxErrors: s.TxErrors, TxDrops: s.TxDropped})
 	}
 	if i := slices.IndexFunc(out, func(s InterfaceStats) bool { return s.Name == podIfName }); i > 0 {
 		out[0], out[i] = out[i], out[0]

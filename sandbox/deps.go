@@ -30,6 +30,7 @@ type Cgroups interface {
 	ContainerCgroupsPath(podCgroup, containerID string) string
 	Kill(cgroupsPath string) error
 	Stats(cgroupsPath string) (cgroups.Stats, error)
+	Details(cgroupsPath string) (cgroups.Details, error)
 }
 
 // ShimStarter starts the shim of a pod folder (or reaches the one that

@@ -37,6 +37,9 @@ func (f *fakeCgroups) PodCgroup(parent, uid string) string     { return parent +
 func (f *fakeCgroups) ContainerCgroupsPath(p, c string) string { return p + "/" + c }
 func (f *fakeCgroups) Kill(string) error                       { return nil }
 func (f *fakeCgroups) Stats(string) (cgroups.Stats, error)     { return cgroups.Stats{}, os.ErrNotExist }
+func (f *fakeCgroups) Details(string) (cgroups.Details, error) {
+	return cgroups.Details{}, os.ErrNotExist
+}
 
 func (f *fakeCgroups) CreatePod(p string, _ *runtimeapi.LinuxContainerResources) error {
 	f.mu.Lock()

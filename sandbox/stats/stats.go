@@ -149,6 +149,7 @@ func (c *usageCache) watched(step int) []watchedCgroup {
 type Cgroups interface {
 	ContainerCgroupsPath(podCgroup, containerID string) string
 	Stats(cgroupsPath string) (cgroups.Stats, error)
+	Details(cgroupsPath string) (cgroups.Details, error)
 }
 
 // Options say where the collector finds what it reads.
@@ -176,6 +177,9 @@ type Collector struct {
 	// layerMounts maps the roots writable layers are under to the mount
 	// point of their filesystem (see layerMount).
 	layerMounts sync.Map
+	// layerDevices maps those mount points to their device, as
+	// ContainerDetails labels their figures (see mountSource).
+	layerDevices sync.Map
 }
 
 // New finds the filesystem of each root writable layers are under: a root

@@ -183,6 +183,7 @@ type noCgroups struct{}
 
 func (noCgroups) ContainerCgroupsPath(p, c string) string { return p + "/" + c }
 func (noCgroups) Stats(string) (cgroups.Stats, error)     { return cgroups.Stats{}, os.ErrNotExist }
+func (noCgroups) Details(string) (cgroups.Details, error) { return cgroups.Details{}, os.ErrNotExist }
 
 // waitWalked waits for the background walk of id's writable layer to end.
 func waitWalked(t *testing.T, l *layerUsages, id string) {

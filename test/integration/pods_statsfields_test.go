@@ -65,9 +65,10 @@ func TestStatsFiguresFilled(t *testing.T) {
 	pm := list.PodMetrics[0]
 	for _, metric := range append(pm.Metrics, pm.ContainerMetrics[0].Metrics...) {
 		// Counters are the cumulative ones; container_fs_inodes_total is
-		// cadvisor's name for a gauge.
+		// cadvisor's name for a gauge, container_memory_failcnt its name
+		// for a counter.
 		want := runtimeapi.MetricType_GAUGE
-		if strings.HasSuffix(metric.Name, "_total") && metric.Name != "container_fs_inodes_total" {
+		if strings.HasSuffix(metric.Name, "_total") && metric.Name != "container_fs_inodes_total" || metric.Name == "container_memory_failcnt" {
 			want = runtimeapi.MetricType_COUNTER
 		}
 		if metric.MetricType != want {
