@@ -97,6 +97,8 @@ func TestSystemdDriver(t *testing.T) {
 		t.Errorf("ContainerStats through the scope = %v, %v", st.GetStats(), err)
 	}
 
+	oomKilledInScope(t, e, pod, cfg, sliceDir)
+
 	for range 2 {
 		if _, err := d.Runtime.StopPodSandbox(ctx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
 			t.Fatalf("StopPodSandbox: %v", err)
@@ -112,6 +114,25 @@ func TestSystemdDriver(t *testing.T) {
 	}
 	if got := systemctlShow(t, slice, "ActiveState"); got == "active" {
 		t.Errorf("%s still active after RemovePodSandbox", slice)
+	}
+}
+
+// oomKilledInScope runs a container past its memory limit in the pod:
+// systemd removes its scope once the OOM-killed process is gone, often
+// before the shim reaps it, and the status must still say OOMKilled.
+func oomKilledInScope(t *testing.T, e *podEnv, pod string, cfg *runtimeapi.PodSandboxConfig, sliceDir string) {
+	t.Helper()
+	cc := e.ctrConfig("oom", "/bin/sh", "-c", "x=$(/bin/busybox head -c 67108864 /dev/zero | /bin/busybox tr '\\0' a); echo survived ${#x}")
+	cc.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 16 << 20}}
+	id := e.create(t, pod, cfg, cc)
+	e.start(t, id)
+	st := e.waitState(t, id, runtimeapi.ContainerState_CONTAINER_EXITED)
+	if st.ExitCode != 137 || st.Reason != "OOMKilled" {
+		t.Errorf("the container past its limit: exit code %d, reason %q; want 137, OOMKilled", st.ExitCode, st.Reason)
+	}
+	scopeDir := filepath.Join(sliceDir, "berth-"+id+".scope")
+	if !eventually(time.Minute, func() bool { _, err := os.Stat(scopeDir); return err != nil }) {
+		t.Errorf("systemd kept the exited container's scope %s: the test no longer shows a scope gone before the exit is read", scopeDir)
 	}
 }
 

@@ -29,8 +29,7 @@ type ctr struct {
 	// stdinOnce closes the container's stdin when an attach with stdin ends.
 	stdinOnce bool
 	cgroup    string // lists its processes (cgroup.procs, and its children's)
-	oomEvents string // its OOM kill count
-	oom0      uint64
+	oom       *oomCounter
 	// cgroupPaths are its cgroups, which delete removes itself unless
 	// deleteByOp (see shim.OpReply).
 	cgroupPaths map[string]string
@@ -110,9 +109,8 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	}
 	c.init = sp
 	c.state.Pid = sp.pid
-	c.cgroup, c.oomEvents = r.Cgroup, r.OOMEvents
+	c.cgroup, c.oom = r.Cgroup, watchOOM(r.OOMEvents)
 	c.cgroupPaths, c.deleteByOp = r.CgroupPaths, r.DeleteByOp || r.CgroupPaths == nil
-	c.oom0, _ = oomKills(c.oomEvents)
 	err = c.io.started(c.log, req.Stdin)
 	c.startMu.Unlock()
 	if err != nil {
@@ -142,10 +140,7 @@ func (c *ctr) onExit(s *Server) func(exit) {
 		c.io.drain(drainLimit)
 		c.log.Close()
 		code, sig := e.code()
-		rec := shim.ExitRecord{ExitCode: code, Signal: sig, FinishedAt: e.at}
-		if n, err := oomKills(c.oomEvents); err == nil && n > c.oom0 {
-			rec.OOMKilled = true
-		}
+		rec := shim.ExitRecord{ExitCode: code, Signal: sig, FinishedAt: e.at, OOMKilled: c.oom.killed()}
 		if err := shim.WriteJSONDurable(filepath.Join(c.dir, shim.ExitFile), rec); err != nil {
 			log.Printf("container %s: write exit record: %v", c.id, err)
 		}
