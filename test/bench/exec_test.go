@@ -21,7 +21,9 @@ const execs = 50
 // as a streaming exec (Exec, then the URL driven over SPDY with kubectl's
 // client library: connect, run, exit code) and prints the p50/p99 of both;
 // then ExecSyncs apart from each other, as a kubelet's exec probes come
-// (every 10 s by default), which find no exec server running.
+// (every 10 s by default); and the CPU time each ExecSync costs the runtime
+// back to back and apart: berthd's, the pod's shim's and that of what the
+// shim reaped (the exec inits or exec servers, and the commands below them).
 func TestExecLatency(t *testing.T) {
 	d, img := daemonWithBusybox(t)
 	ctx := t.Context()
@@ -68,12 +70,40 @@ func TestExecLatency(t *testing.T) {
 	fmt.Printf("exec sync (/bin/true): p50 %s, p99 %s over %d\n", pct(syncs, 50), pct(syncs, 99), execs)
 	fmt.Printf("exec stream (/bin/true, spdy): p50 %s, p99 %s over %d\n", pct(streams, 50), pct(streams, 99), execs)
 
-	var apart []time.Duration
-	for range apartExecs {
-		time.Sleep(apartGap)
-		apart = append(apart, execTrue())
+	shim := shimPID(t, d, pod)
+	runtimeCPU := func() float64 {
+		u, s, cu, cs := cpuTimes(shim)
+		return cpuSeconds(d.PID()) + u + s + cu + cs
 	}
+	// Each CPU reading waits apartGap after the last exec: what served the
+	// execs has exited by then and been reaped, its CPU added to the shim's.
+	// berthd works a little while idle (its samplers): what it takes over
+	// an idle stretch is taken off each reading, at its rate.
+	time.Sleep(apartGap)
+	idleStart, idleCPU := time.Now(), runtimeCPU()
+	time.Sleep(3 * apartGap)
+	idleRate := (runtimeCPU() - idleCPU) / time.Since(idleStart).Seconds()
+	busyCPU := func(run func()) float64 {
+		start, cpu := time.Now(), runtimeCPU()
+		run()
+		time.Sleep(apartGap)
+		return runtimeCPU() - cpu - idleRate*time.Since(start).Seconds()
+	}
+	backToBack := busyCPU(func() {
+		for range execs {
+			execTrue()
+		}
+	}) / execs
+	var apart []time.Duration
+	apartCPU := busyCPU(func() {
+		for range apartExecs {
+			time.Sleep(apartGap)
+			apart = append(apart, execTrue())
+		}
+	}) / apartExecs
 	fmt.Printf("exec sync apart (/bin/true, %s after the last): p50 %s, p99 %s over %d\n", apartGap, pct(apart, 50), pct(apart, 99), apartExecs)
+	fmt.Printf("exec sync CPU per exec (berthd, the shim and what it reaped): back to back %.1f ms, %s apart %.1f ms\n",
+		backToBack*1000, apartGap, apartCPU*1000)
 }
 
 // apartExecs ExecSyncs apartGap after each other: longer than the shim
