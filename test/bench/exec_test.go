@@ -70,37 +70,30 @@ func TestExecLatency(t *testing.T) {
 	fmt.Printf("exec sync (/bin/true): p50 %s, p99 %s over %d\n", pct(syncs, 50), pct(syncs, 99), execs)
 	fmt.Printf("exec stream (/bin/true, spdy): p50 %s, p99 %s over %d\n", pct(streams, 50), pct(streams, 99), execs)
 
+	// execCPU runs n ExecSyncs, gap after each other, and returns their
+	// latencies and the CPU time per exec: berthd's and the shim's own
+	// inside each call (what they do idle between calls, berthd's samplers,
+	// is not the exec's), and all that the shim reaped meanwhile, read once
+	// what served the execs has exited (the exec server lingers 2 s), and
+	// from once what served the execs before has.
 	shim := shimPID(t, d, pod)
-	runtimeCPU := func() float64 {
-		u, s, cu, cs := cpuTimes(shim)
-		return cpuSeconds(d.PID()) + u + s + cu + cs
-	}
-	// Each CPU reading waits apartGap after the last exec: what served the
-	// execs has exited by then and been reaped, its CPU added to the shim's.
-	// berthd works a little while idle (its samplers): what it takes over
-	// an idle stretch is taken off each reading, at its rate.
-	time.Sleep(apartGap)
-	idleStart, idleCPU := time.Now(), runtimeCPU()
-	time.Sleep(3 * apartGap)
-	idleRate := (runtimeCPU() - idleCPU) / time.Since(idleStart).Seconds()
-	busyCPU := func(run func()) float64 {
-		start, cpu := time.Now(), runtimeCPU()
-		run()
+	execCPU := func(n int, gap time.Duration) ([]time.Duration, float64) {
 		time.Sleep(apartGap)
-		return runtimeCPU() - cpu - idleRate*time.Since(start).Seconds()
+		_, _, cu0, cs0 := cpuTimes(shim)
+		var lat []time.Duration
+		var own float64
+		for range n {
+			time.Sleep(gap)
+			before := cpuSeconds(d.PID()) + cpuSeconds(shim)
+			lat = append(lat, execTrue())
+			own += cpuSeconds(d.PID()) + cpuSeconds(shim) - before
+		}
+		time.Sleep(apartGap)
+		_, _, cu, cs := cpuTimes(shim)
+		return lat, (own + cu - cu0 + cs - cs0) / float64(n)
 	}
-	backToBack := busyCPU(func() {
-		for range execs {
-			execTrue()
-		}
-	}) / execs
-	var apart []time.Duration
-	apartCPU := busyCPU(func() {
-		for range apartExecs {
-			time.Sleep(apartGap)
-			apart = append(apart, execTrue())
-		}
-	}) / apartExecs
+	_, backToBack := execCPU(execs, 0)
+	apart, apartCPU := execCPU(apartExecs, apartGap)
 	fmt.Printf("exec sync apart (/bin/true, %s after the last): p50 %s, p99 %s over %d\n", apartGap, pct(apart, 50), pct(apart, 99), apartExecs)
 	fmt.Printf("exec sync CPU per exec (berthd, the shim and what it reaped): back to back %.1f ms, %s apart %.1f ms\n",
 		backToBack*1000, apartGap, apartCPU*1000)
