@@ -60,13 +60,12 @@
 #define FD_REPORT 4
 #define FD_CONFIG 5
 
-#define MAX_LIST 1024
 #define NO_VALUE (-1L)
 
 /* The settings, as the shim sends them. */
 struct config {
 	long uid, gid;
-	gid_t groups[MAX_LIST];
+	gid_t *groups;
 	int ngroups;
 	uint64_t cap_bnd, cap_eff, cap_prm, cap_inh, cap_amb;
 	int nnp;
@@ -83,11 +82,11 @@ struct config {
 	int tty;
 	const char *seccomp;
 	unsigned long seccomp_flags;
-	const char *cgroups[MAX_LIST];
+	const char **cgroups;
 	int ncgroups;
-	char *env[MAX_LIST + 2]; /* room for HOME and the NULL */
+	char **env; /* with room for HOME and the NULL */
 	int nenv;
-	char *args[MAX_LIST + 1];
+	char **args;
 	int nargs;
 };
 
@@ -184,11 +183,24 @@ static rlim_t limit(const char *v)
 static void parse(struct config *c, char *buf, size_t len)
 {
 	char *p = buf, *end = buf + len;
+	size_t i, n = 0;
 
 	memset(c, 0, sizeof(*c));
 	c->uid = c->gid = c->umask = c->oom_score_adj = NO_VALUE;
 	if (len == 0 || buf[len - 1] != '\0')
 		fail("settings: not NUL-terminated");
+	/*
+	 * Each list gets room for every record: a pod's environment has no
+	 * bound (the kubelet adds seven variables per Service of the namespace).
+	 */
+	for (i = 0; i < len; i++)
+		n += buf[i] == '\0';
+	c->groups = calloc(n, sizeof(*c->groups));
+	c->cgroups = calloc(n, sizeof(*c->cgroups));
+	c->env = calloc(n + 2, sizeof(*c->env));
+	c->args = calloc(n + 1, sizeof(*c->args));
+	if (!c->groups || !c->cgroups || !c->env || !c->args)
+		fail("settings: out of memory");
 	while (p < end) {
 		char *rec = p, *v = strchr(rec, '=');
 
@@ -197,24 +209,16 @@ static void parse(struct config *c, char *buf, size_t len)
 			fail("settings: record without '=': %s", rec);
 		*v++ = '\0';
 		if (strcmp(rec, "arg") == 0) {
-			if (c->nargs == MAX_LIST)
-				fail("settings: too many args");
 			c->args[c->nargs++] = v;
 		} else if (strcmp(rec, "env") == 0) {
-			if (c->nenv == MAX_LIST)
-				fail("settings: too many env");
 			c->env[c->nenv++] = v;
 		} else if (strcmp(rec, "cgroup") == 0) {
-			if (c->ncgroups == MAX_LIST)
-				fail("settings: too many cgroups");
 			c->cgroups[c->ncgroups++] = v;
 		} else if (strcmp(rec, "uid") == 0) {
 			c->uid = number(rec, v);
 		} else if (strcmp(rec, "gid") == 0) {
 			c->gid = number(rec, v);
 		} else if (strcmp(rec, "group") == 0) {
-			if (c->ngroups == MAX_LIST)
-				fail("settings: too many groups");
 			c->groups[c->ngroups++] = number(rec, v);
 		} else if (strcmp(rec, "cap_bnd") == 0) {
 			c->cap_bnd = mask(rec, v);
@@ -653,8 +657,6 @@ int main(void)
 	buf = read_all(FD_CONFIG, &len);
 	close(FD_CONFIG);
 	parse(&c, buf, len);
-	c.env[c.nenv] = NULL;
-	c.args[c.nargs] = NULL;
 	if (c.seccomp)
 		read_filter(c.seccomp, &filter);
 	lc = last_cap();

@@ -221,6 +221,16 @@ func TestExec(t *testing.T) {
 	if _, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"/no/such/command"}}); err == nil {
 		t.Fatal("exec of a missing command succeeded")
 	}
+	// As many variables as the kubelet gives a pod in a namespace of 500
+	// Services (seven each).
+	env := []string{"PATH=/bin"}
+	for i := range 3500 {
+		env = append(env, fmt.Sprintf("SVC_%d_PORT=tcp://10.0.0.1:80", i))
+	}
+	r, err = p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"sh", "-c", "env | grep -c ^SVC_"}, Env: env})
+	if err != nil || string(r.Stdout) != "3500\n" {
+		t.Fatalf("exec with 3500 variables: %q %q %v", r.Stdout, r.Stderr, err)
+	}
 }
 
 func TestExecTimeoutKillsTree(t *testing.T) {

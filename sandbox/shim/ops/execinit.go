@@ -253,23 +253,40 @@ func getFilter(tid int, prog []unix.SockFilter) (int, error) {
 	return int(n), nil
 }
 
-// seccompThread is the thread of pid in seccomp filter mode.
+// seccompThread is the thread of pid under the most seccomp filters: the
+// one that loaded the container's (or one it started since, which shares
+// them). Threads under fewer hold only what the process inherited, which
+// must never be taken for the container's filter.
 func seccompThread(pid int) (int, error) {
 	dir := fmt.Sprintf("/proc/%d/task", pid)
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, err
 	}
+	tid, most := 0, 0
 	for _, t := range tasks {
 		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "status"))
 		if err != nil {
 			continue
 		}
 		for line := range strings.Lines(string(b)) {
-			if v, ok := strings.CutPrefix(line, "Seccomp:"); ok && strings.TrimSpace(v) == "2" {
-				return strconv.Atoi(t.Name())
+			v, ok := strings.CutPrefix(line, "Seccomp_filters:")
+			if !ok {
+				continue
 			}
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n <= most {
+				continue
+			}
+			id, err := strconv.Atoi(t.Name())
+			if err != nil {
+				return 0, err
+			}
+			tid, most = id, n
 		}
 	}
-	return 0, errors.New("no thread under a seccomp filter")
+	if most == 0 {
+		return 0, errors.New("no thread under a seccomp filter")
+	}
+	return tid, nil
 }
