@@ -17,7 +17,7 @@ PREFIX    ?= /usr/local
 BERTH_GOFLAGS := -trimpath -tags=netgo,osusergo
 BERTH_GO  := GOFLAGS='$(BERTH_GOFLAGS)' $(GO)
 
-.PHONY: build pause deps test test-host test-unit test-fuzz fuzz test-integration soak test-soak deps-vm test-vm test-vm-systemd test-vm-critest test-kubelet test-cluster test-e2e test-conformance deps-e2e k8s-bins kubelet-bins cluster-bins e2e-bins lint run bench bench-compare install start clean
+.PHONY: build cbins deps test test-host test-unit test-fuzz fuzz test-integration soak test-soak deps-vm test-vm test-vm-systemd test-vm-critest test-kubelet test-cluster test-e2e test-conformance deps-e2e k8s-bins kubelet-bins cluster-bins e2e-bins lint run bench bench-compare install start clean
 
 # The shim and its helper are linked statically: they need no libc on the
 # node (nor in the VM tier). The shim, one per pod for the pod's lifetime,
@@ -30,14 +30,19 @@ build: deps
 	$(BERTH_GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berthd ./cmd/berthctl
 	CGO_ENABLED=0 $(BERTH_GO) build -ldflags '$(LDFLAGS) -s -w' -o $(BIN)/berth-shim ./cmd/berth-shim
 	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo,seccomp -ldflags '$(LDFLAGS) -s -w -extldflags -static' -o $(BIN)/berth-shim-helper ./cmd/berth-shim-helper
-	$(MAKE) --no-print-directory pause
+	$(MAKE) --no-print-directory cbins
 
-# pause builds berth-pause, PID 1 of shared-PID pods: C with no Go runtime
-# (one thread, under 100 KB anonymous memory), linked statically because it
-# runs alone in an empty rootfs. The tests build it with this target too.
-pause:
+# cbins builds berth's C programs, which need no Go runtime; the tests
+# build them with this target too. berth-pause, PID 1 of shared-PID pods
+# (one thread, under 100 KB anonymous memory), is linked statically because
+# it runs alone in an empty rootfs; berth-exec-init, which starts each exec'd
+# process in a container for the shim, because it runs from a sealed memfd
+# (no loader to find beside it) and a start without dynamic linking is the
+# cheaper.
+cbins:
 	mkdir -p $(BIN)
 	$(CC) -static -Os -s -Wall -Wextra -Werror -o $(BIN)/berth-pause cmd/berth-pause/pause.c
+	$(CC) -static -Os -s -Wall -Wextra -Werror -o $(BIN)/berth-exec-init cmd/berth-exec-init/execinit.c
 
 # deps installs what building (libseccomp-dev, a C compiler) and the tests
 # need (Debian packages), only when missing.
@@ -219,7 +224,7 @@ bench-compare: deps
 
 install: build
 	install -d $(PREFIX)/bin /etc/berth
-	install -m 0755 $(BIN)/berthd $(BIN)/berthctl $(BIN)/berth-shim $(BIN)/berth-shim-helper $(BIN)/berth-pause $(PREFIX)/bin/
+	install -m 0755 $(BIN)/berthd $(BIN)/berthctl $(BIN)/berth-shim $(BIN)/berth-shim-helper $(BIN)/berth-pause $(BIN)/berth-exec-init $(PREFIX)/bin/
 	if [ -d /run/systemd/system ]; then install -m 0644 cmd/berthd/berthd.service /etc/systemd/system/ && systemctl daemon-reload; fi
 
 # start runs the installed berthd on its defaults: under systemd when the

@@ -270,12 +270,16 @@ func findShim(configured string) (string, error) {
 
 // findPause returns the berth-pause installed beside the shim: the two are
 // built and shipped together. berth-shim-helper, which the shim finds
-// beside itself, is checked for here too, so that a node without it fails
-// at start rather than at its first pod.
+// beside itself, and berth-exec-init, sealed once here for every shim, are
+// checked for here too, so that a node without them fails at start rather
+// than at its first pod.
 func findPause(shimBinary string) (string, error) {
 	helper := filepath.Join(filepath.Dir(shimBinary), shim.HelperBinary)
 	if _, err := os.Stat(helper); err != nil {
 		return "", fmt.Errorf("%s not found beside berth-shim (%w): install it there", shim.HelperBinary, err)
+	}
+	if _, err := shim.SealedExecInit(filepath.Join(filepath.Dir(shimBinary), shim.ExecInitBinary)); err != nil {
+		return "", fmt.Errorf("%w: install it there", err)
 	}
 	pause := filepath.Join(filepath.Dir(shimBinary), "berth-pause")
 	if _, err := os.Stat(pause); err != nil {

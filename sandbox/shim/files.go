@@ -20,6 +20,13 @@ const (
 	ConfigFile  = "config.json"
 	ExitFile    = "exit.json"
 	StartedFile = "started.json"
+	// ExecInitFile and SeccompFile, in a container's bundle, are what
+	// berth-exec-init needs of it (written at create by the op process,
+	// see sandbox/shim/ops/execinit.go): a container without them, one an
+	// earlier shim created or one whose settings it cannot apply, execs
+	// through libcontainer.
+	ExecInitFile = "exec-init"
+	SeccompFile  = "seccomp.bpf"
 )
 
 // ExitRecord is exit.json: what a container's init ended with.

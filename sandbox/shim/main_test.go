@@ -45,7 +45,7 @@ func run(m *testing.M) int {
 func setup(tmp string) error {
 	rootfs = filepath.Join(tmp, "rootfs")
 	// The VM tier (test/vm) has no Go toolchain: it names a folder with a
-	// prebuilt, statically linked berth-shim and berth-pause.
+	// prebuilt, statically linked berth-shim, berth-pause and berth-exec-init.
 	if dir := os.Getenv("BERTH_BIN_DIR"); dir != "" {
 		shimBin = filepath.Join(dir, "berth-shim")
 		return makeRootfs(rootfs, filepath.Join(dir, "berth-pause"))
@@ -61,10 +61,10 @@ func setup(tmp string) error {
 	if err != nil {
 		return fmt.Errorf("build shim: %v\n%s", err, out)
 	}
-	// berth-pause with the Makefile's rule, from the module root.
-	out, err = exec.Command("make", "-C", "../..", "--no-print-directory", "BIN="+tmp, "pause").CombinedOutput()
+	// berth-pause and berth-exec-init with the Makefile's rule, from the module root.
+	out, err = exec.Command("make", "-C", "../..", "--no-print-directory", "BIN="+tmp, "cbins").CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("build pause: %v\n%s", err, out)
+		return fmt.Errorf("build C programs: %v\n%s", err, out)
 	}
 	return makeRootfs(rootfs, filepath.Join(tmp, "berth-pause"))
 }

@@ -80,6 +80,14 @@ func TestStartTimeoutKillsShim(t *testing.T) {
 	if err := os.WriteFile(slow, []byte("#!/bin/sh\nexec sleep 987655\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Start hands every shim the berth-exec-init beside it.
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(shimBin), shim.ExecInitBinary))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, shim.ExecInitBinary), b, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
 	defer cancel()
 	if _, err := shim.Start(ctx, slow, filepath.Join(dir, "pod")); err == nil || !strings.Contains(err.Error(), "not ready") {
@@ -212,6 +220,16 @@ func TestExec(t *testing.T) {
 	}
 	if _, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"/no/such/command"}}); err == nil {
 		t.Fatal("exec of a missing command succeeded")
+	}
+	// As many variables as the kubelet gives a pod in a namespace of 500
+	// Services (seven each).
+	env := []string{"PATH=/bin"}
+	for i := range 3500 {
+		env = append(env, fmt.Sprintf("SVC_%d_PORT=tcp://10.0.0.1:80", i))
+	}
+	r, err = p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"sh", "-c", "env | grep -c ^SVC_"}, Env: env})
+	if err != nil || string(r.Stdout) != "3500\n" {
+		t.Fatalf("exec with 3500 variables: %q %q %v", r.Stdout, r.Stderr, err)
 	}
 }
 
@@ -676,13 +694,18 @@ func execServers(shimPID int) []int {
 	return out
 }
 
-// TestExecServerLingers: execs close together go through one exec server that
-// serves them, which is let go once no exec came for a moment, and the
-// next exec starts another; the shim's exit takes it along.
+// TestExecServerLingers: the execs of a container without berth-exec-init's
+// settings (one whose settings it cannot apply) go through libcontainer:
+// execs close together through one exec server that serves them, which is
+// let go once no exec came for a moment, and the next exec starts another;
+// the shim's exit takes it along.
 func TestExecServerLingers(t *testing.T) {
 	p := newPod(t)
 	ctx := ctxT(t)
 	p.run("c", []string{"sleep", "1000"})
+	if err := os.Remove(filepath.Join(shim.ContainerDir(p.dir, "c"), shim.ExecInitFile)); err != nil {
+		t.Fatal(err)
+	}
 	var servers []int
 	for i := range 3 {
 		r, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"echo", strconv.Itoa(i)}})
@@ -718,4 +741,62 @@ func TestExecServerLingers(t *testing.T) {
 		t.Fatal("the exec server outlived its shim")
 	}
 	p.start() // for the cleanup
+}
+
+// TestExecInitSealed: an exec goes through berth-exec-init, the shim's
+// child, which runs from a sealed memfd: no file of the host's that root in
+// the container could reopen for writing through /proc/PID/exe.
+func TestExecInitSealed(t *testing.T) {
+	p := newPod(t)
+	ctx := ctxT(t)
+	p.run("c", []string{"sleep", "1000"})
+	const marker = "987657"
+	done := make(chan error, 1)
+	go func() {
+		r, err := p.c.Exec(ctx, shim.ExecRequest{ID: "c", Args: []string{"sleep", marker}})
+		if err == nil && r.ExitCode != 137 {
+			err = fmt.Errorf("exit code %d, want 137", r.ExitCode)
+		}
+		done <- err
+	}()
+	var pids []int
+	eventually(t, "the exec'd sleep", func() bool { pids = procsWithArg(marker); return len(pids) == 1 })
+	init := parentPID(t, pids[0])
+	if pp := parentPID(t, init); pp != p.pid {
+		t.Fatalf("the exec's parent %d is the child of %d, not of the shim %d", init, pp, p.pid)
+	}
+	exe := fmt.Sprintf("/proc/%d/exe", init)
+	if target, err := os.Readlink(exe); err != nil || !strings.HasPrefix(target, "/memfd:"+shim.ExecInitBinary) {
+		t.Errorf("the exec init runs %q (%v), want the sealed memfd", target, err)
+	}
+	// Sealed against writes, not only busy while it runs (ETXTBSY): the
+	// attack reopens the file once the process is gone.
+	f, err := os.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	f.Close()
+	if want := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE; err != nil || seals&want != want {
+		t.Errorf("the exec init's seals: %#x (%v), want %#x", seals, err, want)
+	}
+	syscall.Kill(pids[0], syscall.SIGKILL)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func parentPID(t *testing.T, pid int) int {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	pp, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pp
 }

@@ -60,10 +60,15 @@ func Start(ctx context.Context, binary, podDir string) (*Client, error) {
 	}
 	defer r.Close()
 
+	execInit, err := SealedExecInit(filepath.Join(filepath.Dir(binary), ExecInitBinary))
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
 	cmd := exec.Command(binary, "serve", "--dir", podDir)
-	cmd.Env = append(shimEnv(os.Environ()), ReadyFdEnv+"=3")
+	cmd.Env = append(shimEnv(os.Environ()), ReadyFdEnv+"=3", ExecInitFdEnv+"=4")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{w} // fd 3 in the shim
+	cmd.ExtraFiles = []*os.File{w, execInit} // fds 3 and 4 in the shim
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	pid, err := startChild(cmd)
 	w.Close() // only the shim holds the write end now: EOF if it dies

@@ -16,14 +16,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=test/gpu/out
-# berthd, berthctl, berth-shim, berth-shim-helper and berth-pause (`make build`'s); the
+# berthd, berthctl, berth-shim, berth-shim-helper, berth-pause and berth-exec-init (`make build`'s); the
 # integration harness reads the same variable.
 BIN=${BERTH_BIN_DIR:-bin}
 
 die() { echo "run.sh: $*" >&2; exit 1; }
 
 build() {
-	for f in "$BIN/berthd" "$BIN/berthctl" "$BIN/berth-shim" "$BIN/berth-shim-helper" "$BIN/berth-pause"; do
+	for f in "$BIN/berthd" "$BIN/berthctl" "$BIN/berth-shim" "$BIN/berth-shim-helper" "$BIN/berth-pause" "$BIN/berth-exec-init"; do
 		[ -x "$f" ] || die "$f missing: run make build first"
 	done
 	rm -rf "$OUT"
@@ -39,7 +39,7 @@ build() {
 	# test/gpu/run.sh from there.
 	local tarball=$OUT/gpu-check.tar.gz
 	tar -czf "$tarball.tmp" --exclude "$tarball.tmp" --transform "s,^$BIN/,bin/," \
-		"$BIN/berthd" "$BIN/berthctl" "$BIN/berth-shim" "$BIN/berth-shim-helper" "$BIN/berth-pause" test/gpu/run.sh "$OUT"
+		"$BIN/berthd" "$BIN/berthctl" "$BIN/berth-shim" "$BIN/berth-shim-helper" "$BIN/berth-pause" "$BIN/berth-exec-init" test/gpu/run.sh "$OUT"
 	mv "$tarball.tmp" "$tarball"
 	echo "built $OUT; on the GPU host: mkdir gpu-check && tar -xzf gpu-check.tar.gz -C gpu-check && cd gpu-check && test/gpu/run.sh (as root)"
 }
@@ -52,7 +52,7 @@ build) build; exit 0 ;;
 esac
 
 [ "$(id -u)" = 0 ] || die "run as root (berthd needs it)"
-for f in "$BIN/berthd" "$BIN/berthctl" "$BIN/berth-shim" "$BIN/berth-shim-helper" "$BIN/berth-pause" "$OUT/crigpu" "$OUT/image/index.json"; do
+for f in "$BIN/berthd" "$BIN/berthctl" "$BIN/berth-shim" "$BIN/berth-shim-helper" "$BIN/berth-pause" "$BIN/berth-exec-init" "$OUT/crigpu" "$OUT/image/index.json"; do
 	[ -e "$f" ] || die "$f missing: run make build and test/gpu/run.sh build (on a machine with Go) first"
 done
 

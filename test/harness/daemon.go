@@ -41,7 +41,7 @@ var binaries struct {
 }
 
 // BinDirEnv names a folder of prebuilt berthd, berthctl, berth-shim,
-// berth-shim-helper and berth-pause that
+// berth-shim-helper, berth-pause and berth-exec-init that
 // Main uses instead of building them: the VM tier (test/vm) runs the test
 // binaries where there is no Go toolchain.
 const BinDirEnv = "BERTH_BIN_DIR"
@@ -58,7 +58,7 @@ func Main(m *testing.M, env string) {
 func runMain(m *testing.M, env string) int {
 	if os.Getenv(env) == "1" && os.Geteuid() == 0 {
 		if dir := os.Getenv(BinDirEnv); dir != "" {
-			for _, name := range []string{"berthd", "berthctl", "berth-shim", "berth-shim-helper", "berth-pause"} {
+			for _, name := range []string{"berthd", "berthctl", "berth-shim", "berth-shim-helper", "berth-pause", "berth-exec-init"} {
 				if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 					fmt.Fprintf(os.Stderr, "harness: %s: %v\n", BinDirEnv, err)
 					return 1
@@ -159,20 +159,20 @@ func buildBinaries(crashpoints bool) (string, error) {
 			return "", fmt.Errorf("go %s: %v\n%s", strings.Join(a, " "), err, out)
 		}
 	}
-	if err := BuildPause(root, dir); err != nil {
+	if err := BuildC(root, dir); err != nil {
 		os.RemoveAll(dir)
 		return "", err
 	}
 	return dir, nil
 }
 
-// BuildPause builds berth-pause (C) into dir with the Makefile's rule, from
-// the module root.
-func BuildPause(root, dir string) error {
-	cmd := exec.Command("make", "--no-print-directory", "BIN="+dir, "pause")
+// BuildC builds berth's C programs (berth-pause, berth-exec-init) into dir
+// with the Makefile's rule, from the module root.
+func BuildC(root, dir string) error {
+	cmd := exec.Command("make", "--no-print-directory", "BIN="+dir, "cbins")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("make pause: %v\n%s", err, out)
+		return fmt.Errorf("make cbins: %v\n%s", err, out)
 	}
 	return nil
 }

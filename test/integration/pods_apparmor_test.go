@@ -40,7 +40,8 @@ func loadAppArmorProfile(t *testing.T, name, rule string) {
 // TestAppArmor runs containers under AppArmor profiles where the kernel
 // enforces AppArmor (the VM tier): berth's default, a Localhost profile
 // that denies writes under /tmp (touch fails) and one that only audits them
-// (touch works). Without AppArmor (the development hosts) RuntimeDefault and
+// (touch works), for the container's process and for one ExecSync starts
+// in it. Without AppArmor (the development hosts) RuntimeDefault and
 // Unconfined run unconfined, as in other runtimes. Either way a Localhost
 // profile the kernel does not have is refused, leaving nothing behind.
 func TestAppArmor(t *testing.T) {
@@ -89,6 +90,14 @@ func TestAppArmor(t *testing.T) {
 			if out != c.want {
 				t.Errorf("output %q, want %q", out, c.want)
 			}
+			// A process ExecSync starts runs under the container's profile.
+			sc := e.ctrConfig(c.name+"-exec", sleeper...)
+			sc.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: c.sc}
+			id := e.runContainer(t, pod, cfg, sc)
+			if got := e.exec(t, id, "/bin/sh", "-c", script); got.stdout != c.want {
+				t.Errorf("exec: %+v, want stdout %q", got, c.want)
+			}
+			e.stop(t, id, 0)
 		})
 	}
 

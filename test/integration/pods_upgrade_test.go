@@ -21,9 +21,9 @@ import (
 const previousShimRevision = "86c0fcf08a095043a47c76679705d2cd8c931909"
 
 // buildPreviousShim builds the berth-shim of previousShimRevision from the
-// repository's history into a folder of its own, with berth-pause and
-// berth-shim-helper of this build beside it (berthd looks for them there;
-// the old shim uses neither).
+// repository's history into a folder of its own, with berth-pause,
+// berth-shim-helper and berth-exec-init of this build beside it (berthd
+// looks for them there; the old shim uses none of them).
 func buildPreviousShim(t *testing.T) string {
 	t.Helper()
 	root, err := harness.ModuleRoot()
@@ -47,7 +47,7 @@ func buildPreviousShim(t *testing.T) string {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the previous shim: %v\n%s", err, out)
 	}
-	for _, name := range []string{"berth-pause", "berth-shim-helper"} {
+	for _, name := range []string{"berth-pause", "berth-shim-helper", "berth-exec-init"} {
 		b, err := os.ReadFile(harness.BinaryPath(t, name))
 		if err != nil {
 			t.Fatal(err)

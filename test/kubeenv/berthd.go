@@ -36,7 +36,8 @@ type Berthd struct {
 
 // NewBerthd writes berthd's configuration below w: its own bridge, subnet
 // (none: the pod CIDR the kubelet passes on) and registryHost as a plain
-// HTTP registry. binDir holds berthd, berth-shim, berth-shim-helper and berth-pause.
+// HTTP registry. binDir holds berthd, berth-shim, berth-shim-helper, berth-pause
+// and berth-exec-init.
 func NewBerthd(t *testing.T, w *Work, binDir, bridge, subnet, registryHost string) *Berthd {
 	t.Helper()
 	b := &Berthd{Root: w.Path("berth-root"), State: w.Path("berth-state"), Bridge: bridge, CDIDir: w.Path("cdi"), work: w.Dir}

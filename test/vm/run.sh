@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The VM tier (`make test-vm`, docs/architecture.md, "Tests" 3): the privileged tests on a
 # unified cgroup v2 kernel. It builds static test binaries (`go test -c`) and
-# berthd, berthctl, berth-shim, berth-pause; puts them with busybox-static on an ext4 disk
+# berthd, berthctl, berth-shim, berth-pause, berth-exec-init; puts them with busybox-static on an ext4 disk
 # image; boots Debian's linux-image-amd64 (prepared by test/vm/deps.sh) in
 # qemu (TCG: no KVM here) with a small initramfs (test/vm/boot.sh) that
 # switches to that disk, whose init (test/vm/init.sh) mounts cgroup2 with
@@ -133,7 +133,7 @@ static=(-trimpath -tags netgo,osusergo,noisal -ldflags '-extldflags -static')
 $GO build "${static[@]}" -o "$root/berth/bin/" ./cmd/berthd ./cmd/berthctl
 CGO_ENABLED=1 $GO build -trimpath -tags netgo,osusergo,seccomp -ldflags '-extldflags -static' \
 	-o "$root/berth/bin/" ./cmd/berth-shim ./cmd/berth-shim-helper
-make --no-print-directory BIN="$root/berth/bin" pause
+make --no-print-directory BIN="$root/berth/bin" cbins
 
 plan="$root/berth/plan"
 echo "# written by test/vm/run.sh; sourced by /sbin/berth-vm-init" >"$plan"

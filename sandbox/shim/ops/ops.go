@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"os"
 	"os/signal"
@@ -298,6 +299,9 @@ func create(req *shim.OpRequest, files []*os.File, r *shim.OpReply) error {
 		r.CgroupPaths = st.CgroupPaths
 	}
 	r.DeleteByOp = cfg.Cgroups.Systemd || len(cfg.Hooks[configs.Poststop]) > 0 || cfg.IntelRdt != nil
+	if err := saveExecInit(req.ID, req.Bundle, cfg, proc, r.CgroupPaths, r.Pid); err != nil {
+		log.Printf("container %s: execs go through libcontainer: %v", req.ID, err)
+	}
 	return nil
 }
 

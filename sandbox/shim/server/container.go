@@ -35,6 +35,11 @@ type ctr struct {
 	cgroupPaths map[string]string
 	deleteByOp  bool
 
+	// execInit is what berth-exec-init needs of it (shim.ExecInitFile),
+	// read at its first exec; nil: its execs go through libcontainer.
+	execInitOnce sync.Once
+	execInit     []byte
+
 	// startMu orders Create's setup and Start's started.json before the
 	// exit handling.
 	startMu sync.Mutex
@@ -42,6 +47,10 @@ type ctr struct {
 	// Guarded by Server.mu.
 	state  shim.State
 	exited chan struct{} // closed once stopped and exit.json is written
+}
+
+func (c *ctr) execInitFile() string {
+	return filepath.Join(c.bundle, shim.ExecInitFile)
 }
 
 func (s *Server) get(id string) (*ctr, error) {
@@ -256,8 +265,8 @@ func (s *Server) delete(id string) error {
 		return err
 	}
 	c.io.close()
-	c.init.close()
 	s.mu.Lock()
+	c.init.close() // under s.mu: an exec may be taking a copy of its pidfd
 	delete(s.ctrs, id)
 	s.emit(shim.EventDeleted, c.state)
 	s.mu.Unlock()

@@ -37,11 +37,16 @@ func (s *Server) exec(req *shim.ExecRequest) (shim.ExecResponse, error) {
 		outW.Close()
 		return shim.ExecResponse{}, err
 	}
-	s.mu.Lock()
-	initPid := c.state.Pid
-	s.mu.Unlock()
-	sp, err := s.execViaServer(&shim.OpRequest{Op: shim.OpExec, ID: c.id, Bundle: c.bundle, Pid: initPid,
-		Stdio: shim.OpStdio{Stdout: true, Stderr: true}, Exec: req}, []*os.File{outW, errW})
+	var sp *spawned
+	if base := s.execSettings(c); base != nil {
+		sp, err = s.spawnExecInit(c, base, req, false, [3]*os.File{nil, outW, errW})
+	} else {
+		s.mu.Lock()
+		initPid := c.state.Pid
+		s.mu.Unlock()
+		sp, err = s.execViaServer(&shim.OpRequest{Op: shim.OpExec, ID: c.id, Bundle: c.bundle, Pid: initPid,
+			Stdio: shim.OpStdio{Stdout: true, Stderr: true}, Exec: req}, []*os.File{outW, errW})
+	}
 	outW.Close()
 	errW.Close()
 	if err != nil {

@@ -83,6 +83,19 @@ func (r *reaper) deliver(pid int, ws unix.WaitStatus) {
 	}
 }
 
+// start starts a child (start returns its pid) and has onExit called when
+// it exits. The pid is registered before the reaper can hand out its exit:
+// the child may exit, and be reaped, before start has returned.
+func (r *reaper) start(start func() (int, error), onExit func(exit)) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid, err := start()
+	if err == nil {
+		r.waiters[pid] = onExit
+	}
+	return pid, err
+}
+
 // register has onExit called when pid exits.
 func (r *reaper) register(pid int, onExit func(exit)) {
 	r.mu.Lock()

@@ -3,10 +3,14 @@
 // files, whose exits it records durably, and whose stdio it serves to
 // attach and exec streams. It serves the API of package shim
 // (shim.ServeConn). It never runs libcontainer itself: creating a
-// container, starting an exec, changing limits and deleting are each done
-// by berth-shim-helper (package ops): an op process per operation, the
-// exec server for execs that come close together, so that what
-// libcontainer leaves resident is not paid once per pod.
+// container, changing limits and deleting are each done by
+// berth-shim-helper (package ops), an op process per operation, so that
+// what libcontainer leaves resident is not paid once per pod. An exec is
+// started by berth-exec-init, a small C program, with the container's
+// settings that the op process saved at create (execinit.go): no Go
+// program starts per exec. A container without them execs through
+// berth-shim-helper: ExecSync through the exec server, kept while execs
+// come close together; a streaming exec through an op process.
 package server
 
 import (
@@ -31,7 +35,8 @@ import (
 type Server struct {
 	dir       string
 	lcRoot    string
-	helperBin string // berth-shim-helper
+	helperBin string    // berth-shim-helper
+	execInit  *execInit // nil: execs go through berth-shim-helper
 	reaper    *reaper
 
 	mu       sync.Mutex
@@ -67,7 +72,12 @@ func Run(dir string, ready *os.File) error {
 	if err != nil {
 		return err
 	}
+	execInit, err := openExecInit()
+	if err != nil {
+		return err
+	}
 	s := &Server{
+		execInit:  execInit,
 		dir:       dir,
 		helperBin: helperBin,
 		lcRoot:    filepath.Join(dir, shim.StateRoot),

@@ -79,6 +79,22 @@ func (s *Server) serveStream(conn *net.UnixConn) {
 	shim.WriteStreamMsg(conn, shim.StreamExited{ExitCode: code})
 }
 
+// execStdio are berth-exec-init's fds 0-2 for files in OpStdio's order:
+// the console socket first for a tty, nil for a stream not asked for.
+func execStdio(o shim.OpStdio, files []*os.File) [3]*os.File {
+	var out [3]*os.File
+	if o.TTY {
+		out[0] = files[0]
+		return out
+	}
+	for i, want := range []bool{o.Stdin, o.Stdout, o.Stderr} {
+		if want {
+			out[i], files = files[0], files[1:]
+		}
+	}
+	return out
+}
+
 // startStream spawns the exec with the fds berthd sent, or on a new pty
 // whose master it returns.
 func (s *Server) startStream(req *shim.StreamRequest, files []*os.File) (sp *spawned, pty *os.File, err error) {
@@ -104,7 +120,11 @@ func (s *Server) startStream(req *shim.StreamRequest, files []*os.File) (sp *spa
 		defer io.close()
 		opStdio, files = io.opStdio(), io.child
 	}
-	sp, err = s.spawnExec(c, &req.Exec, opStdio, files)
+	if base := s.execSettings(c); base != nil {
+		sp, err = s.spawnExecInit(c, base, &req.Exec, req.TTY, execStdio(opStdio, files))
+	} else {
+		sp, err = s.spawnExec(c, &req.Exec, opStdio, files)
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -57,7 +57,7 @@ install_bin() {
 }
 
 # berth (make build) and the tier's kubelet and kube-proxy.
-for b in berthd berthctl berth-shim berth-shim-helper berth-pause; do
+for b in berthd berthctl berth-shim berth-shim-helper berth-pause berth-exec-init; do
 	install_bin "$bindir/$b" "/usr/local/bin/$b"
 done
 install_bin "$k8sbin/kubelet" /usr/local/bin/kubelet
