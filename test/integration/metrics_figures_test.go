@@ -1,11 +1,11 @@
 package integration
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,61 +17,25 @@ import (
 	"github.com/berth-runtime/berth/test/harness"
 )
 
-// workerThreads is how many threads the metered program holds besides its
-// own.
+// workerThreads is how many threads the metered program (testdata/metered)
+// holds besides its own.
 const workerThreads = 8
 
-// meteredProgram holds workerThreads OS threads, a listening socket on
-// :8080 (connections accepted and closed) and spins on one more, so that
-// its CPU quota throttles it.
-const meteredProgram = `package main
-
-import (
-	"net"
-	"runtime"
-)
-
-func main() {
-	l, err := net.Listen("tcp", ":8080")
-	if err != nil {
-		panic(err)
-	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err == nil {
-				c.Close()
-			}
-		}
-	}()
-	for i := 0; i < ` + "%d" + `; i++ {
-		go func() {
-			runtime.LockOSThread()
-			select {}
-		}()
-	}
-	for {
-	}
-}
-`
-
-// buildMetered builds meteredProgram, static, and returns its bytes.
+// buildMetered returns the metered program (testdata/metered), static:
+// the binary BERTH_METERED_BIN names (the VM tier's, built on the host),
+// or one built here.
 func buildMetered(t *testing.T) []byte {
 	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), fmt.Appendf(nil, meteredProgram, workerThreads), 0o644); err != nil {
-		t.Fatal(err)
+	bin := os.Getenv("BERTH_METERED_BIN")
+	if bin == "" {
+		bin = filepath.Join(t.TempDir(), "metered")
+		build := exec.Command("go", "build", "-trimpath", "-o", bin, "./testdata/metered")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build the metered program: %v\n%s", err, out)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module metered\n\ngo 1.22\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	build := exec.Command("go", "build", "-o", "metered", ".")
-	build.Dir = dir
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the metered program: %v\n%s", err, out)
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "metered"))
+	b, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +55,7 @@ func TestCRIMetricsFigures(t *testing.T) {
 
 	cfg := e.podConfig("figures")
 	pod := e.runPod(t, cfg)
-	cc := e.ctrConfig("metered", "/metered")
+	cc := e.ctrConfig("metered", "/metered", strconv.Itoa(workerThreads))
 	cc.Image = &runtimeapi.ImageSpec{Image: img.Name}
 	cc.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{
 		CpuPeriod: 100000, CpuQuota: 10000, CpuShares: 512, MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 128 << 20}}

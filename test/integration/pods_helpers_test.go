@@ -55,7 +55,15 @@ type execResult struct {
 // exec runs cmd in a container with a 10 s timeout; an error fails t.
 func (e *podEnv) exec(t *testing.T, id string, cmd ...string) execResult {
 	t.Helper()
-	resp, err := e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 10},
+	return e.execWithin(t, id, 10, cmd...)
+}
+
+// execWithin is exec with a timeout of seconds, for commands that do more
+// than look (under the VM tier's emulation, on a loaded machine, a shell
+// loop of 300 applets took over 10 s).
+func (e *podEnv) execWithin(t *testing.T, id string, seconds int64, cmd ...string) execResult {
+	t.Helper()
+	resp, err := e.d.Runtime.ExecSync(t.Context(), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: seconds},
 		grpc.MaxCallRecvMsgSize(64<<20))
 	if err != nil {
 		t.Fatalf("ExecSync %q in %s: %v", cmd, id, err)

@@ -38,7 +38,7 @@ func TestWritableLayerUsageDeeperThanPathMax(t *testing.T) {
 	const levels, fileMiB = 100, 4
 	script := fmt.Sprintf("set -e; cd /tmp; mkdir chain; dd if=/dev/zero of=chain/big bs=1048576 count=%d 2>/dev/null; "+
 		"i=0; while [ $i -lt %d ]; do mkdir wrap; mv chain wrap/%s; mv wrap chain; i=$((i+1)); done", fileMiB, levels, name)
-	if r := e.exec(t, ctr, "/bin/sh", "-c", script); r.code != 0 {
+	if r := e.execWithin(t, ctr, 120, "/bin/sh", "-c", script); r.code != 0 {
 		t.Fatalf("build the chain: exit %d: %s", r.code, r.stderr)
 	}
 
