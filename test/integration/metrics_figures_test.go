@@ -75,14 +75,7 @@ func TestCRIMetricsFigures(t *testing.T) {
 		t.Fatalf("no connection to the metered program at %s:8080", ip)
 	}
 
-	descs, err := e.d.Runtime.ListMetricDescriptors(t.Context(), &runtimeapi.ListMetricDescriptorsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := map[string][]string{}
-	for _, d := range descs.Descriptors {
-		keys[d.Name] = d.LabelKeys
-	}
+	keys := e.metricLabelKeys(t)
 	// series maps each series, named with its labels beyond the common
 	// ones ("container_memory_failures_total{pgfault,container}"), to its
 	// value.

@@ -158,14 +158,7 @@ func TestMetricsEndpoint(t *testing.T) {
 // series carry the pod, namespace and container names.
 func TestCRIMetrics(t *testing.T) {
 	e := startPodEnv(t, v1.Config{})
-	descs, err := e.d.Runtime.ListMetricDescriptors(t.Context(), &runtimeapi.ListMetricDescriptorsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := map[string][]string{}
-	for _, d := range descs.Descriptors {
-		keys[d.Name] = d.LabelKeys
-	}
+	keys := e.metricLabelKeys(t)
 	for _, n := range []string{"container_cpu_usage_seconds_total", "container_memory_working_set_bytes", "container_memory_usage_bytes",
 		"container_memory_rss", "container_memory_cache", "container_oom_events_total", "container_processes",
 		"container_fs_usage_bytes", "container_network_receive_bytes_total", "container_network_transmit_bytes_total"} {
@@ -259,4 +252,19 @@ func TestCRIMetrics(t *testing.T) {
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
+}
+
+// metricLabelKeys is ListMetricDescriptors as a map of each metric's name
+// to its label keys.
+func (e *podEnv) metricLabelKeys(t *testing.T) map[string][]string {
+	t.Helper()
+	descs, err := e.d.Runtime.ListMetricDescriptors(t.Context(), &runtimeapi.ListMetricDescriptorsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string][]string{}
+	for _, d := range descs.Descriptors {
+		keys[d.Name] = d.LabelKeys
+	}
+	return keys
 }
