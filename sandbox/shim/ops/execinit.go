@@ -256,8 +256,16 @@ func getFilter(tid int, prog []unix.SockFilter) (int, error) {
 // seccompThread is the thread of pid under the most seccomp filters: the
 // one that loaded the container's (or one it started since, which shares
 // them). Threads under fewer hold only what the process inherited, which
-// must never be taken for the container's filter.
+// must never be taken for the container's filter. PTRACE_SECCOMP_GET_FILTER
+// gives one filter, the last loaded, so the thread must be under exactly
+// one more than this process (whose filters it and every exec init inherit
+// from the shim alike): more stacked filters would leave an exec less
+// confined than the container.
 func seccompThread(pid int) (int, error) {
+	own, err := seccompFilters("/proc/thread-self/status")
+	if err != nil {
+		return 0, err
+	}
 	dir := fmt.Sprintf("/proc/%d/task", pid)
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
@@ -265,28 +273,31 @@ func seccompThread(pid int) (int, error) {
 	}
 	tid, most := 0, 0
 	for _, t := range tasks {
-		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "status"))
-		if err != nil {
+		n, err := seccompFilters(filepath.Join(dir, t.Name(), "status"))
+		if err != nil || n <= most {
 			continue
 		}
-		for line := range strings.Lines(string(b)) {
-			v, ok := strings.CutPrefix(line, "Seccomp_filters:")
-			if !ok {
-				continue
-			}
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil || n <= most {
-				continue
-			}
-			id, err := strconv.Atoi(t.Name())
-			if err != nil {
-				return 0, err
-			}
-			tid, most = id, n
+		if tid, err = strconv.Atoi(t.Name()); err != nil {
+			return 0, err
 		}
+		most = n
 	}
-	if most == 0 {
-		return 0, errors.New("no thread under a seccomp filter")
+	if most != own+1 {
+		return 0, fmt.Errorf("a thread under %d seccomp filters, this process under %d: not the one filter an exec init carries", most, own)
 	}
 	return tid, nil
+}
+
+// seccompFilters is the Seccomp_filters count of a /proc status file.
+func seccompFilters(status string) (int, error) {
+	b, err := os.ReadFile(status)
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Seccomp_filters:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("%s: no Seccomp_filters", status)
 }
