@@ -1,7 +1,6 @@
 package stats
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-runtime/berth/cgroups"
@@ -85,55 +85,22 @@ func (s *Collector) layerFilesystem(root string) (Filesystem, error) {
 // mountSource is the source of the mount at mountpoint in the mountinfo
 // file (the last one there: the one on top), as cadvisor names a
 // filesystem's device: /dev/sda1 for a disk, the fs name for others.
-func mountSource(mountinfo, mountpoint string) (string, error) {
-	f, err := os.Open(mountinfo)
+func mountSource(mountinfoFile, mountpoint string) (string, error) {
+	f, err := os.Open(mountinfoFile)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	src, found := "", false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		// ID parent maj:min root mountpoint options [optional...] - fstype source superoptions
-		fields := bytes.Fields(sc.Bytes())
-		if len(fields) < 5 || unescapeMountinfo(fields[4]) != mountpoint {
-			continue
-		}
-		for i := 5; i+2 < len(fields); i++ {
-			if string(fields[i]) == "-" {
-				src, found = unescapeMountinfo(fields[i+2]), true
-				break
-			}
-		}
+	mounts, err := mountinfo.GetMountsFromReader(f, func(m *mountinfo.Info) (skip, stop bool) {
+		return m.Mountpoint != mountpoint, false
+	})
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", mountinfoFile, err)
 	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("%s: %w", mountinfo, err)
+	if len(mounts) == 0 {
+		return "", fmt.Errorf("%s: no mount at %s", mountinfoFile, mountpoint)
 	}
-	if !found {
-		return "", fmt.Errorf("%s: no mount at %s", mountinfo, mountpoint)
-	}
-	return src, nil
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space,
-// \011, \012, \134) of a path.
-func unescapeMountinfo(b []byte) string {
-	if bytes.IndexByte(b, '\\') < 0 {
-		return string(b)
-	}
-	out := make([]byte, 0, len(b))
-	for i := 0; i < len(b); i++ {
-		if b[i] == '\\' && i+3 < len(b) {
-			if n, err := strconv.ParseUint(string(b[i+1:i+4]), 8, 8); err == nil {
-				out = append(out, byte(n))
-				i += 3
-				continue
-			}
-		}
-		out = append(out, b[i])
-	}
-	return string(out)
+	return mounts[len(mounts)-1].Source, nil
 }
 
 // countFDs counts the open file descriptors of the processes pids, and
