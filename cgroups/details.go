@@ -35,9 +35,6 @@ type Details struct {
 	// memory.kmem.usage_in_bytes, v2 memory.stat's kernel (Linux 5.18+; on
 	// v2 runc's library, and so cadvisor, leave it 0). Has.KernelMemory.
 	MemoryKernelBytes uint64
-	// MemorySwapBytes is the swap used: v2 memory.swap.current, v1
-	// memory.stat's swap. Only with swap accounting: Has.Swap.
-	MemorySwapBytes uint64
 	// PidsLimit is pids.max; 0 is no limit, as cadvisor reports "max".
 	PidsLimit uint64
 	// The limits the cgroup has now (cadvisor's ContainerSpec), read from
@@ -54,8 +51,8 @@ type Details struct {
 	Has   Has // which of the figures that a host may lack were found
 }
 
-// Spec is a cgroup's limits. Memory limits of 0 are no limit, as cadvisor
-// reports them.
+// Spec is a cgroup's limits beyond Stats' memory limit. A swap limit of 0
+// is none, as cadvisor reports it.
 type Spec struct {
 	// CPUPeriodMicros is the CFS period (v2 cpu.max's second field, v1
 	// cpu.cfs_period_us); CPUQuotaMicros the quota in it, 0 for none.
@@ -63,21 +60,19 @@ type Spec struct {
 	// CPUShares is v1 cpu.shares; on v2, cpu.weight converted back to
 	// shares (WeightToShares).
 	CPUShares uint64
-	// MemoryLimitBytes is memory.max (v1 memory.limit_in_bytes);
 	// MemorySwapLimitBytes is v2 memory.swap.max, swap alone, and v1
 	// memory.memsw.limit_in_bytes, memory and swap together, as cadvisor
 	// reads each (Has.SwapLimit: only with swap accounting).
-	MemoryLimitBytes, MemorySwapLimitBytes uint64
+	MemorySwapLimitBytes uint64
 }
 
 // Has says which figures a host may lack were read.
 type Has struct {
 	CPUSpec      bool // v2: the cpu controller is enabled in the cgroup
-	MemorySpec   bool
+	MemorySpec   bool // the memory limit was read
 	Pids         bool // the pids controller
 	MemoryPeak   bool
 	KernelMemory bool
-	Swap         bool
 	SwapLimit    bool
 }
 
@@ -121,19 +116,10 @@ func (d *Details) readV2(r *fileReader, dir string) error {
 		return err
 	}
 	var err error
-	if d.Spec.MemoryLimitBytes, d.Has.MemorySpec, err = r.limit(dir, "memory.max"); err != nil {
-		return err
-	}
 	if d.MemoryMaxUsageBytes, d.Has.MemoryPeak, err = r.optional(dir, "memory.peak"); err != nil {
 		return err
 	}
-	if d.MemorySwapBytes, d.Has.Swap, err = r.optional(dir, "memory.swap.current"); err != nil {
-		return err
-	}
-	if d.Spec.MemorySwapLimitBytes, d.Has.SwapLimit, err = r.limit(dir, "memory.swap.max"); err != nil {
-		return err
-	}
-	if d.PidsLimit, d.Has.Pids, err = r.limit(dir, "pids.max"); err != nil {
+	if err := d.readPidsLimit(r, dir); err != nil {
 		return err
 	}
 	if b, path, err := r.read(dir, "io.stat"); err == nil {
@@ -188,13 +174,7 @@ func (d *Details) readV1(r *fileReader, cpuDir, cpuacctDir, memDir, pidsDir, blk
 	if d.MemoryKernelBytes, d.Has.KernelMemory, err = r.optional(memDir, "memory.kmem.usage_in_bytes"); err != nil {
 		return err
 	}
-	if d.Spec.MemoryLimitBytes, d.Has.MemorySpec, err = r.limit(memDir, "memory.limit_in_bytes"); err != nil {
-		return err
-	}
-	if d.Spec.MemorySwapLimitBytes, d.Has.SwapLimit, err = r.limit(memDir, "memory.memsw.limit_in_bytes"); err != nil {
-		return err
-	}
-	if d.PidsLimit, d.Has.Pids, err = r.limit(pidsDir, "pids.max"); err != nil {
+	if err := d.readPidsLimit(r, pidsDir); err != nil {
 		return err
 	}
 	if err := d.readBlkioV1(r, blkioDir); err != nil {
@@ -224,6 +204,14 @@ func (d *Details) readBlkioV1(r *fileReader, dir string) error {
 		}
 	}
 	return nil
+}
+
+// readPidsLimit reads pids.max of the pids cgroup at dir, where the
+// controller is there.
+func (d *Details) readPidsLimit(r *fileReader, dir string) error {
+	l, err := r.limit(dir, "pids.max")
+	d.PidsLimit, d.Has.Pids = l.zeroIfNone(), l.found
+	return err
 }
 
 // readProcs lists the processes of the cgroup at dir.
@@ -262,27 +250,40 @@ func (r *fileReader) optional(dir, name string) (v uint64, ok bool, err error) {
 // "no limit" as the largest page-aligned int64, v2 as "max".
 const noLimit = 1 << 62
 
-// limit reads a limit file ("max" or a number; v1's "no limit" number) as
-// cadvisor reports it: 0 for no limit. ok is false where it is missing.
-func (r *fileReader) limit(dir, name string) (v uint64, ok bool, err error) {
+// limitFile is a limit file's figure: found where the file is there,
+// limited where it sets a limit ("max", or on v1 a value past noLimit, is
+// none), and then value.
+type limitFile struct {
+	found, limited bool
+	value          uint64
+}
+
+// zeroIfNone is the limit as cadvisor reports it: 0 for none.
+func (l limitFile) zeroIfNone() uint64 {
+	if !l.limited {
+		return 0
+	}
+	return l.value
+}
+
+// limit reads a limit file that a host may lack.
+func (r *fileReader) limit(dir, name string) (limitFile, error) {
 	b, path, err := r.read(dir, name)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, false, nil
+		return limitFile{}, nil
 	}
 	if err != nil {
-		return 0, false, err
+		return limitFile{}, err
 	}
 	s := string(bytes.TrimSpace(b))
 	if s == "max" {
-		return 0, true, nil
+		return limitFile{found: true}, nil
 	}
-	if v, err = strconv.ParseUint(s, 10, 64); err != nil {
-		return 0, false, fmt.Errorf("%s: %w", path, err)
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return limitFile{}, fmt.Errorf("%s: %w", path, err)
 	}
-	if v > noLimit {
-		v = 0
-	}
-	return v, true, nil
+	return limitFile{found: true, limited: v <= noLimit, value: v}, nil
 }
 
 // parseIOStat reads v2 io.stat: a line per device, "MAJ:MIN rbytes=N

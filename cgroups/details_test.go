@@ -56,14 +56,15 @@ func TestV2FakeDetails(t *testing.T) {
 		CPUUserNanos: 100000000, CPUSystemNanos: 23456000,
 		CFSPeriods: 40, CFSThrottledPeriods: 30, CFSThrottledNanos: 2500000000,
 		MemoryMappedFileBytes: 8192, MemoryFailcnt: 3, MemoryMaxUsageBytes: 6000000, MemoryKernelBytes: 65536,
-		MemorySwapBytes: 4096, PidsLimit: 0,
-		Spec: Spec{CPUPeriodMicros: 100000, CPUQuotaMicros: 20000, CPUShares: 1024, MemoryLimitBytes: 64 << 20},
+		PidsLimit: 0,
+		Spec:      Spec{CPUPeriodMicros: 100000, CPUQuotaMicros: 20000, CPUShares: 1024},
 		IO: []DeviceIO{{Major: 8, Minor: 0, Device: DeviceName(8, 0), ReadBytes: 4096, WriteBytes: 8192, Reads: 1, Writes: 2},
 			{Major: 253, Minor: 1, Device: DeviceName(253, 1), WriteBytes: 512, Writes: 1}},
 		Procs: []int{17, 42},
-		Has:   Has{CPUSpec: true, MemorySpec: true, Pids: true, MemoryPeak: true, KernelMemory: true, Swap: true, SwapLimit: true},
+		Has:   Has{CPUSpec: true, MemorySpec: true, Pids: true, MemoryPeak: true, KernelMemory: true, SwapLimit: true},
 	}
 	want.CPUUsageNanos, want.OOMKills = 123456000, 1
+	want.MemoryLimitBytes, want.Swap = 64<<20, Swap{Accounted: true, UsedBytes: 4096}
 	checkDetails(t, got, want)
 
 	// A kernel before 5.18/5.19, no swap accounting, no cpu or pids
@@ -81,7 +82,7 @@ func TestV2FakeDetails(t *testing.T) {
 	if got, err = m.Details("/kubepods/pod1/c1"); err != nil {
 		t.Fatal(err)
 	}
-	if got.Has != (Has{MemorySpec: true}) || got.IO != nil || got.Spec.CPUShares != 0 || got.MemoryKernelBytes != 0 {
+	if got.Has != (Has{MemorySpec: true}) || got.IO != nil || got.Spec.CPUShares != 0 || got.MemoryKernelBytes != 0 || got.Swap != (Swap{}) {
 		t.Errorf("without the optional files: %+v", got)
 	}
 	if _, err := m.Details("/kubepods/gone"); !errors.Is(err, os.ErrNotExist) {
@@ -123,14 +124,40 @@ func TestV1FakeDetails(t *testing.T) {
 		CPUUserNanos: 100000000, CPUSystemNanos: 50000000, // 10 and 5 ticks of 10 ms
 		CFSPeriods: 4, CFSThrottledPeriods: 1, CFSThrottledNanos: 99,
 		MemoryMappedFileBytes: 8192, MemoryFailcnt: 5, MemoryMaxUsageBytes: 6000000, MemoryKernelBytes: 65536,
-		MemorySwapBytes: 4096, PidsLimit: 100,
-		Spec:  Spec{CPUPeriodMicros: 100000, CPUShares: 512, MemoryLimitBytes: 64 << 20, MemorySwapLimitBytes: 128 << 20},
-		IO:    []DeviceIO{{Major: 8, Minor: 0, Device: DeviceName(8, 0), ReadBytes: 4096, WriteBytes: 8192, Reads: 1, Writes: 2}},
-		Procs: []int{17},
-		Has:   Has{CPUSpec: true, MemorySpec: true, Pids: true, MemoryPeak: true, KernelMemory: true, Swap: true, SwapLimit: true},
+		PidsLimit: 100,
+		Spec:      Spec{CPUPeriodMicros: 100000, CPUShares: 512, MemorySwapLimitBytes: 128 << 20},
+		IO:        []DeviceIO{{Major: 8, Minor: 0, Device: DeviceName(8, 0), ReadBytes: 4096, WriteBytes: 8192, Reads: 1, Writes: 2}},
+		Procs:     []int{17},
+		Has:       Has{CPUSpec: true, MemorySpec: true, Pids: true, MemoryPeak: true, KernelMemory: true, SwapLimit: true},
 	}
 	want.OOMKills = 2
+	// memsw is memory and swap together: 64 MiB of swap beside 64 MiB.
+	want.MemoryLimitBytes, want.Swap = 64<<20, Swap{Accounted: true, UsedBytes: 4096, LimitBytes: 64 << 20, Limited: true}
 	checkDetails(t, got, want)
+}
+
+// TestLimitFile reads limits as v1 and v2 write them: a swap limit of 0
+// (the kubelet's for a container allowed no swap) is a limit, "max" and
+// v1's largest page-aligned number are none.
+func TestLimitFile(t *testing.T) {
+	dir := t.TempDir()
+	for content, want := range map[string]limitFile{
+		"0\n":                   {found: true, limited: true},
+		"67108864\n":            {found: true, limited: true, value: 64 << 20},
+		"max\n":                 {found: true},
+		"9223372036854771712\n": {found: true},
+	} {
+		writeFiles(t, dir, map[string]string{"memory.swap.max": content})
+		var r fileReader
+		got, err := r.limit(dir, "memory.swap.max")
+		if err != nil || got.found != want.found || got.limited != want.limited || got.zeroIfNone() != want.value {
+			t.Errorf("limit of %q = %+v, %v; want %+v", content, got, err, want)
+		}
+	}
+	var r fileReader
+	if got, err := r.limit(dir, "memory.missing"); err != nil || got != (limitFile{}) {
+		t.Errorf("limit of a missing file = %+v, %v", got, err)
+	}
 }
 
 func checkDetails(t *testing.T, got, want Details) {

@@ -27,12 +27,30 @@ type Stats struct {
 	Pids                  uint64
 	OOMKills              uint64
 	PSI                   PSI // none on v1
+	// MemoryLimitBytes is the memory limit (v2 memory.max, v1
+	// memory.limit_in_bytes), 0 for none: the kubelet counts a container's
+	// available memory from it.
+	MemoryLimitBytes uint64
+	Swap             Swap
+}
+
+// Swap is a cgroup's swap: what it uses and the swap alone it may use.
+// The kubelet's summary shows both (and its eviction reads neither).
+type Swap struct {
+	Accounted bool   // the host accounts swap; without it there are no figures
+	UsedBytes uint64 // v2 memory.swap.current, v1 memory.stat's swap
+	// LimitBytes is the swap the cgroup may use where Limited: v2
+	// memory.swap.max; v1 memory.memsw.limit_in_bytes, which is memory and
+	// swap together, less the memory limit. 0 and Limited is no swap, as
+	// the kubelet sets it for a container not allowed any.
+	LimitBytes uint64
+	Limited    bool
 }
 
 // Stats reads the cgroup at cgroupsPath (a pod cgroup or a container's
 // cgroups path as handed out by this package). A missing cgroup is an error
-// that matches os.ErrNotExist. It reads the files it reports from (five, and
-// on v2 the three pressure files) and no more (a library's full stats read
+// that matches os.ErrNotExist. It reads the files it reports from (seven on
+// v1; eight on v2, and its three pressure files) and no more (a library's full stats read
 // some twenty per cgroup on v1), with a fileReader: a full node's collector
 // samples hundreds of cgroups each second.
 func (m *Manager) Stats(cgroupsPath string) (Stats, error) {
@@ -92,6 +110,9 @@ func (m *Manager) statsV2(r *fileReader, dir string, d *Details, full bool) erro
 		return err
 	}
 	out.setMemory([5]uint64(ms[:5]))
+	if err := d.readMemoryLimitsV2(r, dir); err != nil {
+		return err
+	}
 	if out.Pids, err = r.uint(dir, "pids.current"); err != nil {
 		return err
 	}
@@ -148,6 +169,10 @@ func (m *Manager) statsV1(r *fileReader, rel string, d *Details, full bool) erro
 		}
 	}
 	out.setMemory([5]uint64(ms[:5]))
+	out.Swap.UsedBytes, out.Swap.Accounted = ms[6], found&(1<<6) != 0
+	if err := d.readMemoryLimitsV1(r, memDir); err != nil {
+		return err
+	}
 	if out.Pids, err = r.uint(dir("pids"), "pids.current"); err != nil {
 		return err
 	}
@@ -155,8 +180,51 @@ func (m *Manager) statsV1(r *fileReader, rel string, d *Details, full bool) erro
 		return err
 	}
 	d.MemoryMappedFileBytes = ms[5]
-	d.MemorySwapBytes, d.Has.Swap = ms[6], found&(1<<6) != 0
 	return d.readV1(r, dir("cpu"), dir("cpuacct"), memDir, dir("pids"), dir("blkio"))
+}
+
+// readMemoryLimitsV2 reads the memory limit of the unified cgroup at dir
+// and, where the host accounts swap, the swap used and its limit, with the
+// limits' Details figures.
+func (d *Details) readMemoryLimitsV2(r *fileReader, dir string) error {
+	mem, err := r.limit(dir, "memory.max")
+	if err != nil {
+		return err
+	}
+	d.MemoryLimitBytes, d.Has.MemorySpec = mem.zeroIfNone(), mem.found
+	s := &d.Swap
+	if s.UsedBytes, s.Accounted, err = r.optional(dir, "memory.swap.current"); err != nil || !s.Accounted {
+		return err
+	}
+	swap, err := r.limit(dir, "memory.swap.max")
+	if err != nil {
+		return err
+	}
+	s.LimitBytes, s.Limited = swap.value, swap.limited
+	d.Spec.MemorySwapLimitBytes, d.Has.SwapLimit = swap.zeroIfNone(), swap.found
+	return nil
+}
+
+// readMemoryLimitsV1 reads the memory limit of the v1 memory cgroup at dir
+// and, where the host accounts swap, the swap limit, with the limits'
+// Details figures (memory.stat's swap, the swap used, is read before).
+func (d *Details) readMemoryLimitsV1(r *fileReader, dir string) error {
+	mem, err := r.limit(dir, "memory.limit_in_bytes")
+	if err != nil {
+		return err
+	}
+	d.MemoryLimitBytes, d.Has.MemorySpec = mem.zeroIfNone(), mem.found
+	memsw, err := r.limit(dir, "memory.memsw.limit_in_bytes")
+	if err != nil {
+		return err
+	}
+	d.Spec.MemorySwapLimitBytes, d.Has.SwapLimit = memsw.zeroIfNone(), memsw.found
+	// The kernel keeps memsw at or above the memory limit, so a limited
+	// memsw has a limited memory below it.
+	if s := &d.Swap; memsw.limited && mem.limited && memsw.value >= mem.value {
+		s.LimitBytes, s.Limited = memsw.value-mem.value, true
+	}
+	return nil
 }
 
 // statDir is os.Stat's error for dir, without making its FileInfo.

@@ -124,7 +124,7 @@ var containerMetrics = []criMetric{
 	{"container_memory_kernel_usage", "Kernel memory charged to the container.", gauge, nil,
 		when(func(d *containerFigures) bool { return d.Has.KernelMemory }, func(d *containerFigures) uint64 { return d.MemoryKernelBytes })},
 	{"container_memory_swap", "Swap used by the container.", gauge, nil,
-		when(func(d *containerFigures) bool { return d.Has.Swap }, func(d *containerFigures) uint64 { return d.MemorySwapBytes })},
+		when(func(d *containerFigures) bool { return d.Swap.Accounted }, func(d *containerFigures) uint64 { return d.Swap.UsedBytes })},
 	{"container_memory_failcnt", "Number of times memory usage hit the limit.", counter, nil,
 		when(hasMemorySpec, func(d *containerFigures) uint64 { return d.MemoryFailcnt })},
 	// A container's cgroup has no children: its own page faults are its
@@ -181,7 +181,7 @@ var containerMetrics = []criMetric{
 	{"container_spec_cpu_shares", "CPU shares of the container.", gauge, nil,
 		when(hasCPUSpec, func(d *containerFigures) uint64 { return d.Spec.CPUShares })},
 	{"container_spec_memory_limit_bytes", "Memory limit of the container; 0 is none.", gauge, nil,
-		when(hasMemorySpec, func(d *containerFigures) uint64 { return d.Spec.MemoryLimitBytes })},
+		when(hasMemorySpec, func(d *containerFigures) uint64 { return d.MemoryLimitBytes })},
 	{"container_spec_memory_swap_limit_bytes", "Swap limit of the container (cgroup v1: memory and swap together); 0 is none.", gauge, nil,
 		when(func(d *containerFigures) bool { return d.Has.SwapLimit }, func(d *containerFigures) uint64 { return d.Spec.MemorySwapLimitBytes })},
 	{"container_start_time_seconds", "Start time of the container, in seconds since the Unix epoch.", gauge, nil,

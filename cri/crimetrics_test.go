@@ -53,9 +53,10 @@ func TestMetricTable(t *testing.T) {
 	}
 
 	all := &containerFigures{ContainerDetails: stats.ContainerDetails{Details: cgroups.Details{
-		Spec: cgroups.Spec{CPUQuotaMicros: 20000},
-		IO:   []cgroups.DeviceIO{{Major: 8, Device: "/dev/sda"}},
-		Has:  cgroups.Has{CPUSpec: true, MemorySpec: true, Pids: true, MemoryPeak: true, KernelMemory: true, Swap: true, SwapLimit: true},
+		Stats: cgroups.Stats{Swap: cgroups.Swap{Accounted: true}},
+		Spec:  cgroups.Spec{CPUQuotaMicros: 20000},
+		IO:    []cgroups.DeviceIO{{Major: 8, Device: "/dev/sda"}},
+		Has:   cgroups.Has{CPUSpec: true, MemorySpec: true, Pids: true, MemoryPeak: true, KernelMemory: true, SwapLimit: true},
 	}}, startedAt: time.Now(), now: time.Now()}
 	none := &containerFigures{}
 	for _, m := range containerMetrics {

@@ -471,6 +471,11 @@ var criResponseFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.MemoryUsage.page_faults":                             filled("TestStatsFiguresFilled"),
 	"runtime.v1.MemoryUsage.major_page_faults":                       filled("TestStatsFiguresFilled"),
 	"runtime.v1.MemoryUsage.psi":                                     filled("TestContainerAndPodPSI"),
+	"runtime.v1.MemoryUsage.available_bytes":                         filled("TestCRIMetricsFigures"),
+	"runtime.v1.ContainerStats.swap":                                 filled("TestCRIMetricsFigures"),
+	"runtime.v1.SwapUsage.timestamp":                                 filled("TestCRIMetricsFigures"),
+	"runtime.v1.SwapUsage.swap_available_bytes":                      filled("TestCRIMetricsFigures"),
+	"runtime.v1.SwapUsage.swap_usage_bytes":                          filled("TestCRIMetricsFigures"),
 	"runtime.v1.ContainerStats.writable_layer":                       filled("TestContainerAndPodStats"),
 	"runtime.v1.FilesystemUsage.timestamp":                           filled("TestContainerAndPodStats"),
 	"runtime.v1.FilesystemUsage.fs_id":                               filled("TestContainerAndPodStats"),
@@ -570,7 +575,6 @@ var criResponseFields = map[protoreflect.FullName]verdict{
 // Gaps shared by rows of responseGaps.
 const (
 	hugepagesGap = "filled from the container's record where the host has the hugetlb controller (sandbox.appliedResources); no test runs on a host with hugepages"
-	swapGap      = "not filled: the stats read no swap figures (memory.swap.current on v2, memsw on v1); the kubelet's summary shows swap usage 0"
 )
 
 // responseGaps lists response fields berth leaves unset where it could
@@ -582,11 +586,6 @@ var responseGaps = map[protoreflect.FullName]string{
 	"runtime.v1.HugepageLimit.page_size":                            hugepagesGap,
 	"runtime.v1.HugepageLimit.limit":                                hugepagesGap,
 	"runtime.v1.LinuxContainerResources.memory_swap_limit_in_bytes": "filled from the container's record where the host accounts swap (sandbox.appliedResources); no test asks for a swap limit and reads it back",
-	"runtime.v1.MemoryUsage.available_bytes":                        "not filled: the stats read no memory limit (memory.max, memory.limit_in_bytes); the kubelet's summary then shows none for the container",
-	"runtime.v1.ContainerStats.swap":                                swapGap,
-	"runtime.v1.SwapUsage.timestamp":                                swapGap,
-	"runtime.v1.SwapUsage.swap_available_bytes":                     swapGap,
-	"runtime.v1.SwapUsage.swap_usage_bytes":                         swapGap,
 	"runtime.v1.NetworkUsage.interfaces":                            "filled for a pod with interfaces beside eth0 (podNetworkStats); no test makes such a pod",
 }
 

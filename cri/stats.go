@@ -69,6 +69,7 @@ type containerStatsMsgs struct {
 	attrs  runtimeapi.ContainerAttributes
 	cpu    cpuMsgs
 	memory memoryMsgs
+	swap   swapMsgs
 	io     ioMsgs
 	layer  runtimeapi.FilesystemUsage
 	fsID   runtimeapi.FilesystemIdentifier
@@ -122,6 +123,7 @@ func (r *RuntimeService) containerStats(c *store.Container) (*runtimeapi.Contain
 		Attributes:    containerAttributes(c, &m.attrs),
 		Cpu:           m.cpu.fill(u),
 		Memory:        m.memory.fill(u),
+		Swap:          m.swap.fill(u),
 		WritableLayer: &m.layer,
 		Io:            m.io.fill(u),
 	}
@@ -150,18 +152,46 @@ func (m *cpuMsgs) fill(u stats.Usage) *runtimeapi.CpuUsage {
 // memoryMsgs is a memory usage message and the values it points to.
 type memoryMsgs struct {
 	memory runtimeapi.MemoryUsage
-	values [5]runtimeapi.UInt64Value
+	values [6]runtimeapi.UInt64Value
 	psi    psiMsgs
 }
 
 func (m *memoryMsgs) fill(u stats.Usage) *runtimeapi.MemoryUsage {
 	v := &m.values
-	*v = [5]runtimeapi.UInt64Value{{Value: u.MemoryWorkingSetBytes}, {Value: u.MemoryUsageBytes}, {Value: u.MemoryRSSBytes},
+	*v = [6]runtimeapi.UInt64Value{{Value: u.MemoryWorkingSetBytes}, {Value: u.MemoryUsageBytes}, {Value: u.MemoryRSSBytes},
 		{Value: u.PageFaults}, {Value: u.MajorPageFaults}}
 	m.memory = runtimeapi.MemoryUsage{Timestamp: u.Timestamp.UnixNano(),
 		WorkingSetBytes: &v[0], UsageBytes: &v[1], RssBytes: &v[2], PageFaults: &v[3], MajorPageFaults: &v[4],
 		Psi: m.psi.fill(u.PSI.Memory)}
+	// What the working set leaves of the limit, as the kubelet counts it
+	// from cadvisor; none without a limit.
+	if limit := u.MemoryLimitBytes; limit > 0 {
+		v[5].Value = limit - min(limit, u.MemoryWorkingSetBytes)
+		m.memory.AvailableBytes = &v[5]
+	}
 	return &m.memory
+}
+
+// swapMsgs is a swap usage message and the values it points to.
+type swapMsgs struct {
+	swap   runtimeapi.SwapUsage
+	values [2]runtimeapi.UInt64Value
+}
+
+// fill is nil where the host does not account swap, and has no available
+// swap where the cgroup's is not limited.
+func (m *swapMsgs) fill(u stats.Usage) *runtimeapi.SwapUsage {
+	s := u.Swap
+	if !s.Accounted {
+		return nil
+	}
+	m.values[0].Value = s.UsedBytes
+	m.swap = runtimeapi.SwapUsage{Timestamp: u.Timestamp.UnixNano(), SwapUsageBytes: &m.values[0]}
+	if s.Limited {
+		m.values[1].Value = s.LimitBytes - min(s.LimitBytes, s.UsedBytes)
+		m.swap.SwapAvailableBytes = &m.values[1]
+	}
+	return &m.swap
 }
 
 func (r *RuntimeService) PodSandboxStats(ctx context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {

@@ -60,7 +60,7 @@ func TestCRIMetricsFigures(t *testing.T) {
 	cc.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{
 		CpuPeriod: 100000, CpuQuota: 10000, CpuShares: 512, MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 128 << 20}}
 	before := time.Now().Truncate(time.Second)
-	e.runContainer(t, pod, cfg, cc)
+	ctr := e.runContainer(t, pod, cfg, cc)
 
 	// Traffic on the pod's eth0: a connection from the host to the
 	// program's listener.
@@ -190,8 +190,31 @@ func TestCRIMetricsFigures(t *testing.T) {
 			}
 		}
 	}
+	checkMemoryAvailable(t, containerStats(t, e, ctr), series)
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
+}
+
+// checkMemoryAvailable checks the stats of TestCRIMetricsFigures'
+// container, 64 MiB of memory and 64 MiB of swap beside it: the memory its
+// working set leaves of the limit, and where the host accounts swap (the
+// metrics list the swap used), the swap used and what is left of its limit.
+func checkMemoryAvailable(t *testing.T, st *runtimeapi.ContainerStats, series map[string]uint64) {
+	t.Helper()
+	m := st.GetMemory()
+	if ws, avail := m.GetWorkingSetBytes().GetValue(), m.GetAvailableBytes(); ws == 0 || avail == nil || avail.Value != 64<<20-ws {
+		t.Errorf("memory %v: want available bytes, the 64 MiB limit less the working set", m)
+	}
+	swap := st.GetSwap()
+	if _, accounted := series["container_memory_swap"]; !accounted {
+		if swap != nil {
+			t.Errorf("swap %v where the host accounts none", swap)
+		}
+		return
+	}
+	if used, avail := swap.GetSwapUsageBytes(), swap.GetSwapAvailableBytes(); used == nil || avail == nil || avail.Value != 64<<20-used.Value || swap.Timestamp == 0 {
+		t.Errorf("swap %v: want its usage, time, and available the 64 MiB of swap less the usage", swap)
+	}
 }
 
 // criLabelKeys are the labels every series of a container or pod starts

@@ -38,6 +38,9 @@ func TestStatsFiguresFilled(t *testing.T) {
 	if m.GetUsageBytes().GetValue() == 0 || m.GetRssBytes().GetValue() == 0 || m.GetPageFaults().GetValue() == 0 || m.GetMajorPageFaults() == nil {
 		t.Errorf("memory %v: want usage, RSS and page faults > 0, and major page faults counted", m)
 	}
+	if m.AvailableBytes != nil {
+		t.Errorf("memory %v: available bytes without a memory limit", m)
+	}
 	if a := st.GetAttributes().GetAnnotations(); !maps.Equal(a, cc.Annotations) {
 		t.Errorf("container attributes' annotations %v, want %v", a, cc.Annotations)
 	}
