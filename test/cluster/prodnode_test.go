@@ -668,7 +668,8 @@ spec:
 // vmStatsSummary: the kubelet's summary API, its pod and container stats
 // from berth (PodAndContainerStatsFromCRI), carries the pressure berth reads
 // from the cgroups: CPU pressure on the spinning container, memory pressure
-// on the reclaiming one, both on the pod, I/O PSI present on each.
+// on the reclaiming one, both on the pod, I/O PSI present on each; and each
+// container's available memory and swap.
 func (e *env) vmStatsSummary(t *testing.T) {
 	e.apply(t, pressurePod)
 	e.waitPod(t, prodNS, "pressure", vmStartTimeout, "Running", running)
@@ -692,8 +693,24 @@ func (e *env) vmStatsSummary(t *testing.T) {
 	if pod.IO == nil || pod.IO.PSI == nil {
 		t.Errorf("pod: I/O stats %+v, want its PSI", pod.IO)
 	}
+	checkSummaryMemoryLimits(t, summaryContainer(pod, "spin"), 32<<20)
+	checkSummaryMemoryLimits(t, summaryContainer(pod, "reclaim"), 16<<20)
 	t.Logf("summary of pod pressure: CPU PSI %+v, memory PSI %+v", *pod.CPU.PSI, *pod.Memory.PSI)
 	e.kubectl(t, "delete", "pod", "-n", prodNS, "pressure", "--wait=false")
+}
+
+// checkSummaryMemoryLimits checks the memory and swap a container of
+// limit (in a Guaranteed pod, so allowed no swap under LimitedSwap) has
+// left in the summary: what its working set leaves of the limit, and swap
+// used with none available.
+func checkSummaryMemoryLimits(t *testing.T, c statsapi.ContainerStats, limit uint64) {
+	t.Helper()
+	if m := c.Memory; m == nil || m.WorkingSetBytes == nil || m.AvailableBytes == nil || *m.AvailableBytes != limit-*m.WorkingSetBytes {
+		t.Errorf("container %s: memory %+v, want available bytes, its %d-byte limit less the working set", c.Name, m, limit)
+	}
+	if s := c.Swap; s == nil || s.SwapUsageBytes == nil || s.SwapAvailableBytes == nil || *s.SwapAvailableBytes != 0 {
+		t.Errorf("container %s: swap %+v, want its usage and no swap available", c.Name, s)
+	}
 }
 
 // summaryPod is pod ns/name's stats in the VM node's summary API, nil
