@@ -35,6 +35,27 @@ if ((${#missing[@]})); then
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# CRIU, for the checkpoint tests (CheckpointContainer): Debian's criu and the
+# two libraries it needs that a host with the packages above lacks
+# (libprotobuf-c1, libnet1), downloaded and unpacked into $cache/criu, never
+# installed: the host's kernel cannot run it, and the VM's disk takes it
+# from there (run.sh). Its Python tools (crit) are left out.
+criu_pkgs=(criu libprotobuf-c1 libnet1)
+criu_stamp=$(apt-cache policy "${criu_pkgs[@]}" | awk '/Candidate:/ {print $2}' | tr '\n' ' ')
+if [[ ! -x $cache/criu/root/usr/sbin/criu || $(cat "$cache/criu/stamp" 2>/dev/null) != "$criu_stamp" ]]; then
+	echo "deps-vm: unpacking ${criu_pkgs[*]} in $cache/criu"
+	[[ -n $updated ]] || { apt-get update -qq; updated=1; }
+	mkdir -p "$cache"
+	cwork=$(mktemp -d "$cache/tmp.XXXXXX")
+	chown _apt "$cwork" 2>/dev/null || true
+	(cd "$cwork" && apt-get download -qq "${criu_pkgs[@]}")
+	for deb in "$cwork"/*.deb; do dpkg-deb -x "$deb" "$cwork/root"; done
+	criu_stamp=$(apt-cache policy "${criu_pkgs[@]}" | awk '/Candidate:/ {print $2}' | tr '\n' ' ')
+	echo "$criu_stamp" >"$cwork/stamp"
+	rm -rf "$cache/criu" "$cwork"/*.deb
+	mv "$cwork" "$cache/criu"
+fi
+
 # The kernel: the package linux-image-amd64 points at, unless pinned.
 kpkg=${BERTH_VM_KERNEL:-}
 if [[ -z $kpkg ]]; then

@@ -214,6 +214,22 @@ for f in "${host_files[@]}"; do
 	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
 done
 
+# Debian's criu, for the checkpoint tests: unpacked by deps.sh (the host
+# cannot run it), with its libraries from there and from the host.
+criu_dir="$cache/criu/root"
+if [[ -x $criu_dir/usr/sbin/criu ]]; then
+	install -D "$criu_dir/usr/sbin/criu" "$root/usr/sbin/criu"
+	# CRIU saves a container's tmpfs mounts (its /dev) with GNU tar's
+	# options, which busybox's tar lacks: Debian's tar replaces its link.
+	rm -f "$root/bin/tar"
+	copy_host_file /bin/tar
+	for lib in $(LD_LIBRARY_PATH="$criu_dir/usr/lib/x86_64-linux-gnu" ldd "$criu_dir/usr/sbin/criu" | grep -o '/[^ ]*' || true); do
+		[[ -e $root$lib ]] || install -D "$(readlink -f "$lib")" "$root${lib#"$criu_dir"}"
+	done
+else
+	echo "test-vm: no criu in $cache/criu: run test/vm/deps.sh; the checkpoint tests will fail"
+fi
+
 # Debian's systemd (copy_systemd). No dbus: as root, the systemd cgroup
 # manager falls back to systemd's private socket (/run/systemd/private)
 # without a bus.
