@@ -181,6 +181,22 @@ func (r *RuntimeService) UpdateContainerResources(ctx context.Context, req *runt
 	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 }
 
+// CheckpointContainer has CRIU checkpoint a running container into a tar
+// archive at the request's location, and leaves it running.
+func (r *RuntimeService) CheckpointContainer(ctx context.Context, req *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
+	if req.GetContainerId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "container_id: empty")
+	}
+	if req.GetTimeout() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "timeout: %d seconds is negative", req.GetTimeout())
+	}
+	err := r.pods.CheckpointContainer(ctx, req.GetContainerId(), req.GetLocation(), time.Duration(req.GetTimeout())*time.Second)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return &runtimeapi.CheckpointContainerResponse{}, nil
+}
+
 // containerImage is a container's image as the kubelet shows it (kubectl get
 // pod: image, imageID): spec gets the name the user wrote, and the ref is
 // the repo digest, or the image ID for an image that came without one.

@@ -63,10 +63,10 @@ func filled(test string) verdict { return verdict{proof: test} }
 // Reasons shared by many rows.
 var (
 	windowsOnly = notApplicable("Windows only; berth runs Linux containers")
-	unimplChkpt = refused(codes.Unimplemented, "berth does not checkpoint or restore; the whole call is refused")
+	unimplChkpt = refused(codes.Unimplemented, "berth checkpoints single containers only (CheckpointContainer), and restores nothing yet; the whole call is refused")
 	selinuxOff  = refused(codes.FailedPrecondition, "refused naming the field where SELinux is enabled (berth does not label); no effect where it is off")
 	oneHandler  = notApplicable(`berth has one runtime handler, the default, named "": the empty string is the answer`)
-	chkpt       = notApplicable("RestorePod is refused (Unimplemented): berth does not checkpoint or restore")
+	chkpt       = notApplicable("RestorePod is refused (Unimplemented): berth restores nothing yet")
 	podNoTarget = notApplicable("a container's option (the target of a debug container's PID namespace); a pod's namespace options, echoed in its status, never carry one")
 )
 
@@ -294,9 +294,9 @@ var criFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.UpdatePodSandboxResourcesRequest.resources":      honoured("TestUpdatePodSandboxResources"),
 
 	// Checkpoint and restore
-	"runtime.v1.CheckpointContainerRequest.container_id": unimplChkpt,
-	"runtime.v1.CheckpointContainerRequest.location":     unimplChkpt,
-	"runtime.v1.CheckpointContainerRequest.timeout":      unimplChkpt,
+	"runtime.v1.CheckpointContainerRequest.container_id": honoured("TestCheckpointContainer"),
+	"runtime.v1.CheckpointContainerRequest.location":     honoured("TestCheckpointContainer"),
+	"runtime.v1.CheckpointContainerRequest.timeout":      honoured("TestCheckpointContainer"),
 	"runtime.v1.CheckpointPodRequest.pod_sandbox_id":     unimplChkpt,
 	"runtime.v1.CheckpointPodRequest.output_path":        unimplChkpt,
 	"runtime.v1.CheckpointPodRequest.container_ids":      unimplChkpt,

@@ -63,6 +63,7 @@ type Manager struct {
 	features KernelFeatures
 	apparmor *apparmor.Host
 	metrics  *stats.Metrics // nil: no metrics
+	criu     criuProbe      // whether CheckpointContainer can work here
 }
 
 // New opens the manager and reconnects to the shims of the pods it had.

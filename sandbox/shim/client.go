@@ -179,6 +179,19 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (ExecResponse, error
 // cancelTimeout bounds telling the shim that a caller has gone.
 const cancelTimeout = 5 * time.Second
 
+// Checkpoint has CRIU checkpoint a running container into req's folders,
+// leaving it running. The shim stops the checkpoint at req.Timeout and
+// thaws the container: ctx should leave it time to say so. A shim from
+// before the call answers ErrNoCheckpoint.
+func (c *Client) Checkpoint(ctx context.Context, req CheckpointRequest) error {
+	err := c.call(ctx, "Checkpoint", &req, &Empty{})
+	var se serverError
+	if errors.As(err, &se) && strings.HasPrefix(string(se), unknownMethod) {
+		return fmt.Errorf("%w: %v", ErrNoCheckpoint, err)
+	}
+	return err
+}
+
 // ReopenLog makes the shim reopen the container's CRI log file (rotation).
 func (c *Client) ReopenLog(ctx context.Context, id string) error {
 	return c.call(ctx, "ReopenLog", &IDRequest{ID: id}, &Empty{})

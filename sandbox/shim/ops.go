@@ -9,11 +9,12 @@ import specs "github.com/opencontainers/runtime-spec/specs-go"
 // roles (the names below keep them apart):
 //
 //   - an op process does one operation (OpCreate, OpExec, OpUpdate,
-//     OpDelete, OpState, OpKill) and exits. The shim hands it the request
-//     and the process's stdio and lets it go once it has the reply: the
-//     container's init, or the exec'd process, is the op process's child
-//     until then, and the shim's (a child subreaper) once it exits, so the
-//     shim can register the pid before its exit can be reaped.
+//     OpDelete, OpState, OpKill, OpCheckpoint, OpUnlockNetwork) and exits.
+//     The shim hands it the request and the process's stdio and lets it
+//     go once it has the reply: the container's init, or the exec'd
+//     process, is the op process's child until then, and the shim's (a
+//     child subreaper) once it exits, so the shim can register the pid
+//     before its exit can be reaped.
 //   - the exec server (ExecServerArg) serves execs for a while.
 //
 // An op process's exchange: the request, JSON, on its stdin; the reply,
@@ -60,6 +61,12 @@ const (
 	// the pod, known only by libcontainer's state.
 	OpState = "state"
 	OpKill  = "kill"
+	// OpCheckpoint has CRIU checkpoint a running container
+	// (OpRequest.Checkpoint), which runs on.
+	OpCheckpoint = "checkpoint"
+	// OpUnlockNetwork removes the network lock a CRIU killed mid-dump
+	// left in the network namespace of the process OpRequest.Pid.
+	OpUnlockNetwork = "unlock-network"
 )
 
 // ExecFifo is the fifo in a container's libcontainer state folder that its
@@ -79,11 +86,14 @@ type OpRequest struct {
 	Exec *ExecRequest `json:",omitempty"`
 	// Update: the new limits.
 	Resources *specs.LinuxResources `json:",omitempty"`
+	// Checkpoint: where CRIU writes.
+	Checkpoint *CheckpointRequest `json:",omitempty"`
 	// Kill: the signal, and whether to every process in the cgroup.
 	Signal int
 	All    bool
 	// OpRegistered: the pid. OpExec: the container's init's pid,
 	// which the exec server keys what it keeps of the container by.
+	// OpUnlockNetwork: a process in the network namespace to unlock.
 	Pid int `json:",omitempty"`
 }
 

@@ -40,14 +40,23 @@ var (
 	// ErrNoEvents is returned by Client.Events when the shim predates
 	// the call.
 	ErrNoEvents = errors.New("shim does not push events")
+	// ErrNoCheckpoint is returned by Client.Checkpoint when the shim
+	// predates the call.
+	ErrNoCheckpoint = errors.New("shim does not checkpoint containers")
 	// ErrUnavailable is returned by the client when the shim cannot be
 	// reached (the connection broke: the shim died or exited).
 	ErrUnavailable = errors.New("shim unavailable")
+	// ErrCheckpoint: CRIU could not checkpoint the container; the message
+	// goes on with CRIU's reason, from its log.
+	ErrCheckpoint = errors.New("criu could not checkpoint the container")
+	// ErrCheckpointTimeout: the checkpoint ran past its time and was
+	// stopped; the container was thawed and runs on.
+	ErrCheckpointTimeout = errors.New("checkpoint timed out")
 )
 
 // remoteErrors are matched by prefix against a server error message.
 var remoteErrors = []error{ErrNotFound, ErrExists, ErrNotCreated, ErrNotRunning,
-	ErrNotStopped, ErrBusy, ErrOutputTooLarge}
+	ErrNotStopped, ErrBusy, ErrOutputTooLarge, ErrCheckpoint, ErrCheckpointTimeout}
 
 // IsNotFound reports whether err says the container is unknown.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
@@ -102,6 +111,19 @@ type WaitRequest struct {
 type UpdateRequest struct {
 	ID        string
 	Resources *specs.LinuxResources
+}
+
+// CheckpointRequest has CRIU checkpoint a running container, which runs on
+// afterwards.
+type CheckpointRequest struct {
+	ID string
+	// ImagesDir receives CRIU's images; WorkDir its log (dump.log) and
+	// statistics (stats-dump). Both are made if missing.
+	ImagesDir string
+	WorkDir   string
+	// Timeout stops the checkpoint when it passes (the container is
+	// thawed and runs on); 0: none.
+	Timeout time.Duration
 }
 
 // User is a numeric process identity.

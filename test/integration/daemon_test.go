@@ -136,8 +136,12 @@ func TestRuntimeServiceUnimplemented(t *testing.T) {
 	rt := d.Runtime
 	// Calls berth does not serve yet answer Unimplemented, never OK.
 	calls := map[string]func(context.Context) error{
-		"CheckpointContainer": func(c context.Context) error {
-			_, err := rt.CheckpointContainer(c, &runtimeapi.CheckpointContainerRequest{ContainerId: "x", Location: "/tmp/x.tar"})
+		"CheckpointPod": func(c context.Context) error {
+			_, err := rt.CheckpointPod(c, &runtimeapi.CheckpointPodRequest{PodSandboxId: "x", OutputPath: "/tmp/x.tar"})
+			return err
+		},
+		"RestorePod": func(c context.Context) error {
+			_, err := rt.RestorePod(c, &runtimeapi.RestorePodRequest{CheckpointPath: "/tmp/x.tar"})
 			return err
 		},
 	}

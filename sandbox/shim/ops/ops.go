@@ -1,13 +1,14 @@
 // Package ops is berth-shim-helper's work for a pod's shim: the libcontainer
-// operations (create, exec, update, delete, and state and kill of containers
-// an earlier shim left), done by an op process (Run: one operation, then it
-// exits) or by the exec server (ServeExecs: execs while they keep coming),
-// so that the shim, which stays for the pod's lifetime, never holds what
-// running libcontainer leaves resident. The exchange is package shim's
+// operations (create, exec, update, delete, checkpoint, and state and kill
+// of containers an earlier shim left), done by an op process (Run: one
+// operation, then it exits) or by the exec server (ServeExecs: execs while
+// they keep coming), so that the shim, which stays for the pod's lifetime,
+// never holds what running libcontainer leaves resident. The exchange is package shim's
 // OpRequest and OpReply (see sandbox/shim/ops.go).
 package ops
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,8 +16,10 @@ import (
 	"log"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,6 +232,10 @@ func do(req *shim.OpRequest, files []*os.File) shim.OpReply {
 		err = state(req, &r)
 	case shim.OpKill:
 		err = kill(req, &r)
+	case shim.OpCheckpoint:
+		err = checkpoint(req)
+	case shim.OpUnlockNetwork:
+		err = unlockNetwork(req.Pid)
 	default:
 		err = fmt.Errorf("unknown operation %q", req.Op)
 	}
@@ -507,4 +514,105 @@ func kill(req *shim.OpRequest, r *shim.OpReply) error {
 		return err
 	}
 	return nil
+}
+
+// checkpoint has CRIU, through libcontainer, dump a running container and
+// leave it running. Its established TCP connections and external unix
+// sockets are not taken: CRIU refuses such a container, naming them, rather
+// than berth lock the pod's network while it dumps. A failure carries
+// CRIU's own reason, from its log, after shim.ErrCheckpoint.
+func checkpoint(req *shim.OpRequest) error {
+	cr := req.Checkpoint
+	if cr == nil || cr.ImagesDir == "" || cr.WorkDir == "" {
+		return errors.New("checkpoint: no folders")
+	}
+	c, err := libcontainer.Load(req.Root, req.ID)
+	if err != nil {
+		return err
+	}
+	if st, err := c.Status(); err != nil || st != libcontainer.Running {
+		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
+	}
+	err = c.Checkpoint(&libcontainer.CriuOpts{
+		ImagesDirectory: cr.ImagesDir,
+		WorkDirectory:   cr.WorkDir,
+		LeaveRunning:    true,
+		FileLocks:       true,
+		// The network namespace is the pod's (libcontainer names it
+		// external to CRIU): its links, addresses, routes and rules
+		// are berth's, made again for a restored pod, not the container's
+		// to save.
+		EmptyNs:  unix.CLONE_NEWNET,
+		StatusFd: -1,
+	})
+	if err != nil {
+		return fmt.Errorf("%w %s: %v%s", shim.ErrCheckpoint, req.ID, err, criuErrors(filepath.Join(cr.WorkDir, dumpLog)))
+	}
+	return nil
+}
+
+// dumpLog is the log libcontainer has CRIU write in the work folder.
+const dumpLog = "dump.log"
+
+// criuErrors are the error lines of CRIU's log, which say why it failed
+// where its RPC answer only says that it did ("criu failed: type DUMP
+// errno 0"); "" when there are none.
+func criuErrors(log string) string {
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for l := range strings.Lines(string(b)) {
+		if strings.Contains(l, "Error (") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	// The first errors are the cause; the last, CRIU's unwinding.
+	if len(lines) > 4 {
+		lines = lines[:4]
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return ": criu's log: " + strings.Join(lines, "; ")
+}
+
+// criuUnlock is CRIU's own network unlock (criu/net.c), for iptables-restore
+// --noflush: its chain CRIU, which drops every packet but CRIU's, and the
+// jumps to it.
+const criuUnlock = "*filter\n:CRIU - [0:0]\n-D INPUT -j CRIU\n-D OUTPUT -j CRIU\n-X CRIU\nCOMMIT\n"
+
+// unlockNetwork undoes CRIU's network lock in the network namespace of pid.
+// CRIU locks the namespace of the container it dumps (iptables rules that
+// drop every packet), and unlocks it when it is done or fails; a CRIU
+// killed at the checkpoint's timeout does neither, and the pod would stay
+// cut off. A family without CRIU's chain was not locked.
+func unlockNetwork(pid int) error {
+	if pid <= 0 {
+		return errors.New("unlock network: no process")
+	}
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return fmt.Errorf("unlock network: %w", err)
+	}
+	defer ns.Close()
+	// The commands are forked from this thread, in the namespace it
+	// joins; the op process ends after, so the thread is not given back.
+	runtime.LockOSThread()
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("unlock network: join the namespace of %d: %w", pid, err)
+	}
+	var errs []error
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		if exec.Command(tool, "-w", "-S", "CRIU").Run() != nil {
+			continue
+		}
+		cmd := exec.Command(tool+"-restore", "-w", "--noflush")
+		cmd.Stdin = strings.NewReader(criuUnlock)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("%s-restore: %v: %s", tool, err, bytes.TrimSpace(out)))
+		}
+	}
+	return errors.Join(errs...)
 }

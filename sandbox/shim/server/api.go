@@ -24,6 +24,7 @@ func (a *API) methods() map[string]shim.Method {
 		"CancelExec": shim.NewMethod(a.CancelExec),
 		"Update":     shim.NewMethod(a.Update),
 		"ReopenLog":  shim.NewMethod(a.ReopenLog),
+		"Checkpoint": shim.NewMethod(a.Checkpoint),
 		"Events":     shim.NewMethod(a.Events),
 		"Shutdown":   shim.NewMethod(a.Shutdown),
 	}
@@ -77,6 +78,10 @@ func (a *API) Update(req *shim.UpdateRequest, _ *shim.Empty) error {
 
 func (a *API) ReopenLog(req *shim.IDRequest, _ *shim.Empty) error {
 	return a.s.reopenLog(req.ID)
+}
+
+func (a *API) Checkpoint(req *shim.CheckpointRequest, _ *shim.Empty) error {
+	return a.s.checkpoint(req)
 }
 
 // Events returns the container events after req.After once there are

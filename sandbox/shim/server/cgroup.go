@@ -123,3 +123,26 @@ func removeCgroup(path string) error {
 	}
 	return &os.PathError{Op: "rmdir", Path: path, Err: err}
 }
+
+// thaw unfreezes a container's cgroups: CRIU freezes them to checkpoint,
+// and a CRIU killed mid-way (a checkpoint past its time) leaves them
+// frozen. cgroup v2 has cgroup.freeze in each cgroup; v1 a freezer
+// hierarchy of its own. A cgroup that is gone has nothing to thaw.
+func thaw(paths map[string]string) error {
+	if p, ok := paths["freezer"]; ok {
+		err := os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("thaw %s: %w", p, err)
+		}
+		return nil
+	}
+	p, ok := paths[""]
+	if !ok {
+		return nil
+	}
+	err := os.WriteFile(filepath.Join(p, "cgroup.freeze"), []byte("0"), 0)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("thaw %s: %w", p, err)
+	}
+	return nil
+}

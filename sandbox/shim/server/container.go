@@ -289,6 +289,38 @@ func (s *Server) update(req *shim.UpdateRequest) error {
 	return err
 }
 
+// checkpoint has an op process checkpoint a running container with CRIU,
+// leaving it running. Past req.Timeout the op process and CRIU are killed,
+// the container's cgroups thawed and the pod's network unlocked (CRIU
+// freezes the one and locks the other while it dumps), so that the
+// container runs on as before.
+func (s *Server) checkpoint(req *shim.CheckpointRequest) error {
+	c, err := s.get(req.ID)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-c.exited:
+		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
+	default:
+	}
+	op := &shim.OpRequest{Op: shim.OpCheckpoint, ID: c.id, Bundle: c.bundle, Checkpoint: req}
+	_, timedOut, err := s.runOpWithin(op, nil, nil, req.Timeout)
+	if timedOut {
+		// CRIU, killed, neither thawed the container nor unlocked
+		// the pod's network: both are undone here.
+		undo := thaw(c.cgroupPaths)
+		if _, err := s.runOp(&shim.OpRequest{Op: shim.OpUnlockNetwork, ID: c.id, Pid: c.init.pid}, nil, nil); err != nil {
+			undo = errors.Join(undo, err)
+		}
+		if undo != nil {
+			return fmt.Errorf("%w after %s, and undoing CRIU's freeze and network lock failed: %v", shim.ErrCheckpointTimeout, req.Timeout, undo)
+		}
+		return fmt.Errorf("%w after %s: stopped, the container runs on", shim.ErrCheckpointTimeout, req.Timeout)
+	}
+	return err
+}
+
 func (s *Server) reopenLog(id string) error {
 	c, err := s.get(id)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -32,40 +34,59 @@ func helperBinary() (string, error) {
 // before took has registered it. A failure the op process reports is returned as its
 // text, which keeps the prefix of shim's errors for berthd's client.
 func (s *Server) runOp(req *shim.OpRequest, files []*os.File, took func(pid int)) (shim.OpReply, error) {
+	r, _, err := s.runOpWithin(req, files, took, 0)
+	return r, err
+}
+
+// runOpWithin is runOp that, once timeout passes (0: never), kills the op
+// process and whatever it started (CRIU) with SIGKILL, and reports timedOut.
+// The op process then leads a process group of its own, so that one kill
+// reaches its children too.
+func (s *Server) runOpWithin(req *shim.OpRequest, files []*os.File, took func(pid int), timeout time.Duration) (r shim.OpReply, timedOut bool, err error) {
 	req.Root = s.lcRoot
 	reqR, reqW, err := os.Pipe()
 	if err != nil {
-		return shim.OpReply{}, err
+		return shim.OpReply{}, false, err
 	}
 	defer reqW.Close() // lets the op process exit
 	repR, repW, err := os.Pipe()
 	if err != nil {
 		reqR.Close()
-		return shim.OpReply{}, err
+		return shim.OpReply{}, false, err
 	}
 	defer repR.Close()
-	p, err := os.StartProcess(s.helperBin, []string{s.helperBin, shim.OpsArg},
-		&os.ProcAttr{Files: append([]*os.File{reqR, repW, os.Stderr}, files...)})
+	attr := &os.ProcAttr{Files: append([]*os.File{reqR, repW, os.Stderr}, files...)}
+	if timeout > 0 {
+		attr.Sys = &syscall.SysProcAttr{Setpgid: true}
+	}
+	p, err := os.StartProcess(s.helperBin, []string{s.helperBin, shim.OpsArg}, attr)
 	reqR.Close()
 	repW.Close()
 	if err != nil {
-		return shim.OpReply{}, fmt.Errorf("start %s: %w", shim.HelperBinary, err)
+		return shim.OpReply{}, false, fmt.Errorf("start %s: %w", shim.HelperBinary, err)
+	}
+	if timeout > 0 {
+		pgid := p.Pid
+		timer := time.AfterFunc(timeout, func() { unix.Kill(-pgid, unix.SIGKILL) })
+		// Stopped once the reply is in (or not coming): a kill after it
+		// would hit a group whose work is done, or a recycled pgid. A
+		// timer that could not be stopped has fired.
+		defer func() { timedOut = !timer.Stop() }()
 	}
 	p.Release() // the reaper reaps it (wait4(-1))
 	if err := json.NewEncoder(reqW).Encode(req); err != nil {
-		return shim.OpReply{}, fmt.Errorf("%s %s: request: %w", shim.HelperBinary, req.Op, err)
+		return shim.OpReply{}, false, fmt.Errorf("%s %s: request: %w", shim.HelperBinary, req.Op, err)
 	}
-	var r shim.OpReply
 	if err := json.NewDecoder(repR).Decode(&r); err != nil {
-		return shim.OpReply{}, fmt.Errorf("%s %s exited without a reply (see shim.log): %w", shim.HelperBinary, req.Op, err)
+		return shim.OpReply{}, false, fmt.Errorf("%s %s exited without a reply (see shim.log): %w", shim.HelperBinary, req.Op, err)
 	}
 	if r.Error != "" {
-		return r, errors.New(r.Error)
+		return r, false, errors.New(r.Error)
 	}
 	if r.Pid > 0 && took != nil {
 		took(r.Pid)
 	}
-	return r, nil
+	return r, false, nil
 }
 
 // spawned is a process an op process or the exec server started for the shim: its pid, a pidfd to
