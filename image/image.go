@@ -31,6 +31,9 @@ type Image struct {
 	// Manifests are the digests of the manifests and indexes kept for the
 	// image in the content store.
 	Manifests []string `json:"manifests,omitempty"`
+	// Annotations are those of those manifests and indexes, merged (a
+	// checkpoint image says so in them, see sandbox/checkpoint.go).
+	Annotations map[string]string `json:"annotations,omitempty"`
 	// Pinned images are never removed by garbage collection.
 	Pinned bool `json:"pinned,omitempty"`
 	// Created is when berth first stored the image.

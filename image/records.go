@@ -3,6 +3,7 @@ package image
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -62,6 +63,7 @@ func cloneImage(img *Image) *Image {
 	c.RepoDigests = slices.Clone(img.RepoDigests)
 	c.ChainIDs = slices.Clone(img.ChainIDs)
 	c.Manifests = slices.Clone(img.Manifests)
+	c.Annotations = maps.Clone(img.Annotations)
 	return &c
 }
 
@@ -183,6 +185,7 @@ func (x *images) record(tx *bolt.Tx, img *Image, n names) (*Image, error) {
 		img.RepoDigests = stored.RepoDigests
 		img.Pinned = stored.Pinned
 		img.Manifests = union(stored.Manifests, img.Manifests)
+		img.Annotations = mergeMaps(stored.Annotations, img.Annotations)
 	}
 	if err := x.untag(tx, img.ID, n.tags); err != nil {
 		return nil, err
@@ -209,6 +212,20 @@ func (x *images) untag(tx *bolt.Tx, id string, tags []string) error {
 func (img *Image) references() []string {
 	refs := append([]string{img.ID}, img.ChainIDs...)
 	return append(refs, img.Manifests...)
+}
+
+// mergeMaps is a with b's entries over it, a new map (nil when both are
+// empty).
+func mergeMaps(a, b map[string]string) map[string]string {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
+	m := maps.Clone(a)
+	if m == nil {
+		m = map[string]string{}
+	}
+	maps.Copy(m, b)
+	return m
 }
 
 // union appends the elements of b missing from a, keeping a's order.

@@ -67,6 +67,18 @@ func (s *Service) store(ctx context.Context, img v1.Image, n names, keep [][]byt
 	return rec, err
 }
 
+// mergeAnnotations adds the annotations of a manifest or index (raw JSON,
+// already verified against its digest) to a; a blob without them adds none.
+func mergeAnnotations(a map[string]string, raw []byte) map[string]string {
+	var m struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if json.Unmarshal(raw, &m) != nil {
+		return a
+	}
+	return mergeMaps(a, m.Annotations)
+}
+
 // storeHeld holds the image's layers and blobs from the moment it knows them
 // until its image record references them.
 func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][]byte, src layerSource, watch *progressWatch) (*Image, error) {
@@ -127,6 +139,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 			return nil, err
 		}
 		rec.Manifests = union(rec.Manifests, []string{d.String()})
+		rec.Annotations = mergeAnnotations(rec.Annotations, b)
 	}
 	for _, c := range chainIDs {
 		snap, _, err := s.snaps.Get(c)

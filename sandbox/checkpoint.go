@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/store"
 )
@@ -36,6 +37,23 @@ const (
 	ckptRootfsDiff  = "rootfs-diff.tar"
 	ckptDeletedList = "deleted.files"
 )
+
+// checkpointImageAnnotations mark an OCI image built from a checkpoint
+// archive, whose container a runtime restores rather than runs: the one
+// checkpointctl defines (containerd looks for it) and CRI-O's.
+var checkpointImageAnnotations = []string{"org.criu.checkpoint.container.name", "io.kubernetes.cri-o.annotations.checkpoint.name"}
+
+// refuseCheckpointImage refuses a container whose image is a checkpoint:
+// berth does not restore yet, and run as a plain image it would start
+// whatever its command names in a root filesystem of CRIU's images.
+func refuseCheckpointImage(ref string, img *image.Image) error {
+	for _, a := range checkpointImageAnnotations {
+		if name, ok := img.Annotations[a]; ok {
+			return errkind.Errorf(errkind.FailedPrecondition, "image %s is a checkpoint of container %q (annotation %s): berth cannot restore checkpoints yet", ref, name, a)
+		}
+	}
+	return nil
+}
 
 // DefaultCheckpointTimeout bounds a checkpoint whose request names no
 // timeout (the CRI's "0: the runtime's default").
@@ -135,6 +153,9 @@ func (m *Manager) CheckpointContainer(ctx context.Context, id, location string, 
 		return errkind.Errorf(errkind.Invalid, "location %s: %v", location, err)
 	}
 	defer os.RemoveAll(work)
+	if err := m.writeCRIUConfig(c); err != nil {
+		return err
+	}
 	if err := m.criuDump(ctx, c, work, timeout); err != nil {
 		return err
 	}
@@ -142,6 +163,23 @@ func (m *Manager) CheckpointContainer(ctx context.Context, id, location string, 
 		return fmt.Errorf("checkpoint of %s: %w", c.ID, err)
 	}
 	if err := writeArchive(work, location); err != nil {
+		return fmt.Errorf("checkpoint of %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+// writeCRIUConfig writes the file c's spec names as CRIU's configuration
+// (shim.AnnotationCRIUConfig), the only one its checkpoints take: the
+// operator's [checkpoint] criu_config as it is now, or nothing.
+func (m *Manager) writeCRIUConfig(c *store.Container) error {
+	var conf []byte
+	if f := m.opts.CRIUConfig; f != "" {
+		var err error
+		if conf, err = os.ReadFile(f); err != nil {
+			return errkind.Errorf(errkind.FailedPrecondition, "checkpoint.criu_config: %v", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(m.bundleDir(c.PodID, c.ID), shim.CRIUConfigFile), conf, 0o600); err != nil {
 		return fmt.Errorf("checkpoint of %s: %w", c.ID, err)
 	}
 	return nil

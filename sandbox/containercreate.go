@@ -102,6 +102,9 @@ func (m *Manager) checkContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 	if err := checkLogPath(cfg.GetLogPath()); err != nil {
 		return err
 	}
+	if err := spec.CheckReservedAnnotations("config.annotations", cfg.GetAnnotations()); err != nil {
+		return errkind.Errorf(errkind.Invalid, "%v", err)
+	}
 	return m.checkFeatures(cfg)
 }
 
@@ -165,6 +168,9 @@ func (m *Manager) containerImage(cfg *runtimeapi.ContainerConfig) (*image.Image,
 	}
 	if err != nil {
 		return nil, fmt.Errorf("config.image.image: %w", err)
+	}
+	if err := refuseCheckpointImage(cfg.Image.Image, img); err != nil {
+		return nil, err
 	}
 	if _, err := spec.StopSignal(img.Config.Config.StopSignal); err != nil {
 		return nil, errkind.Errorf(errkind.Invalid, "image %s: StopSignal: %v", img.ID, err)
@@ -330,6 +336,7 @@ func (m *Manager) spec(pod *store.Pod, c *store.Container, img *image.Image, roo
 		HostsPath: pod.Files["hosts"], ResolvPath: pod.Files["resolv"], HostnamePath: pod.Files["hostname"], ShmPath: pod.Files["shm"],
 		CgroupsPath: m.opts.Cgroups.ContainerCgroupsPath(pod.Cgroup, c.ID),
 		Resources:   res, AppArmor: m.apparmor, CDI: m.opts.CDI, ImageVolumes: imageVolumes,
+		CRIUConfig: filepath.Join(m.bundleDir(pod.ID, c.ID), shim.CRIUConfigFile),
 	}
 	if pin := pod.Pins[string(podns.User)]; pin != "" {
 		u := namespaceOptions(pod.Config).GetUsernsOptions()

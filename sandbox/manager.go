@@ -42,6 +42,9 @@ type Options struct {
 	Metrics prometheus.Registerer
 	// CDI resolves containers' CDI devices; nil: none can be had.
 	CDI *cdi.Registry
+	// CRIUConfig is the file of the CRIU configuration every checkpoint
+	// takes, read at each ([checkpoint] criu_config); "": none.
+	CRIUConfig string
 }
 
 // Manager runs pod sandboxes and their containers.

@@ -12,6 +12,7 @@ import (
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podfiles"
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/berth-runtime/berth/sandbox/spec"
 	"github.com/berth-runtime/berth/sandbox/store"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -27,6 +28,9 @@ func validatePodConfig(cfg *runtimeapi.PodSandboxConfig) error {
 		return errkind.Errorf(errkind.Invalid, "config.metadata.namespace is required")
 	case md.Uid == "":
 		return errkind.Errorf(errkind.Invalid, "config.metadata.uid is required")
+	}
+	if err := spec.CheckReservedAnnotations("config.annotations", cfg.GetAnnotations()); err != nil {
+		return errkind.Errorf(errkind.Invalid, "%v", err)
 	}
 	return checkLogDirectory(cfg.GetLogDirectory())
 }

@@ -27,7 +27,20 @@ const (
 	// through libcontainer.
 	ExecInitFile = "exec-init"
 	SeccompFile  = "seccomp.bpf"
+	// CRIUConfigFile, in a container's bundle, is the CRIU configuration
+	// its checkpoints take: berthd writes it before each, and the spec's
+	// AnnotationCRIUConfig names it (see sandbox/checkpoint.go).
+	CRIUConfigFile = "criu.conf"
 )
+
+// AnnotationCRIUConfig is the spec annotation libcontainer takes the CRIU
+// configuration file of a checkpoint from (without it: the host's
+// /etc/criu/runc.conf). CRIU runs as the node's root and its configuration
+// can name scripts for it to run, so the annotation is berth's alone: the
+// spec names the bundle's CRIUConfigFile, a pod or container that asks for
+// the annotation is refused (spec.CheckReservedAnnotations), and the op
+// process checks the label before a checkpoint.
+const AnnotationCRIUConfig = "org.criu.config"
 
 // ExitRecord is exit.json: what a container's init ended with.
 type ExitRecord struct {

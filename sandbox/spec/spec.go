@@ -18,6 +18,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/sandbox/cdi"
+	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
 // Annotations berth adds to every spec (the names containerd uses, so that
@@ -31,6 +32,15 @@ const (
 	AnnotationSandboxUID       = "io.kubernetes.cri.sandbox-uid"
 	ContainerTypeContainer     = "container"
 )
+
+// CheckReservedAnnotations refuses annotations only berth may set; field
+// names them in the error ("config.annotations").
+func CheckReservedAnnotations(field string, annotations map[string]string) error {
+	if _, ok := annotations[shim.AnnotationCRIUConfig]; ok {
+		return fmt.Errorf("%s: %s is berth's: CRIU's configuration is the node's, not a pod's to choose", field, shim.AnnotationCRIUConfig)
+	}
+	return nil
+}
 
 // Input gathers everything the spec needs; the sandbox manager fills it.
 //
@@ -75,6 +85,10 @@ type Input struct {
 
 	// CDI resolves the CDI devices the container asks for; nil knows none.
 	CDI *cdi.Registry
+
+	// CRIUConfig is the file the container's checkpoints take CRIU's
+	// configuration from (shim.AnnotationCRIUConfig).
+	CRIUConfig string
 }
 
 // Generate builds the OCI runtime spec for one CRI container. Errors name the
@@ -211,6 +225,7 @@ func buildAnnotations(in Input) map[string]string {
 		a[k] = v
 	}
 	a[AnnotationContainerType] = ContainerTypeContainer
+	a[shim.AnnotationCRIUConfig] = in.CRIUConfig
 	if name := in.Config.GetMetadata().GetName(); name != "" {
 		a[AnnotationContainerName] = name
 	}

@@ -17,8 +17,12 @@ import (
 
 	metadata "github.com/checkpoint-restore/checkpointctl/lib"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
 )
 
 // criuWorks says whether CRIU can checkpoint on this machine, asked as
@@ -40,15 +44,107 @@ func criuWorks(t *testing.T) bool {
 const counterScript = `mkdir -p /www && echo served > /www/index.html && echo kept > /written-by-container && rm /etc/group &&
 /bin/busybox httpd -f -p 8080 -h /www & i=0; while true; do i=$((i+1)); echo $i > /counter; sleep 0.2; done`
 
-// counter is the container's count now.
+// counter is the container's count now. The shell truncates /counter
+// before it writes the next count, so a read can find it empty.
 func (e *podEnv) counter(t *testing.T, id string) int {
 	t.Helper()
-	n, err := strconv.Atoi(e.sh(t, id, "cat /counter"))
-	if err != nil {
+	var n int
+	var err error
+	if !eventually(30*time.Second, func() bool {
+		n, err = strconv.Atoi(e.sh(t, id, "cat /counter"))
+		return err == nil
+	}) {
 		t.Fatalf("counter of %s: %v", id, err)
 	}
 	return n
 }
+
+// criuGate is the CRIU configuration file of berthd's [checkpoint]
+// criu_config, read at each checkpoint: empty, or, while held, one that
+// has CRIU log into a fifo whose buffer the test shrinks to a page and
+// stops reading once CRIU dumps the container's processes (seized): CRIU, and its parasite code in the process it
+// dumps, which logs there too, block on the next page of log, and the
+// checkpoint can never finish, whatever the machine's pace.
+type criuGate struct {
+	config, log string
+}
+
+func newCRIUGate(t *testing.T) *criuGate {
+	t.Helper()
+	dir := t.TempDir()
+	g := &criuGate{config: filepath.Join(dir, "criu.conf"), log: filepath.Join(dir, "criu.log")}
+	if err := unix.Mkfifo(g.log, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.set(t, "")
+	return g
+}
+
+func (g *criuGate) set(t *testing.T, conf string) {
+	t.Helper()
+	if err := os.WriteFile(g.config, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hold has the next checkpoint log into the fifo, opened here for reading
+// (CRIU's open waits for a reader): reach reads until CRIU logs that it
+// dumps a process, then leaves the fifo unread and open; drain reads it to
+// its end, once its writers are gone (CRIU killed, its parasite code out
+// of the process it was in: it leaves once CRIU's socket closes and its
+// last log line is written).
+func (g *criuGate) hold(t *testing.T) (reach, drain func(time.Duration) (bool, string)) {
+	t.Helper()
+	g.set(t, "log-file "+g.log+"\n")
+	fd, err := unix.Open(g.log, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, os.Getpagesize()); err != nil {
+		t.Fatal(err)
+	}
+	reach = func(d time.Duration) (bool, string) {
+		var log []byte
+		buf := make([]byte, 4096)
+		found := eventually(d, func() bool {
+			for {
+				n, err := unix.Read(fd, buf)
+				if n <= 0 || err != nil {
+					return false
+				}
+				log = append(log, buf[:n]...)
+				if strings.Contains(string(log), "Dumping task") {
+					return true
+				}
+			}
+		})
+		return found, string(lastBytes(log, 2000))
+	}
+	drain = func(d time.Duration) (bool, string) {
+		buf := make([]byte, 4096)
+		var last []byte
+		found := eventually(d, func() bool {
+			for {
+				n, err := unix.Read(fd, buf)
+				if n == 0 && err == nil {
+					return true // every writer closed it
+				}
+				if n < 0 || err != nil {
+					return false
+				}
+				last = lastBytes(append(last, buf[:n]...), 2000)
+			}
+		})
+		return found, string(last)
+	}
+	return reach, drain
+}
+
+func (g *criuGate) release(t *testing.T) { g.set(t, "") }
+
+// toml is berthd's config for the gate.
+func (g *criuGate) toml() string { return "\n[checkpoint]\ncriu_config = \"" + g.config + "\"\n" }
 
 // assertCounts fails t unless the container's counter moves on: it runs,
 // neither stopped nor left frozen.
@@ -116,6 +212,68 @@ func readArchive(t *testing.T, archive string) (dir string, names []string) {
 	}
 }
 
+// breakHostRuncConf puts, in the VM tier (a machine of the test's own), a
+// /etc/criu/runc.conf that would fail any dump (its images to a folder that
+// does not exist): libcontainer gives CRIU that file unless the
+// container's spec names another. Elsewhere the host's file is left alone.
+func breakHostRuncConf(t *testing.T) {
+	t.Helper()
+	const conf = "/etc/criu/runc.conf"
+	if os.Getenv("BERTH_VM") != "1" {
+		return
+	}
+	if _, err := os.Stat(conf); err == nil {
+		t.Fatalf("the VM's disk has a %s", conf)
+	}
+	if err := os.MkdirAll(filepath.Dir(conf), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, []byte("images-dir /berth-test-no-such-folder\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(conf) })
+}
+
+// containerCgroupFile is the path of file in the cgroup v2 folder of the
+// container id, under its pod's cgroup.
+func containerCgroupFile(t *testing.T, podCgroup, id, file string) string {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", podCgroup, "*"+id+"*", file))
+	if len(m) != 1 {
+		t.Fatalf("the cgroup of %s under %s: %v", id, podCgroup, m)
+	}
+	return m[0]
+}
+
+// processRuns says whether a process's command line mentions s.
+func processRuns(s string) bool {
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, c := range cmdlines {
+		if b, err := os.ReadFile(c); err == nil && strings.Contains(string(b), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// processStates names each process of a cgroup folder with its state and
+// where it waits, for a failure's message.
+func processStates(cgroup string) string {
+	b, _ := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	var states []string
+	for _, pid := range strings.Fields(string(b)) {
+		stat, _ := os.ReadFile("/proc/" + pid + "/stat")
+		wchan, _ := os.ReadFile("/proc/" + pid + "/wchan")
+		if f := strings.Fields(string(stat)); len(f) > 2 {
+			states = append(states, pid+" "+f[1]+" "+f[2]+" "+string(wchan))
+		}
+	}
+	return strings.Join(states, "; ")
+}
+
+// lastBytes is the end of b, at most n bytes of it.
+func lastBytes(b []byte, n int) []byte { return b[max(0, len(b)-n):] }
+
 // tarFiles reads a tar's regular files by name.
 func tarFiles(t *testing.T, path string) map[string]string {
 	t.Helper()
@@ -146,7 +304,8 @@ func tarFiles(t *testing.T, path string) map[string]string {
 // for a container CRIU cannot take (the reason from CRIU's log), past the
 // timeout, and for bad requests.
 func TestCheckpointContainer(t *testing.T) {
-	e := startPodEnv(t, v1.Config{})
+	gate := newCRIUGate(t)
+	e := startPodEnvTOML(t, v1.Config{}, gate.toml())
 	podCfg := e.podConfig("ckpt")
 	pod := e.runPod(t, podCfg)
 	ctr := e.runContainer(t, pod, podCfg, e.ctrConfig("counter", "/bin/sh", "-c", counterScript))
@@ -181,6 +340,9 @@ func TestCheckpointContainer(t *testing.T) {
 		return
 	}
 
+	// The host's runc.conf, which runc gives CRIU, would fail this
+	// checkpoint: berth's configuration is the one CRIU takes.
+	breakHostRuncConf(t)
 	start := time.Now()
 	if err := checkpoint(ctr, location, 0); err != nil {
 		t.Fatalf("CheckpointContainer: %v", err)
@@ -233,27 +395,48 @@ func TestCheckpointContainer(t *testing.T) {
 		t.Errorf("descriptors.json: %s (%v), want the init's three stdio", b, err)
 	}
 
-	// Past its timeout the checkpoint is stopped: CRIU killed mid-dump,
-	// the container thawed and running on, the pod's network unlocked,
-	// nothing left. The container
-	// holds 64 MiB in its shell's memory, which CRIU takes far longer
-	// than the one second to dump where this runs (the VM tier's
-	// emulated CPUs: the small container above took seconds).
-	big := e.runContainer(t, pod, podCfg, e.ctrConfig("big", "/bin/sh", "-c",
-		`x=$(head -c 67108864 /dev/zero | /bin/busybox tr '\000' x); i=0; while true; do i=$((i+1)); echo $i > /counter; sleep 0.2; done`))
-	if !eventually(2*time.Minute, func() bool { return e.exec(t, big, "/bin/cat", "/counter").code == 0 }) {
-		t.Fatal("the big container does not count")
-	}
+	// Past its timeout the checkpoint is stopped: CRIU, held by the gate
+	// with the container's processes seized, is killed; the container's
+	// cgroup is thawed, its processes run on, the pod's network answers,
+	// nothing is left. The timeout bounds only how long CRIU may take to
+	// reach the gate.
+	const lateTimeout = 30
+	reach, drain := gate.hold(t)
 	late := filepath.Join(dir, "late.tar")
 	if err := os.Remove(location); err != nil {
 		t.Fatal(err)
 	}
-	assertCode(t, checkpoint(big, late, 1), one(codes.DeadlineExceeded), "timed out")
+	done := make(chan error, 1)
+	go func() { done <- checkpoint(ctr, late, lateTimeout) }()
+	if ok, log := reach(lateTimeout * time.Second); !ok {
+		t.Fatalf("CRIU did not log dumping a process within the checkpoint's %d s; its log ends %q; the checkpoint answered %v", lateTimeout, log, <-done)
+	}
+	events := containerCgroupFile(t, e.podCgroup(t, pod), ctr, "cgroup.events")
+	// Once it dumps, CRIU holds every process it has not entered with its
+	// parasite code in a ptrace stop ("t").
+	if states := processStates(filepath.Dir(events)); !strings.Contains(states, " t ") {
+		t.Errorf("while CRIU is held no process of the container is in a ptrace stop: %s", states)
+	}
+	assertCode(t, <-done, one(codes.DeadlineExceeded), "timed out")
+	gate.release(t)
+	if ok, log := drain(30 * time.Second); !ok {
+		t.Errorf("CRIU's log has writers 30 s after the checkpoint stopped at its timeout; it ends %q", log)
+	}
 	assertNothingAt(t, dir, late)
-	e.assertCounts(t, big, "a checkpoint stopped at its timeout")
+	// CRIU is "criu swrk", retitled "dump --rpc" once it dumps.
+	if !eventually(30*time.Second, func() bool { return !processRuns("criu\x00swrk") && !processRuns("dump --rpc") }) {
+		t.Error("CRIU outlived the checkpoint stopped at its timeout")
+	}
+	if got := readIfExists(t, events); !strings.Contains(got, "frozen 0") {
+		t.Errorf("after a checkpoint stopped at its timeout the container's cgroup is frozen: %s", got)
+	}
+	e.assertCounts(t, ctr, "a checkpoint stopped at its timeout")
+	if states := processStates(filepath.Dir(events)); strings.Contains(states, " t ") {
+		t.Errorf("after a checkpoint stopped at its timeout a process of the container is in a ptrace stop: %s", states)
+	}
 	// CRIU locks the pod's network while it dumps (rules that drop every
 	// packet); killed, it leaves them: the shim takes them away.
-	if r := e.exec(t, big, "/bin/busybox", "wget", "-q", "-O-", "http://127.0.0.1:8080/"); r.stdout != "served\n" {
+	if r := e.exec(t, ctr, "/bin/busybox", "wget", "-q", "-O-", "http://127.0.0.1:8080/"); r.stdout != "served\n" {
 		t.Errorf("the pod's network after a checkpoint stopped at its timeout: wget exit %d, %q %q", r.code, r.stdout, r.stderr)
 	}
 
@@ -279,6 +462,79 @@ i=0; while true; do i=$((i+1)); echo $i > /counter; sleep 0.2; done`))
 	e.stop(t, ctr, 10)
 	assertCode(t, checkpoint(ctr, location, 0), one(codes.FailedPrecondition), "not running")
 	assertNothingAt(t, dir, location)
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestCRIUConfigAnnotationRefused: libcontainer has CRIU, as the node's
+// root, take the configuration file the annotation org.criu.config names
+// (and with it action scripts to run); a pod or container asking for it is
+// refused and nothing is made, and every container's spec names berth's
+// own file, in its bundle.
+func TestCRIUConfigAnnotationRefused(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	const criuConfig = "org.criu.config"
+	evil := map[string]string{criuConfig: "/proc/self/root/tmp/criu.conf"}
+
+	badPod := e.podConfig("criu-pod")
+	badPod.Annotations = evil
+	_, err := e.d.Runtime.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: badPod})
+	assertCode(t, err, one(codes.InvalidArgument), criuConfig)
+	if pods, err := e.d.Runtime.ListPodSandbox(t.Context(), &runtimeapi.ListPodSandboxRequest{}); err != nil || len(pods.Items) != 0 {
+		t.Errorf("after the refused pod: %v pods (%v), want none", len(pods.GetItems()), err)
+	}
+
+	podCfg := e.podConfig("criu")
+	pod := e.runPod(t, podCfg)
+	bad := e.ctrConfig("criu", "/bin/sleep", "100000")
+	bad.Annotations = evil
+	_, err = e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: bad, SandboxConfig: podCfg})
+	assertCode(t, err, one(codes.InvalidArgument), criuConfig)
+	if ctrs, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{}); err != nil || len(ctrs.Containers) != 0 {
+		t.Errorf("after the refused container: %v containers (%v), want none", len(ctrs.GetContainers()), err)
+	}
+
+	ctr := e.createContainer(t, pod, podCfg, "plain", "/bin/sleep", "100000")
+	bundle := filepath.Join(e.d.State, "pods", pod, "containers", ctr)
+	var spec struct{ Annotations map[string]string }
+	if err := json.Unmarshal([]byte(readIfExists(t, filepath.Join(bundle, "config.json"))), &spec); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := spec.Annotations[criuConfig], filepath.Join(bundle, "criu.conf"); got != want {
+		t.Errorf("the spec's %s is %q, want berth's %q", criuConfig, got, want)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestCheckpointImageRefused: an image built from a checkpoint archive,
+// marked as CRI-O marks it (its manifest's annotation) or as containerd
+// looks for it (checkpointctl's, on the index), is refused at
+// CreateContainer, naming the annotation, with nothing made: berth does
+// not restore, and the image's root filesystem is CRIU's images.
+func TestCheckpointImageRefused(t *testing.T) {
+	e := startPodEnv(t, v1.Config{})
+	base := harness.BusyboxImage(t, harness.ImageSpec{})
+	const crio, criu = "io.kubernetes.cri-o.annotations.checkpoint.name", "org.criu.checkpoint.container.name"
+	byCRIO := e.reg.Push(t, "berth/ckpt:crio", mutate.Annotations(base, map[string]string{crio: "counter"}).(v1.Image))
+	idx := harness.Index(t, harness.OCI, base)
+	byIndex := e.reg.PushIndex(t, "berth/ckpt:index", mutate.Annotations(idx, map[string]string{criu: "counter"}).(v1.ImageIndex))
+
+	podCfg := e.podConfig("ckpt-image")
+	pod := e.runPod(t, podCfg)
+	for _, c := range []struct {
+		pushed     harness.Pushed
+		annotation string
+	}{{byCRIO, crio}, {byIndex, criu}} {
+		mustPull(t, e.d, c.pushed.Name, c.pushed.ID)
+		cfg := e.ctrConfig("restored", "/bin/sleep", "100000")
+		cfg.Image.Image = c.pushed.Name
+		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+		assertCode(t, err, one(codes.FailedPrecondition), c.annotation, "checkpoint")
+	}
+	if ctrs, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{}); err != nil || len(ctrs.Containers) != 0 {
+		t.Errorf("after the refusals: %v containers (%v), want none", len(ctrs.GetContainers()), err)
+	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }

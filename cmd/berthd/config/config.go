@@ -30,14 +30,15 @@ type Config struct {
 	CgroupDriver string `toml:"cgroup_driver"`
 	// ShimBinary is the berth-shim to run per pod; empty means the one
 	// installed beside berthd.
-	ShimBinary string  `toml:"shim_binary"`
-	Image      Image   `toml:"image"`
-	Network    Network `toml:"network"`
-	Stream     Stream  `toml:"stream"`
-	Metrics    Metrics `toml:"metrics"`
-	Tracing    Tracing `toml:"tracing"`
-	CDI        CDI     `toml:"cdi"`
-	Storage    Storage `toml:"storage"`
+	ShimBinary string     `toml:"shim_binary"`
+	Image      Image      `toml:"image"`
+	Network    Network    `toml:"network"`
+	Stream     Stream     `toml:"stream"`
+	Metrics    Metrics    `toml:"metrics"`
+	Tracing    Tracing    `toml:"tracing"`
+	CDI        CDI        `toml:"cdi"`
+	Storage    Storage    `toml:"storage"`
+	Checkpoint Checkpoint `toml:"checkpoint"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000"):
 	// the [registry."HOST"] tables over the hosts of RegistryConfigPath.
 	Registries map[string]registry.Host `toml:"-"`
@@ -131,6 +132,14 @@ type Storage struct {
 	// and content): the kubelet's separate container filesystem. Empty:
 	// root, the layout of nodes from before the key.
 	ContainerRoot string `toml:"container_root"`
+}
+
+// Checkpoint holds the [checkpoint] table.
+type Checkpoint struct {
+	// CRIUConfig is a CRIU configuration file (criu(8), "Configuration
+	// files") that every checkpoint takes, read at each. Empty: none, CRIU
+	// runs with berth's options alone.
+	CRIUConfig string `toml:"criu_config"`
 }
 
 // ContainerRoot is where writable layers go: [storage] container_root, or

@@ -87,6 +87,11 @@ func (c *Config) validate() error {
 			p.add(badValue("storage.container_root", r, err))
 		}
 	}
+	if f := c.Checkpoint.CRIUConfig; f != "" {
+		if err := absPath(f); err != nil {
+			p.add(badValue("checkpoint.criu_config", f, err))
+		}
+	}
 	c.Network.validate(&p)
 	c.Stream.validate(&p)
 	c.Tracing.validate(&p)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/opencontainers/runc/libcontainer/utils"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -533,6 +534,9 @@ func checkpoint(req *shim.OpRequest) error {
 	if st, err := c.Status(); err != nil || st != libcontainer.Running {
 		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
 	}
+	if err := checkCRIUConfig(req.ID, c.Config(), req.Bundle); err != nil {
+		return err
+	}
 	err = c.Checkpoint(&libcontainer.CriuOpts{
 		ImagesDirectory: cr.ImagesDir,
 		WorkDirectory:   cr.WorkDir,
@@ -549,6 +553,21 @@ func checkpoint(req *shim.OpRequest) error {
 		return fmt.Errorf("%w %s: %v%s", shim.ErrCheckpoint, req.ID, err, criuErrors(filepath.Join(cr.WorkDir, dumpLog)))
 	}
 	return nil
+}
+
+// checkCRIUConfig makes sure that CRIU, which runs as the node's root,
+// takes berth's configuration and no other: libcontainer gives CRIU the file
+// the container's label org.criu.config names (shim.AnnotationCRIUConfig),
+// which berth sets to the one in the bundle, and without the label the
+// host's /etc/criu/runc.conf. CRIU also reads the file CRIU_CONFIG_FILE
+// names, which this process does not pass on.
+func checkCRIUConfig(id string, cfg configs.Config, bundle string) error {
+	want := filepath.Join(bundle, shim.CRIUConfigFile)
+	if got, _ := utils.SearchLabels(cfg.Labels, shim.AnnotationCRIUConfig); got != want {
+		return fmt.Errorf("%w %s: its spec does not name berth's CRIU configuration (%s=%q): it was created by a berth from before checkpoints; a container created now can be checkpointed",
+			shim.ErrCheckpoint, id, shim.AnnotationCRIUConfig, got)
+	}
+	return os.Unsetenv("CRIU_CONFIG_FILE")
 }
 
 // dumpLog is the log libcontainer has CRIU write in the work folder.

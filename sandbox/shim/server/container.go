@@ -53,6 +53,20 @@ func (c *ctr) execInitFile() string {
 	return filepath.Join(c.bundle, shim.ExecInitFile)
 }
 
+// running is the container id unless its init has exited.
+func (s *Server) running(id string) (*ctr, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-c.exited:
+		return nil, fmt.Errorf("%w: %s", shim.ErrNotRunning, id)
+	default:
+		return c, nil
+	}
+}
+
 func (s *Server) get(id string) (*ctr, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -276,14 +290,9 @@ func (s *Server) delete(id string) error {
 // update has an op process apply new limits and record them in the bundle's
 // spec, so that status and a restarted shim see them.
 func (s *Server) update(req *shim.UpdateRequest) error {
-	c, err := s.get(req.ID)
+	c, err := s.running(req.ID)
 	if err != nil {
 		return err
-	}
-	select {
-	case <-c.exited:
-		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
-	default:
 	}
 	_, err = s.runOp(&shim.OpRequest{Op: shim.OpUpdate, ID: c.id, Bundle: c.bundle, Resources: req.Resources}, nil, nil)
 	return err
@@ -295,14 +304,9 @@ func (s *Server) update(req *shim.UpdateRequest) error {
 // freezes the one and locks the other while it dumps), so that the
 // container runs on as before.
 func (s *Server) checkpoint(req *shim.CheckpointRequest) error {
-	c, err := s.get(req.ID)
+	c, err := s.running(req.ID)
 	if err != nil {
 		return err
-	}
-	select {
-	case <-c.exited:
-		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
-	default:
 	}
 	op := &shim.OpRequest{Op: shim.OpCheckpoint, ID: c.id, Bundle: c.bundle, Checkpoint: req}
 	_, timedOut, err := s.runOpWithin(op, nil, nil, req.Timeout)
