@@ -36,10 +36,10 @@ const (
 // AnnotationCRIUConfig is the spec annotation libcontainer takes the CRIU
 // configuration file of a checkpoint from (without it: the host's
 // /etc/criu/runc.conf). CRIU runs as the node's root and its configuration
-// can name scripts for it to run, so the annotation is berth's alone: the
-// spec names the bundle's CRIUConfigFile, a pod or container that asks for
-// the annotation is refused (spec.CheckReservedAnnotations), and the op
-// process checks the label before a checkpoint.
+// can have it load plugins or run programs, so the annotation is berth's
+// alone: the spec names the bundle's CRIUConfigFile, a pod or container
+// that asks for the annotation is refused (spec.CheckReservedAnnotations),
+// and the op process checks the label before a checkpoint.
 const AnnotationCRIUConfig = "org.criu.config"
 
 // ExitRecord is exit.json: what a container's init ended with.
