@@ -1,6 +1,8 @@
 package ops
 
 import (
+	"errors"
+	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -74,5 +76,31 @@ func TestCgroupFiles(t *testing.T) {
 		"": "/sys/fs/cgroup/unified/pod/c"}) // a hybrid host
 	if procs != "/sys/fs/cgroup/devices/pod/c" || oom != "/sys/fs/cgroup/memory/pod/c/memory.oom_control" {
 		t.Errorf("v1: %q %q", procs, oom)
+	}
+}
+
+// TestCheckCRIUConfig: CRIU takes only the configuration file the bundle
+// holds: a container whose label names another file, or none (one created
+// before berth set it, for which libcontainer would give CRIU the host's
+// runc.conf), is refused, and CRIU_CONFIG_FILE is not passed on.
+func TestCheckCRIUConfig(t *testing.T) {
+	const bundle = "/run/berth/pods/p/containers/c"
+	for _, c := range []struct {
+		labels []string
+		ok     bool
+	}{
+		{[]string{"bundle=" + bundle, shim.AnnotationCRIUConfig + "=" + bundle + "/" + shim.CRIUConfigFile}, true},
+		{[]string{"bundle=" + bundle}, false},
+		{[]string{shim.AnnotationCRIUConfig + "=/proc/self/root/tmp/criu.conf"}, false},
+		{[]string{shim.AnnotationCRIUConfig + "="}, false},
+	} {
+		t.Setenv("CRIU_CONFIG_FILE", "/tmp/elsewhere.conf")
+		err := checkCRIUConfig("c", configs.Config{Labels: c.labels}, bundle)
+		if c.ok != (err == nil) || (err != nil && !errors.Is(err, shim.ErrCheckpoint)) {
+			t.Errorf("labels %q: %v, want ok %v", c.labels, err, c.ok)
+		}
+		if _, set := os.LookupEnv("CRIU_CONFIG_FILE"); c.ok && set {
+			t.Errorf("labels %q: CRIU_CONFIG_FILE is still set for CRIU", c.labels)
+		}
 	}
 }
