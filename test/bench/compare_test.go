@@ -47,44 +47,71 @@ type criRuntime struct {
 	daemon int
 }
 
+// Row groups: BERTH_BENCH_ROWS names one to measure it alone.
+const (
+	podRows   = "pods"   // pod start, teardown, pods in flight, memory held
+	pullRows  = "pull"   // the cold pulls
+	probeRows = "probes" // exec probes: latency, CPU and memory under them (probes_test.go)
+)
+
 // measures are the rows of the comparison, in the order printed, with the
-// target ratio (berth / containerd) of issue #26 (a per-pod footprint near
-// the floor). The rows at 250 pods are measured in the counted rounds only.
+// target ratio (berth / containerd): issue #26's for pods and pulls (a
+// per-pod footprint near the floor), issue #36's for exec probes. A target
+// of 0 is a count berth must keep at 0 (no ratio); NaN, a row without one.
+// The rows at 250 pods and the probe rows are measured in the counted rounds
+// only.
 var measures = []struct {
 	name   string
 	unit   string
 	target float64
-	pull   bool // measured with BERTH_BENCH_ROWS=pull
+	group  string
 }{
-	{"pod start p50, sequential (run + create + start)", "ms", 0.25, false},
-	{"teardown p50 (stop + remove pod)", "ms", 0.25, false},
-	{"ExecSync(true) p50", "ms", 0.33, false},
-	{"50 pods, 5 in flight: wall", "s", 0.25, false},
-	{"250 pods, 5 in flight: wall", "s", 0.25, false},
-	{"memory per pod, 50 held: PSS of runtime processes / 50", "MiB", 0.33, false},
-	{"the same, RSS", "MiB", 0.33, false},
-	{"the same with the containers' own memory, PSS", "MiB", 0.33, false},
-	{"memory per pod, 250 held: PSS of runtime processes / 250", "MiB", 0.33, false},
-	{"the same, RSS", "MiB", 0.33, false},
-	{"cold pull, 20 layers, 100 MiB gzip", "s", 0.33, true},
-	{"cold pull, 20 layers of host files (after RemoveImage)", "s", 0.33, true},
+	{rowStart, "ms", 0.25, podRows},
+	{rowTeardown, "ms", 0.25, podRows},
+	{row50InFlight, "s", 0.25, podRows},
+	{row250InFlight, "s", 0.25, podRows},
+	{row50PSS, "MiB", 0.33, podRows},
+	{row50RSS, "MiB", 0.33, podRows},
+	{row50WithContainers, "MiB", 0.33, podRows},
+	{row250PSS, "MiB", 0.33, podRows},
+	{row250RSS, "MiB", 0.33, podRows},
+	{rowExecBackToBack, "ms", 0.20, probeRows},
+	{rowExecApart, "ms", 0.20, probeRows},
+	{rowExecProbed, "ms", 0.20, probeRows},
+	{rowCPUProbed, "s", 0.20, probeRows},
+	{rowPSSProbed, "MiB", 0.33, probeRows},
+	{rowStormP50, "ms", math.NaN(), probeRows},
+	{rowStormP99, "ms", math.NaN(), probeRows},
+	{rowStormCPU, "s", 0.20, probeRows},
+	{rowStormOver, "", 0, probeRows},
+	{rowColdPull, "s", 0.33, pullRows},
+	{rowHostPull, "s", 0.33, pullRows},
 }
+
+// The rows' names, which key each round's values.
+const (
+	rowStart            = "pod start p50, sequential (run + create + start)"
+	rowTeardown         = "teardown p50 (stop + remove pod)"
+	row50InFlight       = "50 pods, 5 in flight: wall"
+	row250InFlight      = "250 pods, 5 in flight: wall"
+	row50PSS            = "memory per pod, 50 held: PSS of runtime processes / 50"
+	row50RSS            = "the same, RSS"
+	row50WithContainers = "the same with the containers' own memory, PSS"
+	row250PSS           = "memory per pod, 250 held: PSS of runtime processes / 250"
+	row250RSS           = "the same at 250, RSS"
+	rowColdPull         = "cold pull, 20 layers, 100 MiB gzip"
+	rowHostPull         = "cold pull, 20 layers of host files (after RemoveImage)"
+)
 
 // manyPods is the larger node of the comparison: its start with 5 in
 // flight and its memory held are the rows at 250 pods.
 const manyPods = 250
 
-// pullRowsOnly is BERTH_BENCH_ROWS=pull: the runtimes only pull, for work
-// on the pull path.
-func pullRowsOnly() bool { return os.Getenv("BERTH_BENCH_ROWS") == "pull" }
-
-// podRowsOnly is BERTH_BENCH_ROWS=pods: the cold pulls are left out, for
-// work on pods.
-func podRowsOnly() bool { return os.Getenv("BERTH_BENCH_ROWS") == "pods" }
-
-// measured says whether the run measures the row.
-func measured(pull bool) bool {
-	return pull && !podRowsOnly() || !pull && !pullRowsOnly()
+// measured says whether the run measures the rows of group: all groups
+// unless BERTH_BENCH_ROWS names one.
+func measured(group string) bool {
+	rows := os.Getenv("BERTH_BENCH_ROWS")
+	return rows == "" || rows == group
 }
 
 // TestCompareContainerd (make bench-compare) runs one workload against berth
@@ -92,7 +119,7 @@ func measured(pull bool) bool {
 // and portmap), each on fresh folders, alternating, one warm-up round and
 // three counted ones (the 250 pods in the counted ones only), and prints each measure's medians and their ratio. It
 // asserts nothing: the numbers are for people and commit messages.
-// BERTH_BENCH_ROWS=pull runs the cold pull rows alone, =pods all but them;
+// BERTH_BENCH_ROWS=pods, =pull or =probes runs one group of rows alone;
 // BERTH_BENCH_ROUNDS sets the counted rounds.
 func TestCompareContainerd(t *testing.T) {
 	harness.RequireEnv(t, "BERTH_BENCH_COMPARE")
@@ -103,7 +130,7 @@ func TestCompareContainerd(t *testing.T) {
 		Config: v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}}))
 	// The cold pull rows' images (the host tree takes most of a minute to build).
 	var bigName, realName string
-	if !podRowsOnly() {
+	if measured(pullRows) {
 		bigName = reg.Push(t, "bench/pull:1", harness.NewImage(t, harness.ImageSpec{Layers: randomLayers(20, 5<<20)})).Name
 		begin := time.Now()
 		hostTree := harness.NewImage(t, harness.ImageSpec{Layers: hostTreeLayers(t, 20, 244<<20)})
@@ -115,14 +142,14 @@ func TestCompareContainerd(t *testing.T) {
 		t.Logf("host tree image: 20 layers, %.1f MiB gzip, built in %s", float64(compressed)/(1<<20), time.Since(begin).Round(time.Second))
 	}
 
-	results := map[string][][]float64{}     // runtime → measure → one value per round
-	parts := map[string]map[part][]memUse{} // runtime → process kind → one use per round
+	results := map[string]map[string][]float64{} // runtime → row → one value per round
+	parts := map[string]map[part][]memUse{}      // runtime → process kind → one use per round
 	rounds := countedRounds()
 	for round := 0; round <= rounds; round++ {
 		for _, name := range []string{"containerd", "berth"} {
 			t.Run(fmt.Sprintf("%s/round%d", name, round), func(t *testing.T) {
 				parent := fmt.Sprintf("/bench-%s-%d-%d", name, os.Getpid(), round)
-				t.Cleanup(func() { removeCgroupTree(parent) })
+				t.Cleanup(func() { removeCgroupTree(parent); removeCgroupTree(runtimeCgroup(parent)) })
 				var rt criRuntime
 				if name == "berth" {
 					d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host())})
@@ -142,19 +169,23 @@ func TestCompareContainerd(t *testing.T) {
 					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs,
 						layersStored: c.layersStored, daemon: c.cmd.Process.Pid}
 				}
-				// The warm-up round leaves out the 250 pods: the 50
-				// before them have warmed what they would.
+				// The probe rows take the runtime's CPU from its cgroup,
+				// which its shims and helpers inherit.
+				joinCPUCgroup(t, runtimeCgroup(parent), rt.daemon)
+				// The warm-up round leaves out the 250 pods and the
+				// probes: the 50 pods before them have warmed what they
+				// would.
 				values, used := runWorkload(t, rt, parent, busybox.Name, bigName, realName, round > 0)
 				if round == 0 {
 					return
 				}
 				// Each round as it ends: a run cut short still says something.
-				t.Logf("%s round %d: %v", name, round, rounded(values))
-				for i, v := range values {
-					if len(results[name]) <= i {
-						results[name] = append(results[name], nil)
-					}
-					results[name][i] = append(results[name][i], v)
+				t.Logf("%s round %d: %s", name, round, roundedRows(values))
+				if results[name] == nil {
+					results[name] = map[string][]float64{}
+				}
+				for row, v := range values {
+					results[name][row] = append(results[name][row], v)
 				}
 				if parts[name] == nil {
 					parts[name] = map[part][]memUse{}
@@ -169,67 +200,74 @@ func TestCompareContainerd(t *testing.T) {
 		return
 	}
 	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", fmt.Sprintf("measure (medians of %d rounds)", rounds), "containerd", "berth", "ratio", "target")
-	for i, m := range measures {
-		if !measured(m.pull) {
+	for _, m := range measures {
+		if !measured(m.group) {
 			continue
 		}
-		t.Logf("%s: containerd %v, berth %v", m.name, rounded(results["containerd"][i]), rounded(results["berth"][i]))
-		c, b := median(results["containerd"][i]), median(results["berth"][i])
-		fmt.Printf("compare %-62s %9.2f %-3s %8.2f %-3s %6.2f %s %.2f\n", m.name, c, m.unit, b, m.unit, b/c, verdict(b/c, m.target), m.target)
+		t.Logf("%s: containerd %v, berth %v", m.name, rounded(results["containerd"][m.name]), rounded(results["berth"][m.name]))
+		c, b := median(results["containerd"][m.name]), median(results["berth"][m.name])
+		fmt.Printf("compare %-62s %9.2f %-3s %8.2f %-3s %s\n", m.name, c, m.unit, b, m.unit, versus(b, c, m.target))
 	}
-	if !pullRowsOnly() {
+	if measured(podRows) {
 		printParts(parts)
 	}
 }
 
-func verdict(ratio, target float64) string {
-	if ratio <= target {
-		return "≤"
+// versus is the ratio column and the target's: the ratio and whether it
+// is at or under the target, only whether berth's count is 0 for a target
+// of 0, only the ratio for a row without a target.
+func versus(berth, containerd, target float64) string {
+	switch {
+	case target == 0 && berth == 0:
+		return fmt.Sprintf("%6s = 0", "-")
+	case target == 0:
+		return fmt.Sprintf("%6s > 0", "-")
+	case math.IsNaN(target):
+		return fmt.Sprintf("%6.2f", berth/containerd)
+	case berth/containerd <= target:
+		return fmt.Sprintf("%6.2f ≤ %.2f", berth/containerd, target)
 	}
-	return ">"
+	return fmt.Sprintf("%6.2f > %.2f", berth/containerd, target)
 }
 
-// runWorkload measures one freshly started runtime, in the order of
-// measures (the cold pull first: the root is empty), and returns the
-// values in that order (NaN for rows BERTH_BENCH_ROWS leaves out, and for
-// the 250 pods' rows unless many) and the memory of the runtime's
-// processes by kind with 50 and with 250 pods held.
-func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage string, many bool) ([]float64, map[part]memUse) {
-	ctx := t.Context()
-	values := make([]float64, len(measures))
-	for i := range values {
-		values[i] = math.NaN()
+// runWorkload measures one freshly started runtime, the cold pulls first
+// (the root is empty), and returns the values of the rows BERTH_BENCH_ROWS
+// selects (those at 250 pods and the probes' only if many) and the memory of
+// the runtime's processes by kind with 50 and with 250 pods held.
+func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage string, many bool) (map[string]float64, map[part]memUse) {
+	values := map[string]float64{}
+	if measured(pullRows) {
+		values[rowColdPull], values[rowHostPull] = timeColdPulls(t, rt, bigImage, realImage)
 	}
-	if !podRowsOnly() {
-		values[len(values)-2], values[len(values)-1] = timeColdPulls(t, rt, bigImage, realImage)
-	}
-	if pullRowsOnly() {
+	if !measured(podRows) && !measured(probeRows) {
 		return values, nil
 	}
 	timePull(t, rt, image)
+	used := map[part]memUse{}
+	if measured(podRows) {
+		runPods(t, rt, parent, image, many, values, used)
+	}
+	if many && measured(probeRows) {
+		runProbes(t, rt, parent, image, values)
+	}
+	return values, used
+}
 
+// runPods measures the pod rows into values: 50 pods started one at a time,
+// held for their memory, torn down one at a time; 50 started 5 in flight and
+// removed; and if many, 250 started 5 in flight, held, and removed.
+func runPods(t *testing.T, rt criRuntime, parent, image string, many bool, values map[string]float64, used map[part]memUse) {
 	var starts []time.Duration
 	ids := make([]string, pods)
 	for i := range ids {
 		begin := time.Now()
-		id, _, err := startPod(ctx, rt.runtime, parent, fmt.Sprint("seq-", i), image)
+		id, _, err := startPod(t.Context(), rt.runtime, parent, fmt.Sprint("seq-", i), image)
 		if err != nil {
 			t.Fatalf("%s: %v", rt.name, err)
 		}
 		ids[i] = id
 		starts = append(starts, time.Since(begin))
 	}
-	firstCtr := listContainers(t, rt, ids[0])
-	var execs []time.Duration
-	for range 20 {
-		begin := time.Now()
-		resp, err := rt.runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: firstCtr, Cmd: []string{"/bin/true"}, Timeout: 10})
-		if err != nil || resp.ExitCode != 0 {
-			t.Fatalf("%s: ExecSync(true) = %v, %v", rt.name, resp, err)
-		}
-		execs = append(execs, time.Since(begin))
-	}
-	used := map[part]memUse{}
 	pss, rss := heldMemory(rt, parent, pods, used)
 	withContainers := pss + float64(sumKB(podProcesses(parent, true), "Pss:"))/1024/pods
 
@@ -242,20 +280,19 @@ func runWorkload(t *testing.T, rt criRuntime, parent, image, bigImage, realImage
 
 	begin := time.Now()
 	concurrent := startPodsInFlight(t, rt, parent, image, "par-", pods, 5)
-	values[3] = time.Since(begin).Seconds()
+	values[row50InFlight] = time.Since(begin).Seconds()
 	removePodsInFlight(t, rt, concurrent, 5)
-	values[0], values[1], values[2] = ms(pct(starts, 50)), ms(pct(teardowns, 50)), ms(pct(execs, 50))
-	values[5], values[6], values[7] = pss, rss, withContainers
+	values[rowStart], values[rowTeardown] = ms(pct(starts, 50)), ms(pct(teardowns, 50))
+	values[row50PSS], values[row50RSS], values[row50WithContainers] = pss, rss, withContainers
 	if many {
 		// The node of 250 pods: started 5 at a time (timed), held, its
 		// memory taken, and removed 5 at a time (not timed).
 		begin := time.Now()
 		concurrent := startPodsInFlight(t, rt, parent, image, "many-", manyPods, 5)
-		values[4] = time.Since(begin).Seconds()
-		values[8], values[9] = heldMemory(rt, parent, manyPods, used)
+		values[row250InFlight] = time.Since(begin).Seconds()
+		values[row250PSS], values[row250RSS] = heldMemory(rt, parent, manyPods, used)
 		removePodsInFlight(t, rt, concurrent, 5)
 	}
-	return values, used
 }
 
 // part is one kind of the runtime's processes with a number of pods held.
@@ -584,6 +621,17 @@ func rounded(v []float64) []string {
 		out[i] = strconv.FormatFloat(x, 'g', 3, 64)
 	}
 	return out
+}
+
+// roundedRows is a round's values in the order of measures, for the log.
+func roundedRows(values map[string]float64) string {
+	var out []string
+	for _, m := range measures {
+		if v, ok := values[m.name]; ok {
+			out = append(out, fmt.Sprintf("%s %s", m.name, strconv.FormatFloat(v, 'g', 3, 64)))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 func median(v []float64) float64 {
