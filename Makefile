@@ -216,8 +216,9 @@ bench: deps
 # bench-compare runs berth's workload and the same against Debian's containerd
 # 1.6 (runc, CNI bridge + portmap), installed for this target only, and prints
 # both medians and the ratio per measure; it asserts nothing. Its rows at 250
-# pods make it long (half an hour on a quiet 2-core machine);
-# BERTH_BENCH_ROUNDS=1 and BERTH_BENCH_ROWS=pods (or pull) shorten it.
+# pods make it long (half an hour on a quiet 2-core machine), its probe rows
+# (issue #36) about 5 minutes a counted round more; BERTH_BENCH_ROUNDS=1 and
+# BERTH_BENCH_ROWS=pods (or pull, or probes) shorten it.
 bench-compare: deps
 	test/deps.sh containerd runc
 	BERTH_BENCH=1 BERTH_BENCH_COMPARE=1 $(GO) test -count=1 -timeout 90m -v -run TestCompareContainerd ./test/bench/ | grep -E '^(compare|--- FAIL|ok|FAIL|\s+\S+_test.go)'

@@ -143,11 +143,11 @@ func probe(t *testing.T, rt criRuntime, ctrs []string, period, duration time.Dur
 	return res
 }
 
-// probeOnce runs one exec probe, /bin/true with the probe's timeout and a
-// deadline for the call beyond it (the kubelet's is the runtime request
-// timeout), and returns its latency and error.
+// probeOnce runs one exec probe, /bin/true with the probe's timeout and the
+// kubelet's deadline for the call (its runtime request timeout, 2 minutes by
+// default, beyond the probe's), and returns its latency and error.
 func probeOnce(ctx context.Context, rt criRuntime, ctr string) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute+probeTimeout*time.Second)
 	defer cancel()
 	begin := time.Now()
 	resp, err := rt.runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"/bin/true"}, Timeout: probeTimeout})
