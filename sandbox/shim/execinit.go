@@ -44,12 +44,24 @@ func (s *Settings) Bytes() ([]byte, error) {
 	return s.b, s.err
 }
 
+// SettingsValues are the values of the records of key in settings.
+func SettingsValues(settings []byte, key string) []string {
+	var out []string
+	for rec := range bytes.SplitSeq(bytes.TrimSuffix(settings, []byte{0}), []byte{0}) {
+		if v, ok := bytes.CutPrefix(rec, []byte(key+"=")); ok {
+			out = append(out, string(v))
+		}
+	}
+	return out
+}
+
 // ExecSettings are the settings of one exec: the container's (base, as
 // saved at create) with what req changes, its command, and a new pty when
 // tty. The environment is deduplicated (the last of a name wins) and an
 // empty HOME dropped, as libcontainer does; berth-exec-init adds HOME from
-// the container's /etc/passwd when none is left.
-func ExecSettings(base []byte, req *ExecRequest, tty bool) ([]byte, error) {
+// the container's /etc/passwd when none is left. inCgroup leaves out the
+// cgroups, for an exec init started in the container's (CLONE_INTO_CGROUP).
+func ExecSettings(base []byte, req *ExecRequest, tty, inCgroup bool) ([]byte, error) {
 	if len(req.Args) == 0 {
 		return nil, errors.New("exec: no command")
 	}
@@ -65,7 +77,8 @@ func ExecSettings(base []byte, req *ExecRequest, tty bool) ([]byte, error) {
 			env = append(env, v)
 			continue
 		case k == "cwd" && req.Cwd != "",
-			(k == "uid" || k == "gid" || k == "group") && req.User != nil:
+			(k == "uid" || k == "gid" || k == "group") && req.User != nil,
+			k == "cgroup" && inCgroup:
 			continue
 		}
 		s.Add(k, v)

@@ -13,27 +13,31 @@ func records(b []byte) string {
 func TestExecSettings(t *testing.T) {
 	var base Settings
 	for _, kv := range [][2]string{{"uid", "1000"}, {"gid", "1000"}, {"group", "5"}, {"cwd", "/srv"},
-		{"env", "PATH=/bin"}, {"env", "A=1"}, {"env", "HOME=/home/x"}, {"env", "A=2"}, {"cap_eff", "0"}} {
+		{"env", "PATH=/bin"}, {"env", "A=1"}, {"env", "HOME=/home/x"}, {"env", "A=2"}, {"cap_eff", "0"},
+		{"cgroup", "/sys/fs/cgroup/pod/ctr"}} {
 		base.Add(kv[0], kv[1])
 	}
 	b, err := base.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := SettingsValues(b, "env"); strings.Join(got, " ") != "PATH=/bin A=1 HOME=/home/x A=2" {
+		t.Errorf("SettingsValues(env) = %q", got)
+	}
 	for _, c := range []struct {
-		name string
-		req  ExecRequest
-		tty  bool
-		want string
+		name          string
+		req           ExecRequest
+		tty, inCgroup bool
+		want          string
 	}{
-		{"the container's, env deduplicated (the last wins)", ExecRequest{Args: []string{"sh", "-c", "x"}}, false,
-			"uid=1000\ngid=1000\ngroup=5\ncwd=/srv\ncap_eff=0\nenv=PATH=/bin\nenv=HOME=/home/x\nenv=A=2\narg=sh\narg=-c\narg=x\n"},
-		{"what the request changes; an empty HOME dropped", ExecRequest{Args: []string{"id"}, Cwd: "/tmp",
-			Env: []string{"HOME=/h", "HOME="}, User: &User{UID: 7, GID: 8, AdditionalGids: []uint32{9}}}, true,
+		{"the container's, env deduplicated (the last wins)", ExecRequest{Args: []string{"sh", "-c", "x"}}, false, false,
+			"uid=1000\ngid=1000\ngroup=5\ncwd=/srv\ncap_eff=0\ncgroup=/sys/fs/cgroup/pod/ctr\nenv=PATH=/bin\nenv=HOME=/home/x\nenv=A=2\narg=sh\narg=-c\narg=x\n"},
+		{"what the request changes; an empty HOME dropped; no cgroup to join", ExecRequest{Args: []string{"id"}, Cwd: "/tmp",
+			Env: []string{"HOME=/h", "HOME="}, User: &User{UID: 7, GID: 8, AdditionalGids: []uint32{9}}}, true, true,
 			"cap_eff=0\ncwd=/tmp\nuid=7\ngid=8\ngroup=9\narg=id\ntty=1\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := ExecSettings(b, &c.req, c.tty)
+			got, err := ExecSettings(b, &c.req, c.tty, c.inCgroup)
 			if err != nil || records(got) != c.want {
 				t.Errorf("got %q (%v), want %q", records(got), err, c.want)
 			}
@@ -45,7 +49,7 @@ func TestExecSettings(t *testing.T) {
 		{Args: []string{"sh"}, Env: []string{"A=x\x00uid=0"}},
 		{},
 	} {
-		if got, err := ExecSettings(b, &req, false); err == nil {
+		if got, err := ExecSettings(b, &req, false, false); err == nil {
 			t.Errorf("%q: settings %q, want an error", req.Args, records(got))
 		}
 	}

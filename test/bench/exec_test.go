@@ -79,10 +79,10 @@ func TestExecLatency(t *testing.T) {
 	// inside each call (what they do idle between calls, berthd's samplers,
 	// is not the exec's), and all that the shim reaped meanwhile, read once
 	// what served the execs has exited (the exec server lingers 2 s), and
-	// from once what served the execs before has; and the time per exec the
-	// threads of berthd, the shim and this client waited for a CPU.
+	// from once what served the execs before has; and how long in each exec
+	// the threads of berthd, the shim and this client waited for a CPU.
 	shim := shimPID(t, d, pod)
-	execCPU := func(n int, gap time.Duration) (lat []time.Duration, cpu, waited float64) {
+	execCPU := func(n int, gap time.Duration) (lat, waited []time.Duration, cpu float64) {
 		time.Sleep(apartGap)
 		_, _, cu0, cs0 := cpuTimes(shim)
 		var own float64
@@ -92,19 +92,20 @@ func TestExecLatency(t *testing.T) {
 			wait := runDelay(d.PID()) + runDelay(shim) + runDelay(os.Getpid())
 			lat = append(lat, execTrue())
 			own += cpuSeconds(d.PID()) + cpuSeconds(shim) - before
-			waited += runDelay(d.PID()) + runDelay(shim) + runDelay(os.Getpid()) - wait
+			wait = runDelay(d.PID()) + runDelay(shim) + runDelay(os.Getpid()) - wait
+			waited = append(waited, time.Duration(wait*float64(time.Second)))
 		}
 		time.Sleep(apartGap)
 		_, _, cu, cs := cpuTimes(shim)
-		return lat, (own + cu - cu0 + cs - cs0) / float64(n), waited / float64(n)
+		return lat, waited, (own + cu - cu0 + cs - cs0) / float64(n)
 	}
-	_, backToBack, backToBackWait := execCPU(execs, 0)
-	apart, apartCPU, apartWait := execCPU(apartExecs, apartGap)
+	_, backToBackWait, backToBack := execCPU(execs, 0)
+	apart, apartWait, apartCPU := execCPU(apartExecs, apartGap)
 	fmt.Printf("exec sync apart (/bin/true, %s after the last): p50 %s, p99 %s over %d\n", apartGap, pct(apart, 50), pct(apart, 99), apartExecs)
 	fmt.Printf("exec sync CPU per exec (berthd, the shim and what it reaped): back to back %.1f ms, %s apart %.1f ms\n",
 		backToBack*1000, apartGap, apartCPU*1000)
-	fmt.Printf("exec sync wait for a CPU per exec (berthd's, the shim's and the client's threads): back to back %.1f ms, %s apart %.1f ms\n",
-		backToBackWait*1000, apartGap, apartWait*1000)
+	fmt.Printf("exec sync wait for a CPU, p50 (berthd's, the shim's and the client's threads): back to back %s, %s apart %s\n",
+		pct(backToBackWait, 50), apartGap, pct(apartWait, 50))
 }
 
 // runDelay is how long the threads of process pid have waited on a run

@@ -37,8 +37,11 @@ type ctr struct {
 
 	// execInit is what berth-exec-init needs of it (shim.ExecInitFile),
 	// read at its first exec; nil: its execs go through libcontainer.
+	// execCgroup is its cgroup when exec inits are cloned into it (see
+	// cloneableCgroup), else "".
 	execInitOnce sync.Once
 	execInit     []byte
+	execCgroup   string
 
 	// startMu orders Create's setup and Start's started.json before the
 	// exit handling.

@@ -59,8 +59,26 @@ func (s *Server) execSettings(c *ctr) []byte {
 			fmt.Fprintf(os.Stderr, "container %s: exec init settings: %v\n", c.id, err)
 		}
 		c.execInit = b
+		c.execCgroup = cloneableCgroup(b)
 	})
 	return c.execInit
+}
+
+// cloneableCgroup is the container's cgroup when it has one and it is a
+// cgroup v2 one, else "": exec inits are then cloned into it
+// (CLONE_INTO_CGROUP) rather than moved there. A move, a write to
+// cgroup.procs, takes the kernel's cgroup_threadgroup_rwsem for writing,
+// which waits for an RCU grace period unless another move came just
+// before: on a 2-CPU node 10-30 ms for execs seconds apart, as probes
+// come, against 0.5 ms back to back (docs/performance.md). cgroup v1 has
+// no such clone; there the exec init moves itself.
+func cloneableCgroup(settings []byte) string {
+	dirs := shim.SettingsValues(settings, "cgroup")
+	var st unix.Statfs_t
+	if len(dirs) != 1 || unix.Statfs(dirs[0], &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return ""
+	}
+	return dirs[0]
 }
 
 // spawnExecInit starts req's command in c through berth-exec-init, with
@@ -68,9 +86,18 @@ func (s *Server) execSettings(c *ctr) []byte {
 // socket the pty master is sent over). It returns once the command runs
 // (its execve done), or with the error that kept it from running.
 func (s *Server) spawnExecInit(c *ctr, base []byte, req *shim.ExecRequest, tty bool, stdio [3]*os.File) (*spawned, error) {
-	settings, err := shim.ExecSettings(base, req, tty)
+	settings, err := shim.ExecSettings(base, req, tty, c.execCgroup != "")
 	if err != nil {
 		return nil, err
+	}
+	sys := &syscall.SysProcAttr{}
+	if c.execCgroup != "" {
+		cg, err := os.OpenFile(c.execCgroup, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("exec in %s: cgroup: %w", c.id, err)
+		}
+		defer cg.Close()
+		sys.UseCgroupFD, sys.CgroupFD = true, int(cg.Fd())
 	}
 	// The init's pidfd names the namespaces to join. It is closed only
 	// once the container is deleted, under s.mu; a container that exited
@@ -106,9 +133,10 @@ func (s *Server) spawnExecInit(c *ctr, base []byte, req *shim.ExecRequest, tty b
 	sp := &spawned{pidfd: -1, exited: make(chan exit, 1)}
 	// The pidfd from the clone itself: the process may exit, and be reaped,
 	// before StartProcess returns.
+	sys.PidFD = &sp.pidfd
 	attr := &os.ProcAttr{
 		Files: []*os.File{stdio[0], stdio[1], stdio[2], initFd, repW, cfgR},
-		Sys:   &syscall.SysProcAttr{PidFD: &sp.pidfd},
+		Sys:   sys,
 	}
 	sp.pid, err = s.reaper.start(func() (int, error) {
 		p, err := os.StartProcess(s.execInit.path, []string{shim.ExecInitBinary}, attr)
