@@ -6,10 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -75,53 +71,32 @@ func TestExecLatency(t *testing.T) {
 	fmt.Printf("exec stream (/bin/true, spdy): p50 %s, p99 %s over %d\n", pct(streams, 50), pct(streams, 99), execs)
 
 	// execCPU runs n ExecSyncs, gap after each other, and returns their
-	// latencies, the CPU time per exec: berthd's and the shim's own
+	// latencies and the CPU time per exec: berthd's and the shim's own
 	// inside each call (what they do idle between calls, berthd's samplers,
 	// is not the exec's), and all that the shim reaped meanwhile, read once
 	// what served the execs has exited (the exec server lingers 2 s), and
-	// from once what served the execs before has; and how long in each exec
-	// the threads of berthd, the shim and this client waited for a CPU.
+	// from once what served the execs before has.
 	shim := shimPID(t, d, pod)
-	execCPU := func(n int, gap time.Duration) (lat, waited []time.Duration, cpu float64) {
+	execCPU := func(n int, gap time.Duration) ([]time.Duration, float64) {
 		time.Sleep(apartGap)
 		_, _, cu0, cs0 := cpuTimes(shim)
+		var lat []time.Duration
 		var own float64
 		for range n {
 			time.Sleep(gap)
 			before := cpuSeconds(d.PID()) + cpuSeconds(shim)
-			wait := runDelay(d.PID()) + runDelay(shim) + runDelay(os.Getpid())
 			lat = append(lat, execTrue())
 			own += cpuSeconds(d.PID()) + cpuSeconds(shim) - before
-			wait = runDelay(d.PID()) + runDelay(shim) + runDelay(os.Getpid()) - wait
-			waited = append(waited, time.Duration(wait*float64(time.Second)))
 		}
 		time.Sleep(apartGap)
 		_, _, cu, cs := cpuTimes(shim)
-		return lat, waited, (own + cu - cu0 + cs - cs0) / float64(n)
+		return lat, (own + cu - cu0 + cs - cs0) / float64(n)
 	}
-	_, backToBackWait, backToBack := execCPU(execs, 0)
-	apart, apartWait, apartCPU := execCPU(apartExecs, apartGap)
+	_, backToBack := execCPU(execs, 0)
+	apart, apartCPU := execCPU(apartExecs, apartGap)
 	fmt.Printf("exec sync apart (/bin/true, %s after the last): p50 %s, p99 %s over %d\n", apartGap, pct(apart, 50), pct(apart, 99), apartExecs)
 	fmt.Printf("exec sync CPU per exec (berthd, the shim and what it reaped): back to back %.1f ms, %s apart %.1f ms\n",
 		backToBack*1000, apartGap, apartCPU*1000)
-	fmt.Printf("exec sync wait for a CPU, p50 (berthd's, the shim's and the client's threads): back to back %s, %s apart %s\n",
-		pct(backToBackWait, 50), apartGap, pct(apartWait, 50))
-}
-
-// runDelay is how long the threads of process pid have waited on a run
-// queue so far, in seconds (the second field of each thread's schedstat;
-// threads that exited are not counted).
-func runDelay(pid int) float64 {
-	paths, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	var ns float64
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if f := strings.Fields(string(b)); err == nil && len(f) > 1 {
-			v, _ := strconv.ParseFloat(f[1], 64)
-			ns += v
-		}
-	}
-	return ns / 1e9
 }
 
 // apartExecs ExecSyncs apartGap after each other: longer than the shim
