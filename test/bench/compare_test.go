@@ -171,7 +171,7 @@ func TestCompareContainerd(t *testing.T) {
 				}
 				// The probe rows take the runtime's CPU from its cgroup,
 				// which its shims and helpers inherit.
-				joinCPUCgroup(t, runtimeCgroup(parent), rt.daemon)
+				joinCgroup(t, runtimeCgroup(parent), rt.daemon)
 				// The warm-up round leaves out the 250 pods and the
 				// probes: the 50 pods before them have warmed what they
 				// would.

@@ -7,12 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/cgroups"
 )
 
 // The probe rows (issue #36), measured by runProbes.
@@ -70,11 +71,11 @@ func runProbes(t *testing.T, rt criRuntime, parent, image string, values map[str
 	}
 	values[rowExecBackToBack], values[rowExecApart] = ms(pct(backToBack, 50)), ms(pct(apart, 50))
 
-	cpu := runtimeCPU(parent)
+	cpu := runtimeCPU(t, parent)
 	probed := probe(t, rt, ctrs, probedPeriod, probedFor, func() {
 		values[rowPSSProbed], _ = heldMemory(rt, parent, probedPods, map[part]memUse{})
 	})
-	values[rowCPUProbed] = (runtimeCPU(parent) - cpu) / float64(len(probed.lat)) * 1000
+	values[rowCPUProbed] = (runtimeCPU(t, parent) - cpu) / float64(len(probed.lat)) * 1000
 	values[rowExecProbed] = ms(pct(probed.lat, 50))
 	t.Logf("%s: %d pods probed every %s: %d execs, %d over %d s", rt.name, probedPods, probedPeriod, len(probed.lat), probed.over, probeTimeout)
 
@@ -82,14 +83,14 @@ func runProbes(t *testing.T, rt criRuntime, parent, image string, values map[str
 	for _, id := range ids[len(ctrs):] {
 		ctrs = append(ctrs, listContainers(t, rt, id))
 	}
-	cpu = runtimeCPU(parent)
+	cpu = runtimeCPU(t, parent)
 	stop := make(chan struct{})
 	churned := make(chan int)
 	go func() { churned <- churn(t, rt, parent, image, stop) }()
 	storm := probe(t, rt, ctrs, stormPeriod, stormFor, func() {})
 	close(stop)
 	cycles := <-churned
-	values[rowStormCPU] = (runtimeCPU(parent) - cpu) / float64(len(storm.lat)) * 1000
+	values[rowStormCPU] = (runtimeCPU(t, parent) - cpu) / float64(len(storm.lat)) * 1000
 	values[rowStormP50], values[rowStormP99] = ms(pct(storm.lat, 50)), ms(pct(storm.lat, 99))
 	values[rowStormOver] = float64(storm.over)
 	t.Logf("%s: %d pods probed every %s with %d churning: %d execs, %d over %d s (%d failed: %v); %d pods started and removed meanwhile",
@@ -213,46 +214,43 @@ func churn(t *testing.T, rt criRuntime, parent, image string, stop <-chan struct
 // so that the pods' memory rows do not count the daemon as a pod's.
 func runtimeCgroup(parent string) string { return parent + "-runtime" }
 
-// joinCPUCgroup moves pid into cgroup cg of the CPU accounting hierarchy
-// (cpuacct on cgroup v1, the unified one on v2), made if missing.
-func joinCPUCgroup(t *testing.T, cg string, pid int) {
-	dir := cpuCgroupDir(cg)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
+// joinCgroup moves pid into cgroup cg, made if missing: of the unified
+// hierarchy (v2), or of the v1 hierarchies whose files cgroups.Manager's
+// Stats reads (a new cpuset cgroup, for one, would take no process before
+// its cpus and mems are set).
+func joinCgroup(t *testing.T, cg string, pid int) {
+	dirs := []string{filepath.Join("/sys/fs/cgroup", cg)}
+	if cgroups.DetectMode() == cgroups.V1 {
+		dirs = nil
+		for _, h := range []string{"cpuacct", "memory", "pids"} {
+			dirs = append(dirs, filepath.Join("/sys/fs/cgroup", h, cg))
+		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		t.Fatal(err)
+	for _, dir := range dirs {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
 // runtimeCPU is the CPU seconds so far of the runtime's cgroup and of the
-// pods' (exited processes and removed child cgroups included).
-func runtimeCPU(parent string) float64 {
-	return cgroupCPU(runtimeCgroup(parent)) + cgroupCPU(parent)
-}
-
-// cgroupCPU is the CPU seconds of cgroup cg and its descendants: 0 if it
-// has none (yet).
-func cgroupCPU(cg string) float64 {
-	dir := cpuCgroupDir(cg)
-	if b, err := os.ReadFile(filepath.Join(dir, "cpuacct.usage")); err == nil {
-		ns, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
-		return ns / 1e9
+// pods' (exited processes and removed child cgroups included), read as
+// berth reads a cgroup's.
+func runtimeCPU(t *testing.T, parent string) float64 {
+	m, err := cgroups.New(cgroups.Cgroupfs)
+	if err != nil {
+		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(filepath.Join(dir, "cpu.stat"))
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-			us, _ := strconv.ParseFloat(v, 64)
-			return us / 1e6
+	var ns uint64
+	for _, cg := range []string{runtimeCgroup(parent), parent} {
+		st, err := m.Stats(cg)
+		if err != nil {
+			t.Fatalf("CPU of cgroup %s: %v", cg, err)
 		}
+		ns += st.CPUUsageNanos
 	}
-	return 0
-}
-
-// cpuCgroupDir is cg in cgroup v1's cpuacct hierarchy, or the unified one.
-func cpuCgroupDir(cg string) string {
-	if _, err := os.Stat("/sys/fs/cgroup/cpuacct"); err == nil {
-		return filepath.Join("/sys/fs/cgroup/cpuacct", cg)
-	}
-	return filepath.Join("/sys/fs/cgroup", cg)
+	return float64(ns) / 1e9
 }
