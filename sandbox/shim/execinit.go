@@ -44,8 +44,25 @@ func (s *Settings) Bytes() ([]byte, error) {
 	return s.b, s.err
 }
 
-// SettingsValues are the values of the records of key in settings.
-func SettingsValues(settings []byte, key string) []string {
+// CloneableCgroup is the container's cgroup in its exec init settings when
+// it has one and it is a cgroup v2 one, else "": the shim then clones exec
+// inits into it (CLONE_INTO_CGROUP) rather than have them move there. A
+// move, a write to cgroup.procs, takes the kernel's cgroup_threadgroup_rwsem
+// for writing, which waits for an RCU grace period unless another move came
+// just before: on a 2-CPU node 10-30 ms for execs seconds apart, as probes
+// come, against 0.5 ms back to back (docs/performance.md). cgroup v1 has no
+// such clone; there the exec init moves itself.
+func CloneableCgroup(settings []byte) string {
+	dirs := settingsValues(settings, "cgroup")
+	var st unix.Statfs_t
+	if len(dirs) != 1 || unix.Statfs(dirs[0], &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return ""
+	}
+	return dirs[0]
+}
+
+// settingsValues are the values of the records of key in settings.
+func settingsValues(settings []byte, key string) []string {
 	var out []string
 	for rec := range bytes.SplitSeq(bytes.TrimSuffix(settings, []byte{0}), []byte{0}) {
 		if v, ok := bytes.CutPrefix(rec, []byte(key+"=")); ok {

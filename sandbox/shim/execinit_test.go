@@ -1,8 +1,12 @@
 package shim
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // records reads settings back as "key=value" lines.
@@ -21,8 +25,8 @@ func TestExecSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := SettingsValues(b, "env"); strings.Join(got, " ") != "PATH=/bin A=1 HOME=/home/x A=2" {
-		t.Errorf("SettingsValues(env) = %q", got)
+	if got := settingsValues(b, "env"); strings.Join(got, " ") != "PATH=/bin A=1 HOME=/home/x A=2" {
+		t.Errorf("settingsValues(env) = %q", got)
 	}
 	for _, c := range []struct {
 		name          string
@@ -51,6 +55,52 @@ func TestExecSettings(t *testing.T) {
 	} {
 		if got, err := ExecSettings(b, &req, false, false); err == nil {
 			t.Errorf("%q: settings %q, want an error", req.Args, records(got))
+		}
+	}
+}
+
+// TestCloneableCgroup: an exec init is cloned into the container's cgroup
+// only when that is its one cgroup and a cgroup v2 one; cgroup v1 (one
+// folder per hierarchy) and anything else leave the move to the exec init.
+func TestCloneableCgroup(t *testing.T) {
+	unified := "/sys/fs/cgroup"
+	var st unix.Statfs_t
+	if unix.Statfs(unified, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		unified = "/sys/fs/cgroup/unified" // a hybrid host's v2 hierarchy
+		if unix.Statfs(unified, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+			t.Skip("no cgroup v2 hierarchy mounted")
+		}
+	}
+	settings := func(dirs ...string) []byte {
+		var s Settings
+		s.Add("uid", "0")
+		for _, d := range dirs {
+			s.Add("cgroup", d)
+		}
+		b, err := s.Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	plain := t.TempDir()
+	v1 := filepath.Join("/sys/fs/cgroup", "pids")
+	if _, err := os.Stat(v1); err != nil {
+		v1 = plain
+	}
+	for _, c := range []struct {
+		name string
+		dirs []string
+		want string
+	}{
+		{"one v2 cgroup", []string{unified}, unified},
+		{"none", nil, ""},
+		{"a folder that is no cgroup", []string{plain}, ""},
+		{"v1, or v2 beside v1", []string{v1, unified}, ""},
+		{"missing", []string{filepath.Join(unified, "no-such-cgroup")}, ""},
+	} {
+		if got := CloneableCgroup(settings(c.dirs...)); got != c.want {
+			t.Errorf("%s: CloneableCgroup(%q) = %q, want %q", c.name, c.dirs, got, c.want)
 		}
 	}
 }

@@ -38,7 +38,7 @@ type ctr struct {
 	// execInit is what berth-exec-init needs of it (shim.ExecInitFile),
 	// read at its first exec; nil: its execs go through libcontainer.
 	// execCgroup is its cgroup when exec inits are cloned into it (see
-	// cloneableCgroup), else "".
+	// shim.CloneableCgroup), else "".
 	execInitOnce sync.Once
 	execInit     []byte
 	execCgroup   string

@@ -59,26 +59,9 @@ func (s *Server) execSettings(c *ctr) []byte {
 			fmt.Fprintf(os.Stderr, "container %s: exec init settings: %v\n", c.id, err)
 		}
 		c.execInit = b
-		c.execCgroup = cloneableCgroup(b)
+		c.execCgroup = shim.CloneableCgroup(b)
 	})
 	return c.execInit
-}
-
-// cloneableCgroup is the container's cgroup when it has one and it is a
-// cgroup v2 one, else "": exec inits are then cloned into it
-// (CLONE_INTO_CGROUP) rather than moved there. A move, a write to
-// cgroup.procs, takes the kernel's cgroup_threadgroup_rwsem for writing,
-// which waits for an RCU grace period unless another move came just
-// before: on a 2-CPU node 10-30 ms for execs seconds apart, as probes
-// come, against 0.5 ms back to back (docs/performance.md). cgroup v1 has
-// no such clone; there the exec init moves itself.
-func cloneableCgroup(settings []byte) string {
-	dirs := shim.SettingsValues(settings, "cgroup")
-	var st unix.Statfs_t
-	if len(dirs) != 1 || unix.Statfs(dirs[0], &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
-		return ""
-	}
-	return dirs[0]
 }
 
 // spawnExecInit starts req's command in c through berth-exec-init, with
