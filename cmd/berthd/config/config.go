@@ -39,6 +39,7 @@ type Config struct {
 	CDI        CDI        `toml:"cdi"`
 	Storage    Storage    `toml:"storage"`
 	Checkpoint Checkpoint `toml:"checkpoint"`
+	NRI        NRI        `toml:"nri"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000"):
 	// the [registry."HOST"] tables over the hosts of RegistryConfigPath.
 	Registries map[string]registry.Host `toml:"-"`
@@ -142,6 +143,26 @@ type Checkpoint struct {
 	CRIUConfig string `toml:"criu_config"`
 }
 
+// NRI holds the [nri] table: hosting Node Resource Interface plugins, with
+// containerd's key names and meanings, so that a node's settings carry over.
+type NRI struct {
+	// Disable turns NRI off; true by default (see Default).
+	Disable bool `toml:"disable"`
+	// SocketPath is where plugins started outside berthd connect.
+	SocketPath string `toml:"socket_path"`
+	// PluginPath holds the plugins berthd starts itself (IDX-NAME).
+	PluginPath string `toml:"plugin_path"`
+	// PluginConfigPath holds the configuration of the plugins berthd starts.
+	PluginConfigPath string `toml:"plugin_config_path"`
+	// PluginRegistrationTimeout bounds a plugin's registration.
+	PluginRegistrationTimeout Duration `toml:"plugin_registration_timeout"`
+	// PluginRequestTimeout bounds each request to a plugin: one that does
+	// not answer in time is dropped.
+	PluginRequestTimeout Duration `toml:"plugin_request_timeout"`
+	// DisableConnections: only the plugins of plugin_path, no socket.
+	DisableConnections bool `toml:"disable_connections"`
+}
+
 // ContainerRoot is where writable layers go: [storage] container_root, or
 // root when unset (also root as --root set it).
 func (c *Config) ContainerRoot() string {
@@ -220,7 +241,17 @@ func Default() *Config {
 		// The CDI specification's folders: static specs, then those
 		// drivers write at run time.
 		CDI: CDI{SpecDirs: []string{"/etc/cdi", "/var/run/cdi"}},
+		// Off unless the operator turns it on: its socket lets any process
+		// that reaches it change every container of the node.
+		NRI: DefaultNRI(),
 	}
+}
+
+// DefaultNRI is the [nri] table's defaults, containerd's paths and timeouts.
+func DefaultNRI() NRI {
+	return NRI{Disable: true, SocketPath: "/var/run/nri/nri.sock", PluginPath: "/opt/nri/plugins",
+		PluginConfigPath: "/etc/nri/conf.d", PluginRegistrationTimeout: Duration{5 * time.Second},
+		PluginRequestTimeout: Duration{2 * time.Second}}
 }
 
 // Load reads the TOML file at path over the defaults. When mustExist is false a

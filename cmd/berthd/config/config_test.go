@@ -69,6 +69,8 @@ func TestDefaults(t *testing.T) {
 		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
 		Tracing: Tracing{SamplingRate: 1},
 		CDI:     CDI{SpecDirs: []string{"/etc/cdi", "/var/run/cdi"}},
+		NRI: NRI{Disable: true, SocketPath: "/var/run/nri/nri.sock", PluginPath: "/opt/nri/plugins", PluginConfigPath: "/etc/nri/conf.d",
+			PluginRegistrationTimeout: Duration{5 * time.Second}, PluginRequestTimeout: Duration{2 * time.Second}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults = %+v, want %+v", c, want)
@@ -120,6 +122,15 @@ cni_cache_dir = "/var/cache/berth-cni"
 [cdi]
 spec_dirs = ["/etc/cdi", "/run/vendor-cdi"]
 
+[nri]
+disable = false
+socket_path = "/run/nri/berth.sock"
+plugin_path = "/usr/libexec/nri"
+plugin_config_path = "/etc/berth/nri"
+plugin_registration_timeout = "10s"
+plugin_request_timeout = "500ms"
+disable_connections = true
+
 [registry."docker.io"]
 mirrors = ["https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"]
 username = "u"
@@ -147,6 +158,9 @@ skip_verify = false
 		Stream:  Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
 		Tracing: Tracing{SamplingRate: 1},
 		CDI:     CDI{SpecDirs: []string{"/etc/cdi", "/run/vendor-cdi"}},
+		NRI: NRI{SocketPath: "/run/nri/berth.sock", PluginPath: "/usr/libexec/nri", PluginConfigPath: "/etc/berth/nri",
+			PluginRegistrationTimeout: Duration{10 * time.Second}, PluginRequestTimeout: Duration{500 * time.Millisecond},
+			DisableConnections: true},
 		Registries: map[string]registry.Host{
 			"docker.io": {
 				Mirrors:  []string{"https://mirror.example/v2", "127.0.0.1:5000", "http://[::1]:5001"},
@@ -197,6 +211,11 @@ func TestBadFiles(t *testing.T) {
 		{"cni bin dirs not a list", "[network]\ncni_bin_dirs = \"/opt/cni/bin\"", []string{"cni_bin_dirs"}},
 		{"relative cdi spec dir", "[cdi]\nspec_dirs = [\"/etc/cdi\", \"cdi\"]", []string{`cdi.spec_dirs[1] = "cdi"`, "absolute"}},
 		{"cdi spec dir twice", "[cdi]\nspec_dirs = [\"/etc/cdi\", \"/etc/cdi\"]", []string{`cdi.spec_dirs[1] = "/etc/cdi"`, "twice"}},
+		{"relative nri plugin path", "[nri]\nplugin_path = \"nri\"", []string{`nri.plugin_path = "nri"`, "absolute"}},
+		{"relative nri socket", "[nri]\nsocket_path = \"nri.sock\"", []string{`nri.socket_path = "nri.sock"`, "absolute"}},
+		{"zero nri request timeout", "[nri]\nplugin_request_timeout = \"0s\"", []string{`nri.plugin_request_timeout = "0s"`, "greater than 0"}},
+		{"nri timeout as a number", "[nri]\nplugin_registration_timeout = 5", []string{"plugin_registration_timeout"}},
+		{"unknown nri key", "[nri]\nenable = true", []string{`unknown key "nri.enable"`}},
 		{"cdi spec dirs not a list", "[cdi]\nspec_dirs = \"/etc/cdi\"", []string{"spec_dirs"}},
 		{"unknown cdi key", "[cdi]\nspec_dir = [\"/etc/cdi\"]", []string{`unknown key "cdi.spec_dir"`}},
 		{"relative cni cache dir", "[network]\ncni_cache_dir = \"cache\"", []string{`network.cni_cache_dir = "cache"`, "absolute"}},

@@ -96,6 +96,7 @@ func (c *Config) validate() error {
 	c.Stream.validate(&p)
 	c.Tracing.validate(&p)
 	c.CDI.validate(&p)
+	c.NRI.validate(&p)
 	if a := c.Metrics.Address; a != "" {
 		if err := listenAddress(a); err != nil {
 			p.add(badValue("metrics.address", a, err))
@@ -201,6 +202,26 @@ func (c CDI) validate(p *problems) {
 			p.add(badValue(key, d, err))
 		} else if slices.Contains(c.SpecDirs[:i], d) {
 			p.add(badValue(key, d, errors.New("is named twice")))
+		}
+	}
+}
+
+func (n NRI) validate(p *problems) {
+	for _, ch := range []struct {
+		key, val string
+		check    func(string) error
+	}{{"nri.socket_path", n.SocketPath, socketPath}, {"nri.plugin_path", n.PluginPath, absPath},
+		{"nri.plugin_config_path", n.PluginConfigPath, absPath}} {
+		if err := ch.check(ch.val); err != nil {
+			p.add(badValue(ch.key, ch.val, err))
+		}
+	}
+	for _, t := range []struct {
+		key string
+		d   Duration
+	}{{"nri.plugin_registration_timeout", n.PluginRegistrationTimeout}, {"nri.plugin_request_timeout", n.PluginRequestTimeout}} {
+		if t.d.Duration <= 0 {
+			p.add(badValue(t.key, t.d.String(), errors.New("must be greater than 0")))
 		}
 	}
 }
