@@ -12,6 +12,7 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/image"
+	"github.com/berth-runtime/berth/sandbox/nri"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -28,6 +29,8 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	if err := m.checkContainerConfig(cfg); err != nil {
 		return nil, err
 	}
+	// Before the pod lock: a plugin's sync, which this blocks, takes pod locks.
+	defer m.opts.NRI.BlockSync()()
 	pod, unlock, err := m.lockPod(podID)
 	if pod == nil {
 		if err == nil {
@@ -67,6 +70,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}
 	m.store.Publish(store.EventContainerCreated, r.c.PodID, r.c.ID)
 	m.metrics.ObserveTimeline("container", r.c.Timeline)
+	m.opts.NRI.PostCreateContainer(ctx, pod, m.nriContainer(r.c))
 	return r.c, nil
 }
 
@@ -236,18 +240,27 @@ func (r *containerCreate) mountImageVolumes() error {
 	return err
 }
 
-// writeSpec writes the container's OCI spec into its bundle, and makes its
-// log's folder.
+// writeSpec writes the container's OCI spec, as NRI plugins adjust it,
+// into its bundle, and makes its log's folder.
 func (r *containerCreate) writeSpec() error {
 	s, err := r.m.spec(r.pod, r.c, r.img, r.layout.Target, r.imageVolumes, r.pidNS, r.specResources)
 	if err != nil {
+		return err
+	}
+	// Registered first: a plugin that answered before another refused has
+	// been told of the container.
+	r.u.add("tell NRI plugins the container is gone", func() error {
+		r.m.opts.NRI.RemoveContainer(r.ctx, r.pod, nri.Container{Rec: r.c})
+		return nil
+	})
+	if err := r.m.opts.NRI.CreateContainer(r.ctx, r.pod, nri.Container{Rec: r.c, Spec: s}); err != nil {
 		return err
 	}
 	if err := checkIDMappable(s, r.pod.Pins[string(podns.User)]); err != nil {
 		return err
 	}
 	r.c.User = &s.Process.User
-	r.c.Resources = r.specResources
+	r.c.Resources = recordedResources(s)
 	if err := writeJSON(filepath.Join(r.m.bundleDir(r.pod.ID, r.c.ID), "config.json"), s); err != nil {
 		return err
 	}

@@ -11,9 +11,11 @@ import (
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/sandbox/nri"
 	"github.com/berth-runtime/berth/sandbox/rootfs"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/store"
+	"github.com/containerd/nri/pkg/api"
 )
 
 func (m *Manager) layout(c *store.Container, lowers []string) rootfs.Layout {
@@ -60,12 +62,20 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	pod, err := m.GetPod(c.PodID)
+	if err != nil {
+		return err
+	}
+	if err := m.opts.NRI.StartContainer(ctx, pod, m.nriContainer(c)); err != nil {
+		return err
+	}
 	t := newTimeline(ctx)
 	st, err := client.Start(ctx, c.ID)
 	if err != nil {
 		return err
 	}
 	m.setContainerState(c.PodID, st)
+	m.opts.NRI.PostStartContainer(ctx, pod, m.nriContainer(c))
 	crashpoint.Hit("start container", "started")
 	t.step("start")
 	m.metrics.ObserveTimeline("container", t.steps)
@@ -108,6 +118,9 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *store.Container, t
 		}
 		crashpoint.Hit("stop container", "signalled")
 		if exited, err := m.waitExit(ctx, client, c, timeout); err != nil || exited {
+			if exited {
+				m.tellNRIStopped(ctx, c)
+			}
 			return err
 		}
 	}
@@ -120,7 +133,17 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *store.Container, t
 		// kubelet go on as if it were gone.
 		return errkind.Errorf(errkind.DeadlineExceeded, "container %s still runs %v after SIGKILL", c.ID, killGrace)
 	}
+	if err == nil {
+		m.tellNRIStopped(ctx, c)
+	}
 	return err
+}
+
+// tellNRIStopped tells NRI plugins the container stopped.
+func (m *Manager) tellNRIStopped(ctx context.Context, c *store.Container) {
+	if pod, err := m.GetPod(c.PodID); err == nil {
+		m.opts.NRI.StopContainer(ctx, pod, m.nriContainer(c))
+	}
 }
 
 // ignoreNeverMade: a container the shim does not know, while its pod is
@@ -207,6 +230,9 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *store.Container)
 	crashpoint.Hit("remove container", "image released")
 	if err := m.store.DeleteContainer(c.ID); err != nil {
 		return err
+	}
+	if pod, err := m.GetPod(c.PodID); err == nil {
+		m.opts.NRI.RemoveContainer(ctx, pod, nri.Container{Rec: c, State: api.ContainerState_CONTAINER_STOPPED})
 	}
 	m.store.Publish(store.EventContainerDeleted, c.PodID, c.ID)
 	return nil

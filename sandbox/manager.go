@@ -13,6 +13,7 @@ import (
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
 	"github.com/berth-runtime/berth/sandbox/cdi"
+	"github.com/berth-runtime/berth/sandbox/nri"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/stats"
@@ -45,6 +46,8 @@ type Options struct {
 	// CRIUConfig is the file of the CRIU configuration every checkpoint
 	// takes, read at each ([checkpoint] criu_config); "": none.
 	CRIUConfig string
+	// NRI hosts the node's NRI plugins, started with the manager; nil: off.
+	NRI *nri.Host
 }
 
 // Manager runs pod sandboxes and their containers.
@@ -107,6 +110,10 @@ func New(opts Options) (*Manager, error) {
 	m.features = probeKernelFeatures(opts.Root, opts.Logger)
 	m.metrics = stats.NewMetrics(opts.Metrics, m.store, m.shimUsage, opts.Logger)
 	if err := m.recover(); err != nil {
+		return nil, err
+	}
+	// After recovery: a plugin's first snapshot has every pod and container.
+	if err := opts.NRI.Start(nriRuntime{m}); err != nil {
 		return nil, err
 	}
 	go m.stats.Run()

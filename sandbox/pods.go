@@ -119,6 +119,7 @@ func (m *Manager) stopPodLocked(ctx context.Context, pod *store.Pod) error {
 	if pod.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY && pod.PausePID == 0 {
 		return nil
 	}
+	m.opts.NRI.StopPodSandbox(ctx, pod)
 	return m.podNotReady(pod)
 }
 
@@ -209,6 +210,7 @@ func (m *Manager) RemovePod(ctx context.Context, id string) error {
 	if err := m.store.DeletePod(pod.ID); err != nil {
 		return err
 	}
+	m.opts.NRI.RemovePodSandbox(ctx, pod)
 	m.store.PublishPod(store.EventContainerDeleted, pod, pod.ID)
 	return nil
 }

@@ -23,6 +23,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 	if err != nil {
 		return nil, err
 	}
+	defer m.opts.NRI.BlockSync()() // before the pod lock, as in CreateContainer
 	unlock := m.pods.lock(r.pod.ID)
 	defer unlock()
 	if err := m.reservePod(r.pod); err != nil {
@@ -45,6 +46,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		{"files", r.writeFiles, false},
 		{"shim", r.awaitShim, false},
 		{"pause", r.startPause, ns.Pid != runtimeapi.NamespaceMode_POD},
+		{"nri", r.tellNRI, false},
 	})
 	if err != nil {
 		return nil, err
@@ -297,4 +299,15 @@ func (m *Manager) reservePod(pod *store.Pod) error {
 		}
 	}
 	return m.store.SavePod(pod)
+}
+
+// tellNRI tells NRI plugins of the pod, whose refusal fails it.
+func (r *podStart) tellNRI() error {
+	// Registered first: a plugin that answered before another refused has
+	// been told of the pod.
+	r.u.add("tell NRI plugins the pod is gone", func() error {
+		r.m.opts.NRI.RemovePodSandbox(r.ctx, r.pod)
+		return nil
+	})
+	return r.m.opts.NRI.RunPodSandbox(r.ctx, r.pod)
 }

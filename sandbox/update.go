@@ -7,6 +7,8 @@ import (
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/store"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -14,15 +16,31 @@ import (
 // UpdateResources changes a created or running container's cgroup limits
 // (the kubelet's in-place resize).
 func (m *Manager) UpdateResources(ctx context.Context, id string, res *runtimeapi.LinuxContainerResources) error {
+	specRes, err := cgroups.SpecResources(res, m.opts.Cgroups.Mode(), 0)
+	if err != nil {
+		return errkind.Errorf(errkind.Invalid, "linux: %v", err)
+	}
 	c, unlock, err := m.lockContainer(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	specRes, err := cgroups.SpecResources(res, m.opts.Cgroups.Mode(), 0)
+	pod, err := m.GetPod(c.PodID)
 	if err != nil {
-		return errkind.Errorf(errkind.Invalid, "linux: %v", err)
+		return err
 	}
+	if specRes, err = m.opts.NRI.UpdateContainer(ctx, pod, m.nriContainer(c), specRes); err != nil {
+		return err
+	}
+	if err := m.setResourcesLocked(ctx, c, specRes); err != nil {
+		return err
+	}
+	m.opts.NRI.PostUpdateContainer(ctx, pod, m.nriContainer(c))
+	return nil
+}
+
+// setResourcesLocked sets the container's limits in its cgroup and record.
+func (m *Manager) setResourcesLocked(ctx context.Context, c *store.Container, specRes *specs.LinuxResources) error {
 	client, err := m.podShim(c.PodID)
 	if err == nil {
 		err = client.Update(ctx, shim.UpdateRequest{ID: c.ID, Resources: specRes})

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/berth-runtime/berth/network/cni"
 	"github.com/berth-runtime/berth/sandbox"
 	"github.com/berth-runtime/berth/sandbox/cdi"
+	"github.com/berth-runtime/berth/sandbox/nri"
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
@@ -128,14 +130,19 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
+	nriHost, err := newNRI(cfg.NRI, log.With("component", "nri"), metrics.Registerer())
+	if err != nil {
+		return err
+	}
 	pods, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, ContainerRoot: cfg.ContainerRoot(), State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
 		ShimBinary: shimBinary, PauseBinary: pauseBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
-		CDI: cdi.New(cfg.CDI.SpecDirs), CRIUConfig: cfg.Checkpoint.CRIUConfig,
+		CDI: cdi.New(cfg.CDI.SpecDirs), CRIUConfig: cfg.Checkpoint.CRIUConfig, NRI: nriHost,
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)
 	}
+	defer nriHost.Stop() // the plugins berthd started go with it
 
 	streams, err := cri.NewStreamServer(cri.StreamOptions{
 		Address: cfg.Stream.Address, Port: cfg.Stream.Port, IdleTimeout: cfg.Stream.IdleTimeout.Duration,
@@ -286,4 +293,18 @@ func findPause(shimBinary string) (string, error) {
 		return "", fmt.Errorf("berth-pause not found beside berth-shim (%w): install it there", err)
 	}
 	return pause, nil
+}
+
+// newNRI is the host of NRI plugins [nri] asks for; nil when it is off.
+func newNRI(c config.NRI, log *slog.Logger, reg prometheus.Registerer) (*nri.Host, error) {
+	if c.Disable {
+		return nil, nil
+	}
+	h, err := nri.New(nri.Options{SocketPath: c.SocketPath, PluginPath: c.PluginPath, PluginConfigPath: c.PluginConfigPath,
+		RegistrationTimeout: c.PluginRegistrationTimeout.Duration, RequestTimeout: c.PluginRequestTimeout.Duration,
+		DisableConnections: c.DisableConnections, Version: cri.RuntimeVersion, Logger: log, Metrics: reg})
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
 }
