@@ -149,6 +149,8 @@ for t in $tests; do
 		args=(-test.v -test.count=1 -test.timeout=40m -test.run="$integration_run" -test.skip="$integration_skip")
 		# TestCRIMetricsFigures' container program: the VM has no Go.
 		CGO_ENABLED=0 GOFLAGS= $GO build -trimpath -o "$root/berth/tests/metered" ./test/integration/testdata/metered
+		# The NRI tests' plugin, likewise.
+		CGO_ENABLED=0 GOFLAGS= $GO build -trimpath -o "$root/berth/tests/nriplugin" ./test/integration/testdata/nriplugin
 		if [[ -n $integration_skip ]]; then
 			echo "test-vm: integration tests skipped in the VM: $integration_skip (BERTH_VM_SKIP)"
 		fi
@@ -178,7 +180,7 @@ for t in $tests; do
 	$GO test -c "${static[@]}" -o "$root/berth/tests/$t.test" "$pkg"
 	printf 'run_test %q' "$t" >>"$plan"
 	[[ $t == critest ]] && printf ' env BERTH_CRITEST_BIN=/berth/tests/critest' >>"$plan"
-	[[ $t == integration ]] && printf ' env BERTH_METERED_BIN=/berth/tests/metered' >>"$plan"
+	[[ $t == integration ]] && printf ' env BERTH_METERED_BIN=/berth/tests/metered BERTH_NRIPLUGIN_BIN=/berth/tests/nriplugin' >>"$plan"
 	printf ' %q' "/berth/tests/$t.test" >>"$plan"
 	printf ' %q' "${args[@]}" >>"$plan"
 	echo >>"$plan"

@@ -1,0 +1,403 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// nriEnv is a berthd hosting NRI plugins on a socket of its own, and the
+// test plugin (testdata/nriplugin) to run against it.
+type nriEnv struct {
+	*podEnv
+	socket, pluginDir, plugin string
+}
+
+// buildNRIPlugin returns the test plugin: BERTH_NRIPLUGIN_BIN (the VM
+// tier's, built on the host), else built here.
+func buildNRIPlugin(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("BERTH_NRIPLUGIN_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "nriplugin")
+	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, "./testdata/nriplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build the NRI plugin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startNRIEnv starts a berthd with NRI on: its socket in a short temp
+// folder, its plugin_path (and plugin_config_path) pluginDir, and extra
+// [nri] keys.
+func startNRIEnv(t *testing.T, extraNRI string) *nriEnv {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "nri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	e := &nriEnv{socket: filepath.Join(sockDir, "nri.sock"), pluginDir: t.TempDir(), plugin: buildNRIPlugin(t)}
+	toml := fmt.Sprintf("[nri]\ndisable = false\nsocket_path = %q\nplugin_path = %q\nplugin_config_path = %q\n%s",
+		e.socket, e.pluginDir, e.pluginDir, extraNRI)
+	e.podEnv = startPodEnvTOML(t, v1.Config{}, metricsTOML+toml)
+	return e
+}
+
+// pluginConfig is the test plugin's configuration (testdata/nriplugin).
+type pluginConfig struct {
+	Match        string            `json:"match"`
+	Events       string            `json:"events,omitempty"`
+	Env          map[string]string `json:"env,omitempty"`
+	Annotations  map[string]string `json:"annotations,omitempty"`
+	Mount        *api.Mount        `json:"mount,omitempty"`
+	Rlimit       *api.POSIXRlimit  `json:"rlimit,omitempty"`
+	Cpuset       string            `json:"cpuset,omitempty"`
+	MemoryLimit  int64             `json:"memoryLimit,omitempty"`
+	Device       *api.LinuxDevice  `json:"device,omitempty"`
+	Hook         *api.Hook         `json:"hook,omitempty"`
+	OOMScoreAdj  *int              `json:"oomScoreAdj,omitempty"`
+	Sysctl       map[string]string `json:"sysctl,omitempty"`
+	SyncCpuset   string            `json:"syncCpuset,omitempty"`
+	UpdateCpuset string            `json:"updateCpuset,omitempty"`
+	Reject       string            `json:"reject,omitempty"`
+	Hang         bool              `json:"hang,omitempty"`
+	Crash        bool              `json:"crash,omitempty"`
+}
+
+// startPlugin runs the test plugin as NAME against berthd's socket and
+// waits until berthd has it registered and synchronised.
+func (e *nriEnv) startPlugin(t *testing.T, name string, cfg pluginConfig) *exec.Cmd {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(e.plugin, "-socket", e.socket, "-name", name, "-config", string(b))
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("plugin %s output:\n%s", name, out)
+		}
+	})
+	// As berthd's text log quotes it.
+	e.waitLog(t, fmt.Sprintf(`plugin \"50-%s\" connected and synchronized`, name))
+	return cmd
+}
+
+// waitLog waits up to 20 s for berthd to log line.
+func (e *nriEnv) waitLog(t *testing.T, line string) {
+	t.Helper()
+	if !eventually(20*time.Second, func() bool { return strings.Contains(e.d.Logs(), line) }) {
+		t.Fatalf("berthd did not log %q", line)
+	}
+}
+
+// cpusAllowed is the CPUs the container's processes may run on.
+func (e *nriEnv) cpusAllowed(t *testing.T, ctr string) string {
+	t.Helper()
+	return e.sh(t, ctr, "sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status")
+}
+
+// specOf is the container's OCI spec, from its verbose status.
+func (e *nriEnv) specOf(t *testing.T, ctr string) map[string]any {
+	t.Helper()
+	resp, err := e.d.Runtime.ContainerStatus(t.Context(), &runtimeapi.ContainerStatusRequest{ContainerId: ctr, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct{ Spec map[string]any }
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil {
+		t.Fatal(err)
+	}
+	return info.Spec
+}
+
+// TestNRIAdjustments runs a container a plugin adjusts (environment,
+// annotations, a mount, an rlimit, cpuset, memory limit, a device, an OCI
+// hook, OOM score) and sees each in the running container, and a
+// container the plugin leaves alone without any.
+func TestNRIAdjustments(t *testing.T) {
+	t.Parallel()
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs: a cpuset of CPU 0 would be every CPU")
+	}
+	e := startNRIEnv(t, "")
+	shared, hookDir := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(shared, "greeting"), []byte("from-nri"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	oom := 123
+	e.startPlugin(t, "adjuster", pluginConfig{
+		Match:       "adjusted",
+		Env:         map[string]string{"NRI_ADJUSTED": "yes"},
+		Annotations: map[string]string{"berth.test/nri": "annotated"},
+		Mount:       &api.Mount{Source: shared, Destination: "/nri-mount", Type: "bind", Options: []string{"rbind", "ro"}},
+		Rlimit:      &api.POSIXRlimit{Type: "RLIMIT_NOFILE", Soft: 1111, Hard: 2222},
+		Cpuset:      "0",
+		MemoryLimit: 96 << 20,
+		Device:      &api.LinuxDevice{Path: "/dev/nri-null", Type: "c", Major: 1, Minor: 3, FileMode: api.FileMode(0o666)},
+		Hook:        &api.Hook{Path: "/bin/sh", Args: []string{"sh", "-c", "cat > " + hookDir + "/state-$$.json"}},
+		OOMScoreAdj: &oom,
+	})
+	cfg := e.podConfig("nri-adjust")
+	pod := e.runPod(t, cfg)
+	adjusted := e.runContainer(t, pod, cfg, e.ctrConfig("adjusted", sleeper...))
+	plain := e.runContainer(t, pod, cfg, e.ctrConfig("plain", sleeper...))
+
+	memFile := "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+	if cgroupV2() {
+		memFile = "/sys/fs/cgroup/memory.max"
+	}
+	checks := []struct {
+		what, script, want string
+	}{
+		{"env", "echo ${NRI_ADJUSTED:-unset}", "yes"},
+		{"mount", "cat /nri-mount/greeting 2>/dev/null || echo none", "from-nri"},
+		{"rlimit", "awk '/Max open files/ {print $4, $5}' /proc/self/limits", "1111 2222"},
+		{"memory limit", "cat " + memFile, "100663296"},
+		{"device", "echo x > /dev/nri-null && stat -c %t:%T /dev/nri-null || echo none", "1:3"},
+		{"oom score", "cat /proc/self/oom_score_adj", "123"},
+	}
+	for _, c := range checks {
+		if got := e.sh(t, adjusted, c.script); got != c.want {
+			t.Errorf("%s: %q, want %q", c.what, got, c.want)
+		}
+		if got := e.sh(t, plain, c.script); got == c.want {
+			t.Errorf("%s: the container the plugin left alone has it too (%q): it does not come from the plugin", c.what, got)
+		}
+	}
+	if got := e.cpusAllowed(t, adjusted); got != "0" {
+		t.Errorf("cpuset: CPUs %q, want 0", got)
+	}
+	if got := e.cpusAllowed(t, plain); got == "0" {
+		t.Errorf("cpuset: the container the plugin left alone runs on CPU 0 alone too")
+	}
+	ann, _ := e.specOf(t, adjusted)["annotations"].(map[string]any)
+	if ann["berth.test/nri"] != "annotated" {
+		t.Errorf("annotations: %v, want berth.test/nri=annotated", ann)
+	}
+	// The createRuntime hook ran once, for the adjusted container alone:
+	// it wrote the state the runtime gave it.
+	states, _ := filepath.Glob(filepath.Join(hookDir, "state-*.json"))
+	if len(states) != 1 {
+		t.Fatalf("hook ran %d times, want once", len(states))
+	}
+	if b, _ := os.ReadFile(states[0]); !strings.Contains(string(b), adjusted) {
+		t.Errorf("hook's state %s does not name the adjusted container %s", b, adjusted)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestNRIEvents checks that a plugin is told of every pod and container
+// event, in order, and of the pods and containers that were there when
+// it connected, whose cpuset its sync answer changes; and that its answer
+// to a kubelet's update changes the container's cpuset too.
+func TestNRIEvents(t *testing.T) {
+	t.Parallel()
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs: a cpuset of CPU 0 would be every CPU")
+	}
+	e := startNRIEnv(t, "")
+	cfg := e.podConfig("nri-events")
+	pod := e.runPod(t, cfg)
+	before := e.runContainer(t, pod, cfg, e.ctrConfig("before", sleeper...))
+	if got := e.cpusAllowed(t, before); got == "0" {
+		t.Fatal("the container runs on CPU 0 alone before the plugin: the sync's update would prove nothing")
+	}
+	events := filepath.Join(t.TempDir(), "events")
+	e.startPlugin(t, "recorder", pluginConfig{Events: events, SyncCpuset: "0", UpdateCpuset: "0", Match: "before"})
+	if !eventually(20*time.Second, func() bool { return e.cpusAllowed(t, before) == "0" }) {
+		t.Errorf("sync: the plugin's update left CPUs %q, want 0", e.cpusAllowed(t, before))
+	}
+
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("after", sleeper...))
+	if _, err := e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: ctr, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	e.stop(t, ctr, 0)
+	if _, err := e.d.Runtime.RemoveContainer(t.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: ctr}); err != nil {
+		t.Fatal(err)
+	}
+	e.removePod(t, pod)
+
+	want := []string{
+		"Synchronize before",
+		"CreateContainer after", "PostCreateContainer after", "StartContainer after", "PostStartContainer after",
+		"UpdateContainer after", "PostUpdateContainer after", "StopContainer after", "RemoveContainer after",
+		"StopContainer before", "StopPodSandbox", "RemoveContainer before", "RemovePodSandbox",
+	}
+	var got []string
+	if !eventually(10*time.Second, func() bool {
+		b, _ := os.ReadFile(events)
+		got = strings.Split(strings.TrimSpace(string(b)), "\n")
+		return len(got) >= len(want)
+	}) || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	e.assertNoLeaks(t)
+}
+
+// TestNRIUpdateCpuset checks that a plugin's answer to the kubelet's
+// update of a container sets the container's cpuset.
+func TestNRIUpdateCpuset(t *testing.T) {
+	t.Parallel()
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs: a cpuset of CPU 0 would be every CPU")
+	}
+	e := startNRIEnv(t, "")
+	e.startPlugin(t, "updater", pluginConfig{Match: "resized", UpdateCpuset: "0"})
+	cfg := e.podConfig("nri-update")
+	pod := e.runPod(t, cfg)
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("resized", sleeper...))
+	if got := e.cpusAllowed(t, ctr); got == "0" {
+		t.Fatal("the container runs on CPU 0 alone before the update: the test would prove nothing")
+	}
+	if _, err := e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: ctr, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.cpusAllowed(t, ctr); got != "0" {
+		t.Errorf("CPUs %q after the update, want the plugin's 0", got)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestNRIRefusals checks that a container a plugin rejects, or one whose
+// adjustment berth cannot make, is refused with the reason, leaving
+// nothing behind, and that the other plugins are told it is gone.
+func TestNRIRefusals(t *testing.T) {
+	t.Parallel()
+	e := startNRIEnv(t, "")
+	events := filepath.Join(t.TempDir(), "events")
+	e.startPlugin(t, "recorder", pluginConfig{Events: events, Match: "none"})
+	e.startPlugin(t, "rejecter", pluginConfig{Match: "rejected", Reject: "no room for you on this node"})
+	e.startPlugin(t, "sysctler", pluginConfig{Match: "sysctl", Sysctl: map[string]string{"net.ipv4.ip_forward": "1"}})
+	cfg := e.podConfig("nri-refuse")
+	pod := e.runPod(t, cfg)
+	for _, c := range []struct{ name, want string }{
+		{"rejected", "no room for you on this node"},
+		{"sysctl", "NRI adjustment linux.sysctl"},
+	} {
+		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
+			PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig(c.name, sleeper...)})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want FailedPrecondition saying %q", c.name, err, c.want)
+		}
+		if ids := e.listContainerIDs(t, nil); len(ids) != 0 {
+			t.Errorf("%s: containers left: %v", c.name, ids)
+		}
+	}
+	b, _ := os.ReadFile(events)
+	for _, name := range []string{"rejected", "sysctl"} {
+		if !strings.Contains(string(b), "RemoveContainer "+name) {
+			t.Errorf("the recording plugin was not told that %s is gone:\n%s", name, b)
+		}
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestNRIPluginFailures checks that a plugin that hangs, and one that
+// crashes, at a CreateContainer hold it no longer than the request
+// timeout: the container is made without them, and each is dropped,
+// logged and counted.
+func TestNRIPluginFailures(t *testing.T) {
+	t.Parallel()
+	e := startNRIEnv(t, "plugin_request_timeout = \"1s\"\n")
+	cfg := e.podConfig("nri-failures")
+	pod := e.runPod(t, cfg)
+	addr := metricsAddr(t, e.podEnv)
+	for _, c := range []struct {
+		name string
+		cfg  pluginConfig
+	}{
+		{"hanger", pluginConfig{Match: "hung", Hang: true, Env: map[string]string{"NRI_ADJUSTED": "yes"}}},
+		{"crasher", pluginConfig{Match: "crashed", Crash: true, Env: map[string]string{"NRI_ADJUSTED": "yes"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e.startPlugin(t, c.name, c.cfg)
+			if m := scrape(t, addr); m["berth_nri_plugins"] != 1 {
+				t.Fatalf("berth_nri_plugins = %v with the plugin connected, want 1", m["berth_nri_plugins"])
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			resp, err := e.d.Runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
+				PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig(c.cfg.Match, sleeper...)})
+			if err != nil {
+				t.Fatalf("CreateContainer with a failing plugin: %v", err)
+			}
+			e.start(t, resp.ContainerId)
+			if got := e.sh(t, resp.ContainerId, "echo ${NRI_ADJUSTED:-unset}"); got != "unset" {
+				t.Errorf("env NRI_ADJUSTED = %q from a plugin that failed", got)
+			}
+			m := scrape(t, addr)
+			if m["berth_nri_plugins"] != 0 {
+				t.Errorf("berth_nri_plugins = %v after the failure, want 0 (dropped)", m["berth_nri_plugins"])
+			}
+			series := fmt.Sprintf(`berth_nri_plugin_errors_total{operation="CreateContainer",plugin="50-%s"}`, c.name)
+			if m[series] < 1 {
+				t.Errorf("%s = %v, want at least 1", series, m[series])
+			}
+			e.waitLog(t, fmt.Sprintf("closing plugin 50-%s", c.name))
+		})
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestNRIPluginPath checks that berthd starts the plugins of plugin_path,
+// each configured from plugin_config_path, with no socket when
+// disable_connections is set.
+func TestNRIPluginPath(t *testing.T) {
+	t.Parallel()
+	e := startNRIEnv(t, "disable_connections = true\n")
+	b, err := os.ReadFile(e.plugin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// berthd reads plugin_path at start: a restart takes the plugin.
+	if err := os.WriteFile(filepath.Join(e.pluginDir, "10-launched"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf, _ := json.Marshal(pluginConfig{Env: map[string]string{"NRI_LAUNCHED": "yes"}})
+	if err := os.WriteFile(filepath.Join(e.pluginDir, "10-launched.conf"), conf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.d.Restart()
+	if _, err := os.Stat(e.socket); !os.IsNotExist(err) {
+		t.Errorf("socket %s with disable_connections: %v", e.socket, err)
+	}
+	cfg := e.podConfig("nri-launched")
+	pod := e.runPod(t, cfg)
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("any", sleeper...))
+	if got := e.sh(t, ctr, "echo ${NRI_LAUNCHED:-unset}"); got != "yes" {
+		t.Errorf("env NRI_LAUNCHED = %q, want the launched plugin's yes", got)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
