@@ -46,7 +46,7 @@ func (m *Manager) RunPod(ctx context.Context, cfg *runtimeapi.PodSandboxConfig) 
 		{"files", r.writeFiles, false},
 		{"shim", r.awaitShim, false},
 		{"pause", r.startPause, ns.Pid != runtimeapi.NamespaceMode_POD},
-		{"nri", r.tellNRI, false},
+		{"", r.tellNRI, m.opts.NRI == nil},
 	})
 	if err != nil {
 		return nil, err
