@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/harness/nriplugin"
 	"github.com/containerd/nri/pkg/api"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
@@ -57,30 +58,9 @@ func startNRIEnv(t *testing.T, extraNRI string) *nriEnv {
 	return e
 }
 
-// pluginConfig is the test plugin's configuration (testdata/nriplugin).
-type pluginConfig struct {
-	Match        string            `json:"match"`
-	Events       string            `json:"events,omitempty"`
-	Env          map[string]string `json:"env,omitempty"`
-	Annotations  map[string]string `json:"annotations,omitempty"`
-	Mount        *api.Mount        `json:"mount,omitempty"`
-	Rlimit       *api.POSIXRlimit  `json:"rlimit,omitempty"`
-	Cpuset       string            `json:"cpuset,omitempty"`
-	MemoryLimit  int64             `json:"memoryLimit,omitempty"`
-	Device       *api.LinuxDevice  `json:"device,omitempty"`
-	Hook         *api.Hook         `json:"hook,omitempty"`
-	OOMScoreAdj  *int              `json:"oomScoreAdj,omitempty"`
-	Sysctl       map[string]string `json:"sysctl,omitempty"`
-	SyncCpuset   string            `json:"syncCpuset,omitempty"`
-	UpdateCpuset string            `json:"updateCpuset,omitempty"`
-	Reject       string            `json:"reject,omitempty"`
-	Hang         bool              `json:"hang,omitempty"`
-	Crash        bool              `json:"crash,omitempty"`
-}
-
 // startPlugin runs the test plugin as NAME against berthd's socket and
 // waits until berthd has it registered and synchronised.
-func (e *nriEnv) startPlugin(t *testing.T, name string, cfg pluginConfig) *exec.Cmd {
+func (e *nriEnv) startPlugin(t *testing.T, name string, cfg nriplugin.Config) *exec.Cmd {
 	t.Helper()
 	b, err := json.Marshal(cfg)
 	if err != nil {
@@ -114,6 +94,14 @@ func (e *nriEnv) waitLog(t *testing.T, line string) {
 	}
 }
 
+// needTwoCPUs skips a test that sets a container's cpuset to CPU 0 on a
+// machine where that is every CPU: it would prove nothing.
+func needTwoCPUs(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs: a cpuset of CPU 0 would be every CPU")
+	}
+}
+
 // cpusAllowed is the CPUs the container's processes may run on.
 func (e *nriEnv) cpusAllowed(t *testing.T, ctr string) string {
 	t.Helper()
@@ -140,16 +128,14 @@ func (e *nriEnv) specOf(t *testing.T, ctr string) map[string]any {
 // container the plugin leaves alone without any.
 func TestNRIAdjustments(t *testing.T) {
 	t.Parallel()
-	if runtime.NumCPU() < 2 {
-		t.Skip("needs 2 CPUs: a cpuset of CPU 0 would be every CPU")
-	}
+	needTwoCPUs(t)
 	e := startNRIEnv(t, "")
 	shared, hookDir := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(shared, "greeting"), []byte("from-nri"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	oom := 123
-	e.startPlugin(t, "adjuster", pluginConfig{
+	e.startPlugin(t, "adjuster", nriplugin.Config{
 		Match:       "adjusted",
 		Env:         map[string]string{"NRI_ADJUSTED": "yes"},
 		Annotations: map[string]string{"berth.test/nri": "annotated"},
@@ -213,13 +199,10 @@ func TestNRIAdjustments(t *testing.T) {
 
 // TestNRIEvents checks that a plugin is told of every pod and container
 // event, in order, and of the pods and containers that were there when
-// it connected, whose cpuset its sync answer changes; and that its answer
-// to a kubelet's update changes the container's cpuset too.
+// it connected, whose cpuset its sync answer changes.
 func TestNRIEvents(t *testing.T) {
 	t.Parallel()
-	if runtime.NumCPU() < 2 {
-		t.Skip("needs 2 CPUs: a cpuset of CPU 0 would be every CPU")
-	}
+	needTwoCPUs(t)
 	e := startNRIEnv(t, "")
 	cfg := e.podConfig("nri-events")
 	pod := e.runPod(t, cfg)
@@ -228,7 +211,7 @@ func TestNRIEvents(t *testing.T) {
 		t.Fatal("the container runs on CPU 0 alone before the plugin: the sync's update would prove nothing")
 	}
 	events := filepath.Join(t.TempDir(), "events")
-	e.startPlugin(t, "recorder", pluginConfig{Events: events, SyncCpuset: "0", UpdateCpuset: "0", Match: "before"})
+	e.startPlugin(t, "recorder", nriplugin.Config{Events: events, SyncCpuset: "0", Match: "before"})
 	if !eventually(20*time.Second, func() bool { return e.cpusAllowed(t, before) == "0" }) {
 		t.Errorf("sync: the plugin's update left CPUs %q, want 0", e.cpusAllowed(t, before))
 	}
@@ -265,11 +248,9 @@ func TestNRIEvents(t *testing.T) {
 // update of a container sets the container's cpuset.
 func TestNRIUpdateCpuset(t *testing.T) {
 	t.Parallel()
-	if runtime.NumCPU() < 2 {
-		t.Skip("needs 2 CPUs: a cpuset of CPU 0 would be every CPU")
-	}
+	needTwoCPUs(t)
 	e := startNRIEnv(t, "")
-	e.startPlugin(t, "updater", pluginConfig{Match: "resized", UpdateCpuset: "0"})
+	e.startPlugin(t, "updater", nriplugin.Config{Match: "resized", UpdateCpuset: "0"})
 	cfg := e.podConfig("nri-update")
 	pod := e.runPod(t, cfg)
 	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("resized", sleeper...))
@@ -294,9 +275,9 @@ func TestNRIRefusals(t *testing.T) {
 	t.Parallel()
 	e := startNRIEnv(t, "")
 	events := filepath.Join(t.TempDir(), "events")
-	e.startPlugin(t, "recorder", pluginConfig{Events: events, Match: "none"})
-	e.startPlugin(t, "rejecter", pluginConfig{Match: "rejected", Reject: "no room for you on this node"})
-	e.startPlugin(t, "sysctler", pluginConfig{Match: "sysctl", Sysctl: map[string]string{"net.ipv4.ip_forward": "1"}})
+	e.startPlugin(t, "recorder", nriplugin.Config{Events: events, Match: "none"})
+	e.startPlugin(t, "rejecter", nriplugin.Config{Match: "rejected", Reject: "no room for you on this node"})
+	e.startPlugin(t, "sysctler", nriplugin.Config{Match: "sysctl", Sysctl: map[string]string{"net.ipv4.ip_forward": "1"}})
 	cfg := e.podConfig("nri-refuse")
 	pod := e.runPod(t, cfg)
 	for _, c := range []struct{ name, want string }{
@@ -334,10 +315,10 @@ func TestNRIPluginFailures(t *testing.T) {
 	addr := metricsAddr(t, e.podEnv)
 	for _, c := range []struct {
 		name string
-		cfg  pluginConfig
+		cfg  nriplugin.Config
 	}{
-		{"hanger", pluginConfig{Match: "hung", Hang: true, Env: map[string]string{"NRI_ADJUSTED": "yes"}}},
-		{"crasher", pluginConfig{Match: "crashed", Crash: true, Env: map[string]string{"NRI_ADJUSTED": "yes"}}},
+		{"hanger", nriplugin.Config{Match: "hung", Hang: true, Env: map[string]string{"NRI_ADJUSTED": "yes"}}},
+		{"crasher", nriplugin.Config{Match: "crashed", Crash: true, Env: map[string]string{"NRI_ADJUSTED": "yes"}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e.startPlugin(t, c.name, c.cfg)
@@ -384,7 +365,7 @@ func TestNRIPluginPath(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(e.pluginDir, "10-launched"), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	conf, _ := json.Marshal(pluginConfig{Env: map[string]string{"NRI_LAUNCHED": "yes"}})
+	conf, _ := json.Marshal(nriplugin.Config{Env: map[string]string{"NRI_LAUNCHED": "yes"}})
 	if err := os.WriteFile(filepath.Join(e.pluginDir, "10-launched.conf"), conf, 0o644); err != nil {
 		t.Fatal(err)
 	}

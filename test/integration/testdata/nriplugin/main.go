@@ -17,39 +17,13 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/berth-runtime/berth/test/harness/nriplugin"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 )
 
-// config is what the plugin does; each field applies to the containers
-// whose name starts with Match.
-type config struct {
-	Match  string `json:"match"`
-	Events string `json:"events"` // file each event is appended to
-
-	Env         map[string]string `json:"env"`
-	Annotations map[string]string `json:"annotations"`
-	Mount       *api.Mount        `json:"mount"`
-	Rlimit      *api.POSIXRlimit  `json:"rlimit"`
-	Cpuset      string            `json:"cpuset"`
-	MemoryLimit int64             `json:"memoryLimit"`
-	Device      *api.LinuxDevice  `json:"device"`
-	Hook        *api.Hook         `json:"hook"`
-	OOMScoreAdj *int              `json:"oomScoreAdj"`
-	Sysctl      map[string]string `json:"sysctl"`
-
-	// SyncCpuset is set on every container the plugin finds at its sync.
-	SyncCpuset string `json:"syncCpuset"`
-	// UpdateCpuset is set on the container being updated by the kubelet.
-	UpdateCpuset string `json:"updateCpuset"`
-
-	Reject string `json:"reject"` // refuse matching containers with this reason
-	Hang   bool   `json:"hang"`   // never answer CreateContainer
-	Crash  bool   `json:"crash"`  // exit at CreateContainer
-}
-
 type plugin struct {
-	cfg config
+	cfg nriplugin.Config
 	mu  sync.Mutex // one event line at a time
 }
 
