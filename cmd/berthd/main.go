@@ -130,14 +130,15 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	nriHost, err := newNRI(cfg.NRI, log.With("component", "nri"), metrics.Registerer())
+	cdiRegistry := cdi.New(cfg.CDI.SpecDirs)
+	nriHost, err := newNRI(cfg.NRI, cdiRegistry, log.With("component", "nri"), metrics.Registerer())
 	if err != nil {
 		return err
 	}
 	pods, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, ContainerRoot: cfg.ContainerRoot(), State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
 		ShimBinary: shimBinary, PauseBinary: pauseBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
-		CDI: cdi.New(cfg.CDI.SpecDirs), CRIUConfig: cfg.Checkpoint.CRIUConfig, NRI: nriHost,
+		CDI: cdiRegistry, CRIUConfig: cfg.Checkpoint.CRIUConfig, NRI: nriHost,
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)
@@ -296,13 +297,13 @@ func findPause(shimBinary string) (string, error) {
 }
 
 // newNRI is the host of NRI plugins [nri] asks for; nil when it is off.
-func newNRI(c config.NRI, log *slog.Logger, reg prometheus.Registerer) (*nri.Host, error) {
+func newNRI(c config.NRI, cdi nri.CDI, log *slog.Logger, reg prometheus.Registerer) (*nri.Host, error) {
 	if c.Disable {
 		return nil, nil
 	}
 	h, err := nri.New(nri.Options{SocketPath: c.SocketPath, PluginPath: c.PluginPath, PluginConfigPath: c.PluginConfigPath,
 		RegistrationTimeout: c.PluginRegistrationTimeout.Duration, RequestTimeout: c.PluginRequestTimeout.Duration,
-		DisableConnections: c.DisableConnections, Version: cri.RuntimeVersion, Logger: log, Metrics: reg})
+		DisableConnections: c.DisableConnections, Version: cri.RuntimeVersion, Logger: log, Metrics: reg, CDI: cdi})
 	if err != nil {
 		return nil, err
 	}

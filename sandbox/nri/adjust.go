@@ -1,6 +1,7 @@
 package nri
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -11,9 +12,16 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Adjust makes the plugins' adjustment of a container's spec, or refuses
-// it whole, naming the first change berth cannot make: none is dropped.
-func Adjust(s *specs.Spec, a *api.ContainerAdjustment) error {
+// CDI applies CDI devices' edits to a spec: berth's CDI registry.
+type CDI interface {
+	Inject(s *specs.Spec, devices []string) error
+}
+
+// Adjust makes the plugins' adjustment of a container's spec, with the CDI
+// devices they name from cdi, or refuses it, naming the first change berth
+// cannot make: none is dropped. On an error s may be partly changed: the
+// caller drops it.
+func Adjust(s *specs.Spec, a *api.ContainerAdjustment, cdi CDI) error {
 	if a == nil {
 		return nil
 	}
@@ -49,6 +57,22 @@ func Adjust(s *specs.Spec, a *api.ContainerAdjustment) error {
 	if p := l.GetIoPriority(); p != nil {
 		s.Process.IOPriority = p.ToOCI()
 	}
+	return injectCDI(s, a.CDIDevices, cdi)
+}
+
+// injectCDI applies the edits of the CDI devices plugins named; one that
+// no spec defines is refused by the registry, naming it.
+func injectCDI(s *specs.Spec, devices []*api.CDIDevice, cdi CDI) error {
+	if len(devices) == 0 {
+		return nil
+	}
+	names := make([]string, len(devices))
+	for i, d := range devices {
+		names[i] = d.Name
+	}
+	if err := cdi.Inject(s, names); err != nil {
+		return fmt.Errorf("NRI adjustment CDI_devices: %w", err)
+	}
 	return nil
 }
 
@@ -62,7 +86,6 @@ func refuseUnsupported(a *api.ContainerAdjustment) error {
 		name string
 		set  bool
 	}{
-		{"CDI_devices", len(a.CDIDevices) > 0},
 		{"linux.cgroups_path", l.GetCgroupsPath() != ""},
 		{"linux.namespaces", len(l.GetNamespaces()) > 0},
 		{"linux.seccomp_policy", proto.Size(l.GetSeccompPolicy()) > 0},

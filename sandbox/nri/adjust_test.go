@@ -37,8 +37,13 @@ func TestAdjust(t *testing.T) {
 	oom := 7
 	a.SetLinuxOomScoreAdj(&oom)
 	a.AddHooks(&api.Hooks{Prestart: []*api.Hook{{Path: "/bin/true"}}})
-	if err := Adjust(s, a); err != nil {
+	a.AddCDIDevice(&api.CDIDevice{Name: "vendor.test/dev=one"})
+	cdi := &fakeCDI{}
+	if err := Adjust(s, a, cdi); err != nil {
 		t.Fatal(err)
+	}
+	if want := []string{"vendor.test/dev=one"}; !reflect.DeepEqual(cdi.injected, want) {
+		t.Errorf("CDI devices injected %q, want %q", cdi.injected, want)
 	}
 	if want := []string{"PATH=/bin", "KEEP=1", "NEW=v"}; !reflect.DeepEqual(s.Process.Env, want) {
 		t.Errorf("env %q, want %q", s.Process.Env, want)
@@ -78,7 +83,6 @@ func TestAdjustRefused(t *testing.T) {
 		{"linux.sysctl", func(a *api.ContainerAdjustment) { a.SetLinuxSysctl("net.ipv4.ip_forward", "1") }},
 		{"linux.cgroups_path", func(a *api.ContainerAdjustment) { a.SetLinuxCgroupsPath("/elsewhere") }},
 		{"linux.namespaces", func(a *api.ContainerAdjustment) { a.AddOrReplaceNamespace(&api.LinuxNamespace{Type: "network"}) }},
-		{"CDI_devices", func(a *api.ContainerAdjustment) { a.AddCDIDevice(&api.CDIDevice{Name: "vendor.com/gpu=0"}) }},
 		{"linux.resources.rdt_class", func(a *api.ContainerAdjustment) { a.SetLinuxRDTClass("gold") }},
 		{"linux.resources.memory.kernel", func(a *api.ContainerAdjustment) { a.SetLinuxMemoryKernel(1 << 20) }},
 		{"linux.resources.blockio_class", func(a *api.ContainerAdjustment) { a.SetLinuxBlockIOClass("slow") }},
@@ -94,7 +98,7 @@ func TestAdjustRefused(t *testing.T) {
 			a := &api.ContainerAdjustment{}
 			a.AddEnv("NEW", "v") // made only if the whole adjustment is
 			c.set(a)
-			err := Adjust(s, a)
+			err := Adjust(s, a, &fakeCDI{})
 			if !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), c.name) {
 				t.Fatalf("Adjust: %v, want FailedPrecondition naming %s", err, c.name)
 			}
@@ -103,4 +107,12 @@ func TestAdjustRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakeCDI records the devices it is asked for.
+type fakeCDI struct{ injected []string }
+
+func (f *fakeCDI) Inject(_ *specs.Spec, devices []string) error {
+	f.injected = append(f.injected, devices...)
+	return nil
 }

@@ -31,6 +31,8 @@ type Options struct {
 	Version             string // berth's, told to plugins
 	Logger              *slog.Logger
 	Metrics             prometheus.Registerer // nil: none
+	// CDI resolves the CDI devices plugins add to containers.
+	CDI CDI
 }
 
 // Runtime is what plugins change of the node: the sandbox manager.
@@ -48,6 +50,7 @@ type Runtime interface {
 type Host struct {
 	a   *adaptation.Adaptation
 	rt  Runtime
+	cdi CDI
 	log *slog.Logger
 }
 
@@ -57,7 +60,7 @@ const followUpTimeout = time.Minute
 
 // New sets up NRI hosting with o; Start begins it.
 func New(o Options) (*Host, error) {
-	h := &Host{log: o.Logger}
+	h := &Host{log: o.Logger, cdi: o.CDI}
 	nrilog.Set(logger{o.Logger})
 	adaptation.SetPluginRegistrationTimeout(o.RegistrationTimeout)
 	adaptation.SetPluginRequestTimeout(o.RequestTimeout)
@@ -200,7 +203,7 @@ func (h *Host) CreateContainer(ctx context.Context, pod *store.Pod, c Container)
 	if err != nil {
 		return refused(err)
 	}
-	if err := Adjust(c.Spec, rpl.GetAdjust()); err != nil {
+	if err := Adjust(c.Spec, rpl.GetAdjust(), h.cdi); err != nil {
 		return err
 	}
 	h.followUp(rpl.GetUpdate(), rpl.GetEvict())

@@ -197,6 +197,39 @@ func TestNRIAdjustments(t *testing.T) {
 	e.assertNoLeaks(t)
 }
 
+// TestNRICDIDevice checks that a CDI device a plugin adds is given whole,
+// from berth's CDI spec folders, and that one no spec defines refuses the
+// container, naming it, with nothing left behind.
+func TestNRICDIDevice(t *testing.T) {
+	t.Parallel()
+	specDir := t.TempDir()
+	cdi := writeCDISpec(t, t.TempDir(), specDir)
+	e := startNRIEnv(t, fmt.Sprintf("[cdi]\nspec_dirs = [%q]\n", cdi.specDir))
+	e.startPlugin(t, "gpu", nriplugin.Config{Match: "gpu", CDIDevice: cdiDeviceName})
+	e.startPlugin(t, "nogpu", nriplugin.Config{Match: "undefined", CDIDevice: "vendor.test/dev=none"})
+	cfg := e.podConfig("nri-cdi")
+	pod := e.runPod(t, cfg)
+	given := e.runContainer(t, pod, cfg, e.ctrConfig("gpu", sleeper...))
+	plain := e.runContainer(t, pod, cfg, e.ctrConfig("plain", sleeper...))
+	check := "echo ${BERTH_CDI_TEST:-unset}; [ -c " + cdiCtrPath + " ] && echo node || echo no-node"
+	if got := e.sh(t, given, check); got != "one\nnode" {
+		t.Errorf("container given the CDI device: %q, want its env and node", got)
+	}
+	if got := e.sh(t, plain, check); got != "unset\nno-node" {
+		t.Errorf("container the plugins left alone: %q, want no env and no node", got)
+	}
+	_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
+		PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig("undefined", sleeper...)})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "vendor.test/dev=none") {
+		t.Errorf("undefined CDI device: %v, want FailedPrecondition naming it", err)
+	}
+	if ids := e.listContainerIDs(t, nil); len(ids) != 2 {
+		t.Errorf("containers %v, want the two made", ids)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
 // TestNRIEvents checks that a plugin is told of every pod and container
 // event, in order, and of the pods and containers that were there when
 // it connected, whose cpuset its sync answer changes.

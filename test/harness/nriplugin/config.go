@@ -18,6 +18,7 @@ type Config struct {
 	Cpuset      string            `json:"cpuset,omitempty"`
 	MemoryLimit int64             `json:"memoryLimit,omitempty"`
 	Device      *api.LinuxDevice  `json:"device,omitempty"`
+	CDIDevice   string            `json:"cdiDevice,omitempty"`
 	Hook        *api.Hook         `json:"hook,omitempty"` // a createRuntime hook
 	OOMScoreAdj *int              `json:"oomScoreAdj,omitempty"`
 	Sysctl      map[string]string `json:"sysctl,omitempty"`

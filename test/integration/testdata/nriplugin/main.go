@@ -147,6 +147,9 @@ func (p *plugin) adjustment() *api.ContainerAdjustment {
 	if p.cfg.Device != nil {
 		a.AddDevice(p.cfg.Device)
 	}
+	if p.cfg.CDIDevice != "" {
+		a.AddCDIDevice(&api.CDIDevice{Name: p.cfg.CDIDevice})
+	}
 	if p.cfg.Hook != nil {
 		a.AddHooks(&api.Hooks{CreateRuntime: []*api.Hook{p.cfg.Hook}})
 	}
