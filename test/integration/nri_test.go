@@ -277,25 +277,45 @@ func TestNRIEvents(t *testing.T) {
 	e.assertNoLeaks(t)
 }
 
-// TestNRIUpdateCpuset checks that a plugin's answer to the kubelet's
-// update of a container sets the container's cpuset.
-func TestNRIUpdateCpuset(t *testing.T) {
+// TestNRIUpdates checks that a plugin's answer to the kubelet's update of
+// a container sets the container's cpuset with the kubelet's limits, and
+// that a plugin's update of its own sets it over the limits in force.
+func TestNRIUpdates(t *testing.T) {
 	t.Parallel()
 	needTwoCPUs(t)
 	e := startNRIEnv(t, "")
 	e.startPlugin(t, "updater", nriplugin.Config{Match: "resized", UpdateCpuset: "0"})
+	e.startPlugin(t, "pinner", nriplugin.Config{Match: "pinned", UnsolicitedCpuset: "0"})
 	cfg := e.podConfig("nri-update")
 	pod := e.runPod(t, cfg)
-	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("resized", sleeper...))
-	if got := e.cpusAllowed(t, ctr); got == "0" {
+	memFile := "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+	if cgroupV2() {
+		memFile = "/sys/fs/cgroup/memory.max"
+	}
+
+	resized := e.runContainer(t, pod, cfg, e.ctrConfig("resized", sleeper...))
+	if got := e.cpusAllowed(t, resized); got == "0" {
 		t.Fatal("the container runs on CPU 0 alone before the update: the test would prove nothing")
 	}
 	if _, err := e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
-		ContainerId: ctr, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20}}); err != nil {
+		ContainerId: resized, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.cpusAllowed(t, ctr); got != "0" {
-		t.Errorf("CPUs %q after the update, want the plugin's 0", got)
+	if got := e.cpusAllowed(t, resized); got != "0" {
+		t.Errorf("kubelet's update: CPUs %q, want the plugin's 0", got)
+	}
+	if got := e.sh(t, resized, "cat "+memFile); got != "134217728" {
+		t.Errorf("kubelet's update: memory limit %s, want the kubelet's 134217728", got)
+	}
+
+	cc := e.ctrConfig("pinned", sleeper...)
+	cc.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}}
+	pinned := e.runContainer(t, pod, cfg, cc)
+	if !eventually(20*time.Second, func() bool { return e.cpusAllowed(t, pinned) == "0" }) {
+		t.Errorf("plugin's own update: CPUs %q, want 0", e.cpusAllowed(t, pinned))
+	}
+	if got := e.sh(t, pinned, "cat "+memFile); got != "67108864" {
+		t.Errorf("plugin's own update: memory limit %s, want the one in force, 67108864", got)
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)

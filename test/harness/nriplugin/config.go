@@ -27,6 +27,8 @@ type Config struct {
 	SyncCpuset string `json:"syncCpuset,omitempty"`
 	// UpdateCpuset is set on a container the kubelet updates.
 	UpdateCpuset string `json:"updateCpuset,omitempty"`
+	// UnsolicitedCpuset is set, unasked, on a container once it started.
+	UnsolicitedCpuset string `json:"unsolicitedCpuset,omitempty"`
 
 	Reject string `json:"reject,omitempty"` // refuse the container with this reason
 	Hang   bool   `json:"hang,omitempty"`   // never answer CreateContainer

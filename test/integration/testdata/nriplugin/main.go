@@ -23,8 +23,9 @@ import (
 )
 
 type plugin struct {
-	cfg nriplugin.Config
-	mu  sync.Mutex // one event line at a time
+	cfg  nriplugin.Config
+	stub stub.Stub  // for its unsolicited updates
+	mu   sync.Mutex // one event line at a time
 }
 
 func main() {
@@ -46,6 +47,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	p.stub = s
 	if err := s.Run(context.Background()); err != nil {
 		log.Fatal(err)
 	}
@@ -174,6 +176,16 @@ func (p *plugin) StartContainer(_ context.Context, _ *api.PodSandbox, ctr *api.C
 
 func (p *plugin) PostStartContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container) error {
 	p.record("PostStartContainer", ctr)
+	if p.cfg.UnsolicitedCpuset != "" && p.matches(ctr) {
+		// Not while berth waits for this answer: an update of its own.
+		go func() {
+			u := &api.ContainerUpdate{ContainerId: ctr.Id}
+			u.SetLinuxCPUSetCPUs(p.cfg.UnsolicitedCpuset)
+			if failed, err := p.stub.UpdateContainers([]*api.ContainerUpdate{u}); err != nil || len(failed) > 0 {
+				log.Fatalf("unsolicited update: %v, failed %v", err, failed)
+			}
+		}()
+	}
 	return nil
 }
 
