@@ -105,6 +105,8 @@ func (m *Manager) StopContainer(ctx context.Context, id string, timeout time.Dur
 
 func (m *Manager) stopContainerLocked(ctx context.Context, c *store.Container, timeout time.Duration) error {
 	if m.containerState(c).Status == shim.StatusStopped {
+		// It exited on its own: its exit event may still be telling.
+		m.tellNRIStopped(c.PodID, c.ID)
 		return nil
 	}
 	client, err := m.podShim(c.PodID)
@@ -119,7 +121,7 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *store.Container, t
 		crashpoint.Hit("stop container", "signalled")
 		if exited, err := m.waitExit(ctx, client, c, timeout); err != nil || exited {
 			if exited {
-				m.tellNRIStopped(ctx, c)
+				m.tellNRIStopped(c.PodID, c.ID)
 			}
 			return err
 		}
@@ -134,16 +136,9 @@ func (m *Manager) stopContainerLocked(ctx context.Context, c *store.Container, t
 		return errkind.Errorf(errkind.DeadlineExceeded, "container %s still runs %v after SIGKILL", c.ID, killGrace)
 	}
 	if err == nil {
-		m.tellNRIStopped(ctx, c)
+		m.tellNRIStopped(c.PodID, c.ID)
 	}
 	return err
-}
-
-// tellNRIStopped tells NRI plugins the container stopped.
-func (m *Manager) tellNRIStopped(ctx context.Context, c *store.Container) {
-	if pod, err := m.GetPod(c.PodID); err == nil {
-		m.opts.NRI.StopContainer(ctx, pod, m.nriContainer(c))
-	}
 }
 
 // ignoreNeverMade: a container the shim does not know, while its pod is
@@ -234,6 +229,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *store.Container)
 	if pod, err := m.GetPod(c.PodID); err == nil {
 		m.opts.NRI.RemoveContainer(ctx, pod, nri.Container{Rec: c, State: api.ContainerState_CONTAINER_STOPPED})
 	}
+	m.nriStops.Delete(c.ID)
 	m.store.Publish(store.EventContainerDeleted, c.PodID, c.ID)
 	return nil
 }

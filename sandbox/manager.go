@@ -70,6 +70,10 @@ type Manager struct {
 	apparmor *apparmor.Host
 	metrics  *stats.Metrics // nil: no metrics
 	criu     criuProbe      // whether CheckpointContainer can work here
+
+	// nriStops holds, by container ID, a channel closed once NRI plugins
+	// were told the container stopped (see tellNRIStopped).
+	nriStops sync.Map
 }
 
 // New opens the manager and reconnects to the shims of the pods it had.

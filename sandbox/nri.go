@@ -97,6 +97,29 @@ func (m *Manager) nriContainer(c *store.Container) nri.Container {
 	return nri.Container{Rec: c, Spec: m.specOrNil(c), State: nriShimState[st.Status], Pid: st.Pid}
 }
 
+// tellNRIStopped tells NRI plugins a container stopped, once: the shim's
+// exit event and StopContainer both call it, whichever comes first tells,
+// and the other waits until it has, so that a StopContainer returns only
+// once plugins know (a RemoveContainer must not reach them first).
+func (m *Manager) tellNRIStopped(podID, id string) {
+	if m.opts.NRI == nil {
+		return
+	}
+	done := make(chan struct{})
+	if told, ok := m.nriStops.LoadOrStore(id, done); ok {
+		<-told.(chan struct{})
+		return
+	}
+	defer close(done)
+	pod, err := m.GetPod(podID)
+	if err != nil {
+		return
+	}
+	if c, err := m.GetContainer(id); err == nil {
+		m.opts.NRI.StopContainer(context.Background(), pod, m.nriContainer(c))
+	}
+}
+
 // specOrNil is c's spec, or nil where it cannot be read: plugins then see
 // the container as its record has it.
 func (m *Manager) specOrNil(c *store.Container) *specs.Spec {

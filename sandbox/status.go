@@ -83,6 +83,7 @@ func (m *Manager) setContainerState(podID string, st shim.State) {
 			m.metrics.SawOOM(st.ID)
 		}
 		m.store.Publish(store.EventContainerStopped, podID, st.ID)
+		m.tellNRIStopped(podID, st.ID)
 	}
 }
 

@@ -258,12 +258,28 @@ func TestNRIEvents(t *testing.T) {
 	if _, err := e.d.Runtime.RemoveContainer(t.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: ctr}); err != nil {
 		t.Fatal(err)
 	}
+	// A pod made with the plugin there, whose container exits on its own
+	// when the test says: told as stopped before it is removed.
+	cfg2 := e.podConfig("nri-events-2")
+	pod2 := e.runPod(t, cfg2)
+	exits := e.runContainer(t, pod2, cfg2, e.ctrConfig("exits", "/bin/sh", "-c", "until [ -e /tmp/go ]; do sleep 0.1; done"))
+	e.sh(t, exits, "touch /tmp/go")
+	if !eventually(20*time.Second, func() bool { return e.status(t, exits).State == runtimeapi.ContainerState_CONTAINER_EXITED }) {
+		t.Fatal("the container did not exit")
+	}
+	if _, err := e.d.Runtime.RemoveContainer(t.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: exits}); err != nil {
+		t.Fatal(err)
+	}
+	e.removePod(t, pod2)
 	e.removePod(t, pod)
 
 	want := []string{
 		"Synchronize before",
 		"CreateContainer after", "PostCreateContainer after", "StartContainer after", "PostStartContainer after",
 		"UpdateContainer after", "PostUpdateContainer after", "StopContainer after", "RemoveContainer after",
+		"RunPodSandbox",
+		"CreateContainer exits", "PostCreateContainer exits", "StartContainer exits", "PostStartContainer exits",
+		"StopContainer exits", "RemoveContainer exits", "StopPodSandbox", "RemovePodSandbox",
 		"StopContainer before", "StopPodSandbox", "RemoveContainer before", "RemovePodSandbox",
 	}
 	var got []string
