@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/berth-runtime/berth/cri/errkind"
+	"github.com/berth-runtime/berth/sandbox/spec"
 	"github.com/containerd/nri/pkg/api"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
@@ -29,6 +30,9 @@ func Adjust(s *specs.Spec, a *api.ContainerAdjustment, cdi CDI) error {
 		return err
 	}
 	if err := checkMounts(a.Mounts); err != nil {
+		return err
+	}
+	if err := checkAnnotations(a.Annotations); err != nil {
 		return err
 	}
 	if s.Linux == nil {
@@ -115,6 +119,19 @@ func checkMounts(mounts []*api.Mount) error {
 			if strings.Contains(o, "shared") || strings.Contains(o, "slave") {
 				return errkind.Errorf(errkind.FailedPrecondition, "NRI adjustment mounts[%s]: propagation %q: berth does not support it", m.Destination, o)
 			}
+		}
+	}
+	return nil
+}
+
+// checkAnnotations refuses a change to an annotation only berth sets (its
+// CRIU configuration), as a pod's own would be: the shim would refuse the
+// container's checkpoints later for it.
+func checkAnnotations(annotations map[string]string) error {
+	for k := range annotations {
+		key, _ := api.IsMarkedForRemoval(k)
+		if err := spec.CheckReservedAnnotations("NRI adjustment annotations", map[string]string{key: ""}); err != nil {
+			return errkind.Errorf(errkind.FailedPrecondition, "%v", err)
 		}
 	}
 	return nil

@@ -89,6 +89,8 @@ func TestAdjustRefused(t *testing.T) {
 		{"linux.seccomp_policy", func(a *api.ContainerAdjustment) {
 			a.SetLinuxSeccompPolicy(&api.LinuxSeccomp{DefaultAction: "SCMP_ACT_ALLOW"})
 		}},
+		{"NRI adjustment annotations: org.criu.config", func(a *api.ContainerAdjustment) { a.AddAnnotation("org.criu.config", "/tmp/x") }},
+		{"NRI adjustment annotations: org.criu.config", func(a *api.ContainerAdjustment) { a.RemoveAnnotation("org.criu.config") }},
 		{"mounts[/shared]", func(a *api.ContainerAdjustment) {
 			a.AddMount(&api.Mount{Destination: "/shared", Source: "/x", Options: []string{"rbind", "rshared"}})
 		}},
