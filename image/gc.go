@@ -101,6 +101,7 @@ func (s *Service) Close() {
 	s.closeOnce.Do(func() {
 		close(s.gcStop)
 		<-s.gcDone
+		s.closeLazy()
 		s.snaps.Close()
 	})
 }
@@ -137,7 +138,7 @@ func (s *Service) collectGarbage() error {
 		if isBlob[k] {
 			errs = append(errs, s.content.Delete(digest.Digest(k)))
 		} else {
-			errs = append(errs, s.snaps.Remove(k))
+			errs = append(errs, s.removeSnapshot(k))
 		}
 	}
 	s.holdMu.Lock()

@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 		}, []string{"result"}),
 		layers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "berth_image_layers_total",
-			Help: "Layers pulls and imports needed, by whether they were unpacked or reused (already on disk, or unpacked by a concurrent pull).",
+			Help: "Layers pulls and imports needed, by whether they were unpacked, mounted lazily (eStargz, [image] lazy) or reused (already on disk, or unpacked by a concurrent pull).",
 		}, []string{"result"}),
 		images:     prometheus.NewDesc("berth_images", "Images stored.", nil, nil),
 		imageBytes: prometheus.NewDesc("berth_images_size_bytes", "Unpacked size of all stored images (shared layers counted once per image).", nil, nil),
@@ -56,7 +56,7 @@ func (x *metrics) pulled(start time.Time, bytes int64, err error) {
 	x.pullDuration.WithLabelValues(result).Observe(time.Since(start).Seconds())
 }
 
-// layer counts one layer a pull or import needed: "unpacked" or "reused".
+// layer counts one layer a pull or import needed: "unpacked", "lazy" or "reused".
 func (x *metrics) layer(result string) {
 	if x != nil {
 		x.layers.WithLabelValues(result).Inc()

@@ -15,12 +15,14 @@ import (
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/gunzip"
+	"github.com/berth-runtime/berth/image/lazy"
 	"github.com/berth-runtime/berth/image/reference"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/snapshot"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/semaphore"
 )
 
 // Options configure the image service.
@@ -36,6 +38,11 @@ type Options struct {
 	MaxConcurrentDownloads int
 	// GzipDecoder is one of gunzip.Modes ("": auto).
 	GzipDecoder string
+	// Lazy pulls eStargz layers lazily (lazy.go); it needs /dev/fuse.
+	Lazy bool
+	// LazyFetches bounds the background requests of all lazy layers
+	// together (0: defaultLazyFetches).
+	LazyFetches int
 	Logger      *slog.Logger
 	Metrics     prometheus.Registerer // takes the pull and image series; nil: none
 }
@@ -65,6 +72,10 @@ type Service struct {
 	holdCond *sync.Cond
 	held     map[string]int
 	removing map[string]bool
+
+	lazySlots  *semaphore.Weighted // the background fetches of lazy layers
+	lazyMu     sync.Mutex
+	lazyLayers map[string]*lazy.Layer // mounted, by snapshot key
 
 	gcMu         sync.Mutex  // one collection at a time
 	freePartials atomic.Bool // the next collection removes every partial download no pull writes
@@ -99,8 +110,21 @@ func New(opts Options) (_ *Service, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.Lazy {
+		if err := checkFUSE(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.LazyFetches <= 0 {
+		opts.LazyFetches = defaultLazyFetches
+	}
 	cs, err := content.Open(filepath.Join(opts.Root, "content"))
 	if err != nil {
+		return nil, err
+	}
+	// Lazy layers a stopped berthd left mounted have no server: they go
+	// before the snapshot store looks at their folders.
+	if err := lazy.DetachStale(filepath.Join(opts.Root, "snapshots")); err != nil {
 		return nil, err
 	}
 	snaps, err := snapshot.Open(filepath.Join(opts.Root, "snapshots"), opts.DB, opts.Logger)
@@ -128,6 +152,7 @@ func New(opts Options) (_ *Service, err error) {
 		downloads: newDownloadSlots(opts.MaxConcurrentDownloads),
 		inflight:  map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
 		held: map[string]int{}, removing: map[string]bool{},
+		lazySlots: semaphore.NewWeighted(int64(opts.LazyFetches)), lazyLayers: map[string]*lazy.Layer{},
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.resolver.Store(resolver)
@@ -140,6 +165,14 @@ func New(opts Options) (_ *Service, err error) {
 		return nil, err
 	}
 	s.log.Info("gzip layers: "+s.gzip.Name()+" decoder", "decoder", s.gzip.Name(), "why", s.gzip.Why)
+	defer func() {
+		if err != nil {
+			s.closeLazy()
+		}
+	}()
+	if err := s.restoreLazy(); err != nil {
+		return nil, err
+	}
 	if err := s.dropBrokenImages(); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/gunzip"
+	"github.com/berth-runtime/berth/image/lazy"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/snapshot"
 	"github.com/berth-runtime/berth/image/unpack"
@@ -45,6 +47,9 @@ type layerSource struct {
 	// pulls that read the same blob share one unpack of it. Nil: never
 	// shared (an import's files, whose compressed digest is not at hand).
 	blob func(v1.Layer) (string, error)
+	// lazy fetches byte ranges of eStargz layers that are pulled lazily
+	// (lazy.go); nil: every layer is unpacked whole.
+	lazy lazy.Source
 }
 
 // store unpacks img's layers into snapshots and records the image under n.
@@ -113,7 +118,14 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	for _, b := range keep {
 		blobs = append(blobs, digest.FromBytes(b).String())
 	}
-	defer s.hold(append(blobs, chainIDs...)...)()
+	keys := slices.Clone(chainIDs) // the snapshots: a lazy layer's has its own key
+	lazyBlobs := make([]lazy.Blob, len(layers))
+	for i := range keys {
+		if b, ok := s.lazyBlob(src, m.Layers[i]); ok {
+			keys[i], lazyBlobs[i] = lazyKey(chainIDs[i], m.Layers[i].Digest), b
+		}
+	}
+	defer s.hold(append(blobs, append(keys, chainIDs...)...)...)()
 
 	// Every layer waits in its own goroutine, in order, for one of the
 	// slots; a layer gives its slot back once its stream is verified, so the
@@ -122,13 +134,23 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	slots := semaphore.NewWeighted(parallelLayers)
 	g, gctx := errgroup.WithContext(ctx)
 	for i, l := range layers {
-		g.Go(func() error { return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], src, slots, watch) })
+		g.Go(func() error {
+			if keys[i] != chainIDs[i] {
+				err := s.ensureLazyLayer(gctx, keys[i], lazyBlobs[i], src.lazy, slots)
+				if !errors.Is(err, lazy.ErrNotLazy) {
+					return err
+				}
+				s.log.Info("pulling an eStargz layer whole", "layer", m.Layers[i].Digest, "why", err)
+				keys[i] = chainIDs[i]
+			}
+			return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], src, slots, watch)
+		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 
-	rec := &Image{ID: id.String(), Config: cfg, ChainIDs: chainIDs, Created: time.Now().UTC()}
+	rec := &Image{ID: id.String(), Config: cfg, ChainIDs: keys, Created: time.Now().UTC()}
 	if err := s.content.Put(id, cfgRaw); err != nil {
 		return nil, err
 	}
@@ -141,7 +163,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 		rec.Manifests = union(rec.Manifests, []string{d.String()})
 		rec.Annotations = mergeAnnotations(rec.Annotations, b)
 	}
-	for _, c := range chainIDs {
+	for _, c := range keys {
 		snap, _, err := s.snaps.Get(c)
 		if err != nil {
 			return nil, err
@@ -367,7 +389,11 @@ func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) laye
 		d, err := l.Digest() // the manifest's descriptor: nothing is fetched
 		return d.String(), err
 	}
-	return layerSource{open: open, blob: blob}
+	src := layerSource{open: open, blob: blob}
+	if s.opts.Lazy {
+		src.lazy = blobs
+	}
+	return src
 }
 
 // decompressed reads a compressed layer blob whose stream ends with its

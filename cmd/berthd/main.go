@@ -106,6 +106,8 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		MaxLayerEntries:        cfg.Image.MaxLayerEntries,
 		MaxConcurrentDownloads: cfg.Image.DownloadBound(),
 		GzipDecoder:            cfg.Image.GzipDecoder,
+		Lazy:                   cfg.Image.Lazy,
+		LazyFetches:            cfg.Image.LazyFetchBound(),
 		Logger:                 log.With("component", "image"),
 		Metrics:                metrics.Registerer(),
 	})

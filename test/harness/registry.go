@@ -52,16 +52,26 @@ type Registry struct {
 	identityToken string // an OAuth2 refresh token the token endpoint accepts (CRI identity_token)
 
 	mu       sync.Mutex
-	faults   map[string]fault // by digest ("sha256:…")
-	fetches  map[string]int   // GETs by digest, after auth
-	tokens   map[string]bool  // bearer tokens that grant access
-	requests []string         // "GET /v2/… 200", in order
-	headers  []http.Header    // of each request, in order
-	pushed   int              // len(requests) after the last Push: what the tests did starts there
-	users    []string         // user names of the basic credentials received, in order
-	inFlight int              // blob GETs being served now
-	maxIn    int              // the most blob GETs served at once since ResetFetches
-	storage  *BlobStorage     // where blob GETs are redirected, if set
+	faults   map[string]fault    // by digest ("sha256:…")
+	fetches  map[string]int      // GETs by digest, after auth
+	tokens   map[string]bool     // bearer tokens that grant access
+	requests []string            // "GET /v2/… 200", in order
+	headers  []http.Header       // of each request, in order
+	pushed   int                 // len(requests) after the last Push: what the tests did starts there
+	users    []string            // user names of the basic credentials received, in order
+	inFlight int                 // blob GETs being served now
+	maxIn    int                 // the most blob GETs served at once since ResetFetches
+	storage  *BlobStorage        // where blob GETs are redirected, if set
+	ranges   map[string][]string // Range headers of blob GETs answered, by digest ("" for a whole blob)
+	gates    map[string]gate     // ranged GETs held back, by digest
+	stopOnce sync.Once
+}
+
+// gate holds back the ranged GETs of a blob that allow refuses until open
+// closes.
+type gate struct {
+	allow func(start, end int64) bool // end exclusive
+	open  chan struct{}
 }
 
 // RegistryOption configures NewRegistry.
@@ -92,6 +102,8 @@ func NewRegistry(t testing.TB, opts ...RegistryOption) *Registry {
 		faults:        map[string]fault{},
 		fetches:       map[string]int{},
 		tokens:        map[string]bool{},
+		ranges:        map[string][]string{},
+		gates:         map[string]gate{},
 		registryToken: "regtoken-" + randomHex(),
 		identityToken: "idtoken-" + randomHex(),
 	}
@@ -101,9 +113,7 @@ func NewRegistry(t testing.TB, opts ...RegistryOption) *Registry {
 	}
 	r.srv = httptest.NewServer(r)
 	t.Cleanup(func() {
-		close(r.stop) // releases stalled handlers, so that Close does not wait for them
-		r.srv.CloseClientConnections()
-		r.srv.Close()
+		r.Stop()
 		if t.Failed() {
 			r.mu.Lock()
 			reqs, pushed := r.requests[r.pushed:], r.pushed
@@ -112,6 +122,65 @@ func NewRegistry(t testing.TB, opts ...RegistryOption) *Registry {
 		}
 	})
 	return r
+}
+
+// Stop shuts the registry down before the test ends: it refuses every
+// connection from then on (the registry gone away).
+func (r *Registry) Stop() {
+	r.stopOnce.Do(func() {
+		close(r.stop) // releases stalled handlers, so that Close does not wait for them
+		r.srv.CloseClientConnections()
+		r.srv.Close()
+	})
+}
+
+// Gate holds back the ranged GETs of blob d whose range allow refuses
+// (start, end exclusive) until Ungate or Stop; the others are served.
+func (r *Registry) Gate(d v1.Hash, allow func(start, end int64) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gates[d.String()] = gate{allow: allow, open: make(chan struct{})}
+}
+
+// Ungate serves the GETs Gate held back, and those to come.
+func (r *Registry) Ungate(d v1.Hash) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g, ok := r.gates[d.String()]; ok {
+		close(g.open)
+		delete(r.gates, d.String())
+	}
+}
+
+// Ranges lists the Range headers of the GETs of blob d answered so far,
+// in order; "" is a request for the whole blob.
+func (r *Registry) Ranges(d v1.Hash) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.ranges[d.String()]...)
+}
+
+// waitGate waits while a gate holds back req, a GET of blob dg; false: the
+// registry stopped meanwhile.
+func (r *Registry) waitGate(dg string, req *http.Request) bool {
+	r.mu.Lock()
+	g, gated := r.gates[dg]
+	r.mu.Unlock()
+	var start, end int64
+	if !gated || req.Header.Get("Range") == "" {
+		return true
+	}
+	if _, err := fmt.Sscanf(req.Header.Get("Range"), "bytes=%d-%d", &start, &end); err == nil && g.allow(start, end+1) {
+		return true
+	}
+	select {
+	case <-g.open:
+		return true
+	case <-r.stop:
+		return false
+	case <-req.Context().Done():
+		return false
+	}
 }
 
 func randomHex() string {
@@ -354,8 +423,15 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		defer func() {
 			r.mu.Lock()
 			r.inFlight--
+			if strings.Contains(req.URL.Path, "/blobs/") && rec.status/100 == 2 {
+				r.ranges[dg] = append(r.ranges[dg], req.Header.Get("Range"))
+			}
 			r.mu.Unlock()
 		}()
+		if !r.waitGate(dg, req) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 		switch {
 		case storage != nil && strings.Contains(req.URL.Path, "/blobs/"):
 			http.Redirect(w, req, storage.srv.URL+req.URL.Path, http.StatusTemporaryRedirect)

@@ -188,6 +188,22 @@ type Image struct {
 	// GzipDecoder inflates gzip layers: "auto" (ISA-L where it loads and
 	// is the faster on this CPU, measured at start), "isa-l" or "builtin".
 	GzipDecoder string `toml:"gzip_decoder"`
+	// Lazy mounts eStargz layers (those whose descriptor names a TOC
+	// digest) as FUSE filesystems that fetch files on first read, and
+	// starts containers before the rest is fetched. Off by default: see
+	// docs/configuration.md. It needs /dev/fuse.
+	Lazy bool `toml:"lazy"`
+	// MaxLazyFetches bounds the background requests that complete lazy
+	// layers, of all layers together. Unset: 4.
+	MaxLazyFetches *int `toml:"max_lazy_fetches"`
+}
+
+// LazyFetchBound is max_lazy_fetches, 0 when unset (the image package's default).
+func (i Image) LazyFetchBound() int {
+	if i.MaxLazyFetches == nil {
+		return 0
+	}
+	return *i.MaxLazyFetches
 }
 
 // DownloadBound is max_concurrent_downloads, 0 when unset (no bound).

@@ -106,6 +106,8 @@ pull_progress_timeout = "90s"
 max_layer_bytes = 1073741824
 max_layer_entries = 1000
 max_concurrent_downloads = 3
+lazy = true
+max_lazy_fetches = 2
 gzip_decoder = "builtin"
 
 [stream]
@@ -147,12 +149,12 @@ skip_verify = false
 	if err != nil {
 		t.Fatal(err)
 	}
-	three := 3
+	three, two := 3, 2
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
 		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000, GzipDecoder: "builtin",
-			MaxConcurrentDownloads: &three},
+			MaxConcurrentDownloads: &three, Lazy: true, MaxLazyFetches: &two},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
 		Stream:  Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
@@ -237,6 +239,8 @@ func TestBadFiles(t *testing.T) {
 		{"negative layer entries", "[image]\nmax_layer_entries = -5", []string{`image.max_layer_entries = "-5"`, "greater than 0"}},
 		{"zero concurrent downloads", "[image]\nmax_concurrent_downloads = 0", []string{`image.max_concurrent_downloads = "0"`, "greater than 0"}},
 		{"negative concurrent downloads", "[image]\nmax_concurrent_downloads = -1", []string{`image.max_concurrent_downloads = "-1"`, "greater than 0"}},
+		{"zero lazy fetches", "[image]\nmax_lazy_fetches = 0", []string{`image.max_lazy_fetches = "0"`, "greater than 0"}},
+		{"lazy as a string", "[image]\nlazy = \"yes\"", []string{"lazy"}},
 		{"unknown gzip decoder", "[image]\ngzip_decoder = \"igzip\"", []string{`image.gzip_decoder = "igzip"`, "auto, isa-l, builtin"}},
 		{"layer bytes as a string", "[image]\nmax_layer_bytes = \"1GiB\"", []string{"max_layer_bytes"}},
 		{"mirror scheme", "[registry.\"docker.io\"]\nmirrors = [\"ftp://m.example\"]",

@@ -117,6 +117,9 @@ func (c *Config) validate() error {
 	if n := c.Image.MaxConcurrentDownloads; n != nil && *n <= 0 {
 		p.add(badValue("image.max_concurrent_downloads", strconv.Itoa(*n), errors.New("must be greater than 0 (leave it out for no bound)")))
 	}
+	if n := c.Image.MaxLazyFetches; n != nil && *n <= 0 {
+		p.add(badValue("image.max_lazy_fetches", strconv.Itoa(*n), errors.New("must be greater than 0 (leave it out for 4)")))
+	}
 	// Sorted so that the same bad file always reports the same key first.
 	hosts := make([]string, 0, len(c.Registries))
 	for h := range c.Registries {

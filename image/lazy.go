@@ -1,0 +1,169 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/berth-runtime/berth/cri/crashpoint"
+	"github.com/berth-runtime/berth/image/lazy"
+	"github.com/berth-runtime/berth/image/snapshot"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/semaphore"
+)
+
+// defaultLazyFetches bounds the background requests of lazy layers when
+// Options.LazyFetches is not set.
+const defaultLazyFetches = 4
+
+// lazyKey is the snapshot key of a lazy layer: its chain ID with its blob.
+// A lazy layer's diff ID is only checked once all of it is fetched, so it
+// never stands for a chain ID alone, which other images' fully unpacked
+// (and verified) layers are shared under.
+func lazyKey(chainID string, blob v1.Hash) string {
+	return "lazy " + chainID + " " + blob.String()
+}
+
+// lazyBlob says whether the layer desc is pulled lazily: lazy pulls are on,
+// the pull has a registry, and the descriptor announces an eStargz TOC
+// digest, which is what makes its chunk digests trustworthy.
+func (s *Service) lazyBlob(src layerSource, desc v1.Descriptor) (lazy.Blob, bool) {
+	toc, err := digest.Parse(desc.Annotations[lazy.TOCDigestAnnotation])
+	if !s.opts.Lazy || src.lazy == nil || err != nil {
+		return lazy.Blob{}, false
+	}
+	return lazy.Blob{Digest: digest.Digest(desc.Digest.String()), Size: desc.Size, TOCDigest: toc}, true
+}
+
+// checkFUSE refuses [image] lazy on a node without FUSE.
+func checkFUSE() error {
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("[image] lazy = true needs FUSE: %w", err)
+	}
+	return f.Close()
+}
+
+// lazyDir is the folder of a lazy layer's TOC and cache, beside the
+// snapshot's fs folder (its mount point).
+func lazyDir(fsDir string) string { return filepath.Join(filepath.Dir(fsDir), "lazy") }
+
+// ensureLazyLayer makes sure the lazy snapshot key exists and is mounted:
+// it fetches the layer's TOC and prioritised files into a new snapshot,
+// mounts it and starts the background fetch of the rest.
+func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blob, src lazy.Source, slots *semaphore.Weighted) (err error) {
+	if _, ok, err := s.snaps.Get(key); ok || err != nil {
+		if ok {
+			s.metrics.layer("reused")
+		}
+		return err
+	}
+	if err := slots.Acquire(ctx, 1); err != nil {
+		return err
+	}
+	defer slots.Release(1)
+	dir, err := s.snaps.Prepare()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			s.snaps.Abort(dir)
+		}
+	}()
+	size, inodes, err := lazy.Prepare(ctx, lazyDir(dir), src, blob)
+	if err != nil {
+		return fmt.Errorf("lazy layer %s: %w", blob.Digest, err)
+	}
+	snap, err := s.snaps.Commit(key, dir, size, inodes)
+	if errors.Is(err, snapshot.ErrExists) {
+		s.metrics.layer("reused")
+		s.snaps.Abort(dir)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	crashpoint.Hit("pull", "lazy layer stored")
+	s.metrics.layer("lazy")
+	if err := s.mountLazy(snap, src); err != nil {
+		return errors.Join(err, s.snaps.Remove(key))
+	}
+	return nil
+}
+
+// mountLazy serves a lazy snapshot at its fs folder and, with a source,
+// completes it in the background.
+func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) error {
+	fsDir := s.snaps.Dir(snap)
+	l, err := lazy.Load(lazyDir(fsDir), src, s.log)
+	if err != nil {
+		return err
+	}
+	if err := l.Mount(fsDir); err != nil {
+		return fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
+	}
+	s.lazyMu.Lock()
+	s.lazyLayers[snap.ChainID] = l
+	s.lazyMu.Unlock()
+	if src != nil && !lazy.IsComplete(lazyDir(fsDir)) {
+		l.Complete(s.lazySlots)
+	}
+	return nil
+}
+
+// restoreLazy serves again the lazy layers a stopped berthd left: the
+// complete ones from their cache. An incomplete one is dropped (its
+// images with it, pulled again on demand): the registry credentials of
+// its pull are not kept, so nothing could fetch the rest.
+func (s *Service) restoreLazy() error {
+	snaps, err := s.snaps.List()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, snap := range snaps {
+		dir := lazyDir(s.snaps.Dir(snap))
+		switch {
+		case !lazy.IsLayer(dir):
+		case lazy.IsComplete(dir):
+			errs = append(errs, s.mountLazy(snap, nil))
+		default:
+			s.log.Warn("dropping a lazy layer berthd stopped before it was complete; its images are pulled again", "layer", snap.ChainID)
+			errs = append(errs, s.snaps.Remove(snap.ChainID))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeSnapshot unmounts a lazy snapshot, then removes it. One still in
+// use stays for the next collection.
+func (s *Service) removeSnapshot(key string) error {
+	s.lazyMu.Lock()
+	l := s.lazyLayers[key]
+	s.lazyMu.Unlock()
+	if l != nil {
+		if err := l.Close(); err != nil {
+			return fmt.Errorf("unmount lazy layer %s: %w", key, err)
+		}
+		s.lazyMu.Lock()
+		delete(s.lazyLayers, key)
+		s.lazyMu.Unlock()
+	}
+	return s.snaps.Remove(key)
+}
+
+// closeLazy stops the background fetches and unmounts the lazy layers.
+func (s *Service) closeLazy() {
+	s.lazyMu.Lock()
+	defer s.lazyMu.Unlock()
+	for key, l := range s.lazyLayers {
+		if err := l.Close(); err != nil {
+			s.log.Warn("unmount lazy layer at shutdown", "layer", key, "err", err)
+		}
+		delete(s.lazyLayers, key)
+	}
+}

@@ -1,0 +1,479 @@
+// Package lazy serves eStargz image layers whose files come from the
+// registry on first read: a layer's table of contents (TOC) is fetched at
+// pull time, its files are a read-only FUSE filesystem, and each chunk a
+// read needs is fetched by a ranged request, checked against the digest
+// the TOC gives it, and kept in the layer's cache folder. The TOC itself is
+// checked against the digest the image manifest gives it (its layer
+// descriptor's annotation), so every byte served traces back to the
+// manifest the pull verified.
+package lazy
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/berth-runtime/berth/image/registry"
+	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/semaphore"
+)
+
+// TOCDigestAnnotation is the layer descriptor's annotation that marks an
+// eStargz layer and names the digest of its TOC.
+const TOCDigestAnnotation = estargz.TOCJSONDigestAnnotation
+
+// ErrNotLazy is returned (wrapped) by Prepare when the layer cannot be
+// served lazily and is to be pulled whole: its blob has no eStargz footer,
+// or the registry does not serve byte ranges.
+var ErrNotLazy = errors.New("layer cannot be pulled lazily")
+
+// Source fetches byte ranges of a blob (registry.Blobs, with the pull's
+// credentials and endpoint).
+type Source interface {
+	Get(ctx context.Context, digest string, size int64, want registry.Span, ranged bool) (*registry.BlobBody, error)
+}
+
+// Blob names a layer's blob and the TOC digest its descriptor announces.
+type Blob struct {
+	Digest    digest.Digest `json:"digest"`
+	Size      int64         `json:"size"`
+	TOCDigest digest.Digest `json:"tocDigest"`
+	TailStart int64         `json:"tailStart"` // where the saved tail (TOC and footer) starts in the blob
+}
+
+// Files in a layer's folder.
+const (
+	metaFile     = "blob.json"
+	tailFile     = "toc"      // the blob's bytes from TailStart to its end
+	chunksDir    = "chunks"   // one verified, uncompressed chunk per file, named by its offset in the blob
+	completeFile = "complete" // every chunk is in chunksDir
+)
+
+// groupBytes is how many compressed bytes one background request asks for:
+// the chunks of a layer are fetched in runs of about this size.
+const groupBytes = 4 << 20
+
+// Prepare fetches the TOC of blob from src into dir (created), checks it
+// against blob.TOCDigest, and fetches the prioritised files: the chunks
+// before the format's prefetch landmark. It returns the layer's
+// uncompressed size and entry count.
+func Prepare(ctx context.Context, dir string, src Source, blob Blob) (size, inodes int64, err error) {
+	foot, err := fetch(ctx, src, blob, registry.Span{Start: max(blob.Size-estargz.FooterSize, 0), End: blob.Size})
+	if err != nil {
+		return 0, 0, err
+	}
+	tocOff, _, err := estargz.OpenFooter(io.NewSectionReader(bytes.NewReader(foot), 0, int64(len(foot))))
+	if err != nil || tocOff <= 0 || tocOff >= blob.Size {
+		return 0, 0, fmt.Errorf("%w: blob %s has no eStargz footer", ErrNotLazy, blob.Digest)
+	}
+	// Open reads a little before the TOC on a tiny blob: keep that too.
+	blob.TailStart = max(min(tocOff, blob.Size-1024), 0)
+	tail, err := fetch(ctx, src, blob, registry.Span{Start: blob.TailStart, End: blob.Size})
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, chunksDir), 0o700); err != nil {
+		return 0, 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, tailFile), tail, 0o600); err != nil {
+		return 0, 0, err
+	}
+	meta, err := json.Marshal(blob)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, metaFile), meta, 0o600); err != nil {
+		return 0, 0, err
+	}
+	l, err := Load(dir, src, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer l.cancel()
+	if err := l.fetchChunks(ctx, l.prioritised()); err != nil {
+		return 0, 0, fmt.Errorf("prioritised files: %w", err)
+	}
+	for _, e := range l.entries {
+		size += max(e.Size, 0)
+	}
+	return size, int64(len(l.entries)), nil
+}
+
+// fetch reads span of the blob whole; a registry that answers with the
+// whole blob does not serve ranges.
+func fetch(ctx context.Context, src Source, blob Blob, span registry.Span) ([]byte, error) {
+	body, err := src.Get(ctx, blob.Digest.String(), blob.Size, span, true)
+	if err != nil {
+		if errors.Is(err, registry.ErrRangeRefused) {
+			return nil, fmt.Errorf("%w: %v", ErrNotLazy, err)
+		}
+		return nil, err
+	}
+	defer body.Close()
+	if !body.Ranged {
+		return nil, fmt.Errorf("%w: the registry does not serve byte ranges of blob %s", ErrNotLazy, blob.Digest)
+	}
+	buf := make([]byte, span.Len())
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, fmt.Errorf("blob %s %s: %w", blob.Digest, span.RangeHeader(), err)
+	}
+	return buf, nil
+}
+
+// chunk is one compressed chunk of a file: its TOC entry and where its
+// compressed bytes end in the blob.
+type chunk struct {
+	ent *estargz.TOCEntry
+	end int64
+}
+
+func (c chunk) name() string { return strconv.FormatInt(c.ent.Offset, 10) }
+
+// Layer is one prepared layer: its TOC, its cache, and the source of the
+// chunks not yet cached (none after a restart of berthd).
+type Layer struct {
+	dir      string
+	blob     Blob
+	toc      *estargz.Reader
+	verify   estargz.TOCEntryVerifier
+	src      Source // nil: a missing chunk fails its read
+	log      *slog.Logger
+	entries  []*estargz.TOCEntry // every entry, in TOC order
+	chunks   []chunk             // every data chunk, in blob order
+	landmark int64               // the prefetch landmark's offset, 0 if none
+
+	mu      sync.Mutex
+	have    map[int64]bool          // cached chunks, by offset in the blob
+	flights map[int64]chan struct{} // on-demand fetches under way
+
+	ctx    context.Context // cancelled by Close: stops fetches
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the background fetch ends
+	srv    *fuse.Server  // while mounted
+}
+
+// Load opens a prepared layer from dir. src may be nil: then only cached
+// chunks can be read.
+func Load(dir string, src Source, log *slog.Logger) (*Layer, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	var blob Blob
+	b, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &blob); err != nil {
+		return nil, fmt.Errorf("%s: %w", metaFile, err)
+	}
+	tail, err := os.ReadFile(filepath.Join(dir, tailFile))
+	if err != nil {
+		return nil, err
+	}
+	toc, err := estargz.Open(io.NewSectionReader(tailReader{tail, blob.TailStart}, 0, blob.Size))
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: TOC: %w", blob.Digest, err)
+	}
+	verify, err := toc.VerifyTOC(blob.TOCDigest)
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", blob.Digest, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Layer{dir: dir, blob: blob, toc: toc, verify: verify, src: src, log: log,
+		have: map[int64]bool{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	if err := l.index(); err != nil {
+		cancel()
+		return nil, err
+	}
+	names, err := os.ReadDir(filepath.Join(dir, chunksDir))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	for _, n := range names {
+		if off, err := strconv.ParseInt(n.Name(), 10, 64); err == nil {
+			l.have[off] = true
+		}
+	}
+	return l, nil
+}
+
+// tailReader reads the saved tail of a blob: what estargz.Open asks for.
+type tailReader struct {
+	b     []byte
+	start int64
+}
+
+func (t tailReader) ReadAt(p []byte, off int64) (int, error) {
+	if off < t.start {
+		return 0, fmt.Errorf("offset %d is before the saved TOC", off)
+	}
+	return bytes.NewReader(t.b).ReadAt(p, off-t.start)
+}
+
+// index lists the TOC's entries and data chunks. A chunk whose payload
+// shares its gzip member with another (InnerOffset) was refused by
+// VerifyTOC already (offsets must be unique).
+func (l *Layer) index() error {
+	root, ok := l.toc.Lookup("")
+	if !ok {
+		return errors.New("TOC has no root")
+	}
+	seen := map[*estargz.TOCEntry]bool{} // a hard link is its target under another name
+	var walk func(e *estargz.TOCEntry)
+	walk = func(e *estargz.TOCEntry) {
+		e.ForeachChild(func(_ string, c *estargz.TOCEntry) bool {
+			if seen[c] {
+				return true
+			}
+			seen[c] = true
+			l.entries = append(l.entries, c)
+			switch c.Type {
+			case "reg":
+				l.addChunks(c)
+			case "dir":
+				walk(c)
+			}
+			return true
+		})
+	}
+	walk(root)
+	if lm, ok := l.toc.Lookup(estargz.PrefetchLandmark); ok {
+		l.landmark = lm.Offset
+	}
+	slices.SortFunc(l.chunks, func(a, b chunk) int { return int(a.ent.Offset - b.ent.Offset) })
+	return nil
+}
+
+func (l *Layer) addChunks(e *estargz.TOCEntry) {
+	if e.Size == 0 {
+		return
+	}
+	for off := int64(0); off < e.Size; {
+		c, ok := l.toc.ChunkEntryForOffset(e.Name, off)
+		if !ok || c.ChunkSize <= 0 {
+			return
+		}
+		l.chunks = append(l.chunks, chunk{ent: c, end: c.NextOffset()})
+		off = c.ChunkOffset + c.ChunkSize
+	}
+}
+
+// prioritised are the chunks before the prefetch landmark.
+func (l *Layer) prioritised() []chunk {
+	i, _ := slices.BinarySearchFunc(l.chunks, l.landmark, func(c chunk, off int64) int { return int(c.ent.Offset - off) })
+	return l.chunks[:i]
+}
+
+// fetchChunks fetches cs (in blob order) in runs of neighbours, one
+// request per run of up to groupBytes.
+func (l *Layer) fetchChunks(ctx context.Context, cs []chunk) error {
+	for _, run := range runs(cs) {
+		if err := l.fetchRun(ctx, run); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runs splits cs into runs of chunks adjacent in the blob.
+func runs(cs []chunk) [][]chunk {
+	var out [][]chunk
+	for i := 0; i < len(cs); {
+		j := i + 1
+		for j < len(cs) && cs[j].ent.Offset == cs[j-1].end && cs[j].end-cs[i].ent.Offset <= groupBytes {
+			j++
+		}
+		out = append(out, cs[i:j])
+		i = j
+	}
+	return out
+}
+
+// fetchRun fetches the compressed bytes of a run of adjacent chunks in one
+// request and caches each chunk that passes its digest check.
+func (l *Layer) fetchRun(ctx context.Context, run []chunk) error {
+	if l.src == nil {
+		return errors.New("no registry to fetch from (berthd restarted before the layer was complete)")
+	}
+	base := run[0].ent.Offset
+	b, err := fetch(ctx, l.src, l.blob, registry.Span{Start: base, End: run[len(run)-1].end})
+	if err != nil {
+		return err
+	}
+	for _, c := range run {
+		if err := l.store(c, b[c.ent.Offset-base:c.end-base]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// store decompresses one chunk, checks its digest and caches it.
+func (l *Layer) store(c chunk, compressed []byte) error {
+	zr, err := gzip.NewReader(bytes.NewReader(compressed))
+	if err != nil {
+		return fmt.Errorf("chunk at %d of blob %s: %w", c.ent.Offset, l.blob.Digest, err)
+	}
+	data := make([]byte, c.ent.ChunkSize)
+	if _, err := io.ReadFull(zr, data); err != nil {
+		return fmt.Errorf("chunk at %d of blob %s: %w", c.ent.Offset, l.blob.Digest, err)
+	}
+	v, err := l.verify.Verifier(c.ent)
+	if err != nil {
+		return err
+	}
+	if _, err := v.Write(data); err != nil || !v.Verified() {
+		return fmt.Errorf("chunk at %d of blob %s: digest mismatch", c.ent.Offset, l.blob.Digest)
+	}
+	dst := filepath.Join(l.dir, chunksDir, c.name())
+	tmp, err := os.CreateTemp(filepath.Join(l.dir, chunksDir), "tmp-")
+	if err != nil {
+		return err
+	}
+	_, err = tmp.Write(data)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), dst)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	l.mu.Lock()
+	l.have[c.ent.Offset] = true
+	l.mu.Unlock()
+	return nil
+}
+
+// ensure makes chunk c cached, fetching it unless another read is.
+func (l *Layer) ensure(c chunk) error {
+	for {
+		l.mu.Lock()
+		if l.have[c.ent.Offset] {
+			l.mu.Unlock()
+			return nil
+		}
+		wait, busy := l.flights[c.ent.Offset]
+		if !busy {
+			wait = make(chan struct{})
+			l.flights[c.ent.Offset] = wait
+		}
+		l.mu.Unlock()
+		if busy {
+			select {
+			case <-wait:
+				continue // cached, or failed: then this read tries itself
+			case <-l.ctx.Done():
+				return l.ctx.Err()
+			}
+		}
+		err := l.fetchRun(l.ctx, []chunk{c})
+		l.mu.Lock()
+		delete(l.flights, c.ent.Offset)
+		l.mu.Unlock()
+		close(wait)
+		return err
+	}
+}
+
+// readAt reads the file e at off into p from its chunks, fetching those
+// not cached; a chunk that cannot be fetched or fails its digest fails the
+// read.
+func (l *Layer) readAt(e *estargz.TOCEntry, p []byte, off int64) (int, error) {
+	n := 0
+	for n < len(p) && off+int64(n) < e.Size {
+		at := off + int64(n)
+		ce, ok := l.toc.ChunkEntryForOffset(e.Name, at)
+		if !ok {
+			return n, fmt.Errorf("%s: no chunk at %d", e.Name, at)
+		}
+		c := chunk{ent: ce, end: ce.NextOffset()}
+		if err := l.ensure(c); err != nil {
+			return n, err
+		}
+		m, err := l.readCached(c, p[n:min(len(p), n+int(ce.ChunkOffset+ce.ChunkSize-at))], at-ce.ChunkOffset)
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (l *Layer) readCached(c chunk, p []byte, off int64) (int, error) {
+	f, err := os.Open(filepath.Join(l.dir, chunksDir, c.name()))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return f.ReadAt(p, off)
+}
+
+// Complete fetches, in the background, every chunk not cached yet, at most
+// one request per slot of slots at a time across the node's layers, and
+// marks the layer complete when all are. Close stops it.
+func (l *Layer) Complete(slots *semaphore.Weighted) {
+	go func() {
+		defer close(l.done)
+		var wg sync.WaitGroup
+		var failed sync.Once
+		for _, run := range runs(l.missing()) {
+			if slots.Acquire(l.ctx, 1) != nil {
+				break
+			}
+			wg.Go(func() {
+				defer slots.Release(1)
+				if err := l.fetchRun(l.ctx, run); err != nil && l.ctx.Err() == nil {
+					failed.Do(func() {
+						l.log.Warn("lazy layer: background fetch failed; reads fetch what they need", "blob", l.blob.Digest, "err", err)
+					})
+				}
+			})
+		}
+		wg.Wait()
+		if len(l.missing()) == 0 {
+			if err := os.WriteFile(filepath.Join(l.dir, completeFile), nil, 0o600); err != nil {
+				l.log.Warn("lazy layer: mark complete", "blob", l.blob.Digest, "err", err)
+			}
+			l.log.Info("lazy layer complete", "blob", l.blob.Digest)
+		}
+	}()
+}
+
+func (l *Layer) missing() []chunk {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(l.chunks), func(c chunk) bool { return l.have[c.ent.Offset] })
+}
+
+// IsComplete says whether every chunk of the layer in dir is cached.
+func IsComplete(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, completeFile))
+	return err == nil
+}
+
+// IsLayer says whether dir holds a lazy layer.
+func IsLayer(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, metaFile))
+	return err == nil
+}
+
+// readFailed logs a read that failed: the container saw EIO.
+func (l *Layer) readFailed(name string, err error) {
+	l.log.Warn("lazy layer: read failed with EIO", "blob", l.blob.Digest, "file", name, "err", err)
+}

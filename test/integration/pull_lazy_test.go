@@ -1,0 +1,264 @@
+package integration
+
+import (
+	"bytes"
+	"compress/gzip"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/stargz-snapshotter/estargz"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/moby/sys/mountinfo"
+	"github.com/opencontainers/go-digest"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-runtime/berth/test/harness"
+)
+
+// lazyConfig turns lazy pulls on for a registry on plain HTTP.
+func lazyConfig(reg *harness.Registry) string {
+	return harness.PlainHTTP(reg.Host()) + "\n[image]\nlazy = true\n"
+}
+
+// stargzLayer is an eStargz layer built by a test, and where its parts are
+// in its blob.
+type stargzLayer struct {
+	blob      []byte
+	digest    v1.Hash
+	diffID    v1.Hash
+	toc       digest.Digest
+	tocOffset int64 // the TOC and footer are from here to the end
+	landmark  int64 // the prioritised files' chunks end here
+	bigChunk  int64 // the middle of the compressed bytes of a chunk of /data/big
+	big       []byte
+}
+
+func (l *stargzLayer) Digest() (v1.Hash, error)            { return l.digest, nil }
+func (l *stargzLayer) DiffID() (v1.Hash, error)            { return l.diffID, nil }
+func (l *stargzLayer) Size() (int64, error)                { return int64(len(l.blob)), nil }
+func (l *stargzLayer) MediaType() (types.MediaType, error) { return types.OCILayer, nil }
+func (l *stargzLayer) Compressed() (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(l.blob)), nil
+}
+func (l *stargzLayer) Uncompressed() (io.ReadCloser, error) {
+	return gzip.NewReader(bytes.NewReader(l.blob))
+}
+
+// prioritised says whether a range of the blob (end exclusive) is what a
+// lazy pull fetches before the container starts: the TOC and footer, or
+// the prioritised files.
+func (l *stargzLayer) prioritised(start, end int64) bool {
+	return start >= l.tocOffset-1024 || end <= l.landmark
+}
+
+// stargzImage is busybox (a plain gzip layer) with one eStargz layer on
+// top: /prio.txt prioritised, /data/big (1 MiB of random bytes, in 64 KiB
+// chunks) and /data/small.txt not.
+func stargzImage(t *testing.T) (v1.Image, *stargzLayer) {
+	t.Helper()
+	big := make([]byte, 1<<20)
+	rand.Read(big)
+	tarball := harness.TarBytes(t, []harness.File{
+		harness.Reg("prio.txt", "prioritised\n", 0o644),
+		harness.Dir("data", 0o755),
+		{Path: "data/big", Content: big, Mode: 0o644},
+		harness.Reg("data/small.txt", "not prioritised\n", 0o644),
+	})
+	b, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarball), 0, int64(len(tarball))),
+		estargz.WithPrioritizedFiles([]string{"prio.txt"}), estargz.WithChunkSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	blob, err := io.ReadAll(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &stargzLayer{blob: blob, toc: b.TOCDigest(), big: big}
+	sr := io.NewSectionReader(bytes.NewReader(blob), 0, int64(len(blob)))
+	if l.tocOffset, _, err = estargz.OpenFooter(sr); err != nil {
+		t.Fatal(err)
+	}
+	r, err := estargz.Open(sr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm, ok := r.Lookup(estargz.PrefetchLandmark)
+	if !ok {
+		t.Fatal("the eStargz layer has no prefetch landmark")
+	}
+	l.landmark = lm.Offset
+	c, ok := r.ChunkEntryForOffset("data/big", 512<<10)
+	if !ok {
+		t.Fatal("/data/big has no chunk at 512 KiB")
+	}
+	l.bigChunk = (c.Offset + c.NextOffset()) / 2
+	if l.digest, err = v1.NewHash(digest.FromBytes(blob).String()); err != nil {
+		t.Fatal(err)
+	}
+	if l.diffID, err = v1.NewHash(b.DiffID().String()); err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.Append(harness.BusyboxImage(t, harness.ImageSpec{}), mutate.Addendum{
+		Layer: l, Annotations: map[string]string{estargz.TOCJSONDigestAnnotation: l.toc.String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img, l
+}
+
+// lazyMounts lists the lazy layers mounted under root.
+func lazyMounts(t *testing.T, root string) []string {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("fuse.berth-lazy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range ms {
+		if strings.HasPrefix(m.Mountpoint, root+"/") {
+			out = append(out, m.Mountpoint)
+		}
+	}
+	return out
+}
+
+// lazyFolders lists the lazy layers' cache folders under root.
+func lazyFolders(t *testing.T, root string) []string {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join(root, harness.SnapshotsDir, "*", "lazy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dirs
+}
+
+// lazyPod pulls the image lazily and runs a sleeping container of it.
+func lazyPod(t *testing.T, reg *harness.Registry, img v1.Image) (*podEnv, string) {
+	t.Helper()
+	p := reg.Push(t, "berth/lazy:1", img)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
+	mustPull(t, d, p.Name, p.ID)
+	e := &podEnv{d: d, reg: reg, image: p.Name, logs: t.TempDir()}
+	t.Cleanup(func() { e.teardown(t) })
+	podCfg := e.podConfig("lazy")
+	pod := e.runPod(t, podCfg)
+	return e, e.runContainer(t, pod, podCfg, e.ctrConfig("reader", sleeper...))
+}
+
+// assertPrioritisedOnly fails t unless every range of the layer's blob the
+// registry served is the TOC or the prioritised files.
+func assertPrioritisedOnly(t *testing.T, reg *harness.Registry, l *stargzLayer) {
+	t.Helper()
+	ranges := reg.Ranges(l.digest)
+	if len(ranges) == 0 {
+		t.Fatal("the registry served no range of the eStargz layer")
+	}
+	for _, r := range ranges {
+		var start, end int64
+		if _, err := fmt.Sscanf(r, "bytes=%d-%d", &start, &end); err != nil || !l.prioritised(start, end+1) {
+			t.Errorf("before the container started the registry served %q of the eStargz layer (TOC from %d, prioritised files up to %d); all: %v",
+				r, l.tocOffset, l.landmark, ranges)
+		}
+	}
+}
+
+func TestPullLazyStartsBeforeFetched(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t)
+	reg.Gate(l.digest, l.prioritised) // the rest comes only when the test says
+	e, ctr := lazyPod(t, reg, img)
+	pod := e.listPodIDs(t, nil)
+
+	assertPrioritisedOnly(t, reg, l)
+	if got := e.exec(t, ctr, "cat", "/prio.txt"); got.code != 0 || got.stdout != "prioritised\n" {
+		t.Fatalf("cat /prio.txt: %+v, want the prioritised file", got)
+	}
+	assertPrioritisedOnly(t, reg, l) // read from the cache
+	if m := lazyMounts(t, e.d.Root); len(m) != 1 {
+		t.Fatalf("lazy mounts under berthd's root: %v, want the eStargz layer's alone", m)
+	}
+
+	reg.Ungate(l.digest)
+	if got := e.execWithin(t, ctr, 60, "cat", "/data/big"); got.code != 0 || got.stdout != string(l.big) {
+		t.Fatalf("cat /data/big: exit %d, %d bytes (equal: %v), stderr %q", got.code, len(got.stdout), got.stdout == string(l.big), got.stderr)
+	}
+	if !eventually(time.Minute, func() bool {
+		ok, _ := filepath.Glob(filepath.Join(e.d.Root, harness.SnapshotsDir, "*", "lazy", "complete"))
+		return len(ok) == 1
+	}) {
+		t.Fatalf("the background fetch did not complete the layer; ranges served: %v", reg.Ranges(l.digest))
+	}
+
+	// A plain image pulls as it always did, lazy pulls on or not.
+	plain := reg.Push(t, "berth/plain:1", harness.BusyboxImage(t, harness.ImageSpec{Config: v1.Config{Cmd: []string{"/bin/true"}}}))
+	mustPull(t, e.d, plain.Name, plain.ID)
+	if m := lazyMounts(t, e.d.Root); len(m) != 1 {
+		t.Fatalf("lazy mounts after a plain pull: %v, want the eStargz layer's alone", m)
+	}
+	removeImage(t, e.d, plain.Name)
+
+	// Removing the image and its container unmounts the layer and removes
+	// its cache.
+	for _, p := range pod {
+		if _, err := e.d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removeImage(t, e.d, e.image)
+	if !eventually(30*time.Second, func() bool {
+		return len(lazyMounts(t, e.d.Root)) == 0 && len(lazyFolders(t, e.d.Root)) == 0
+	}) {
+		t.Fatalf("after removal: lazy mounts %v, cache folders %v", lazyMounts(t, e.d.Root), lazyFolders(t, e.d.Root))
+	}
+	harness.AssertNoLeaks(t, e.d.Root, harness.WantSnapshots(0))
+}
+
+func TestPullLazyCorruptChunkFailsRead(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t)
+	// A byte in the compressed data of a chunk of /data/big (a gzip
+	// header's bytes would not change what it decompresses to).
+	reg.Corrupt(l.digest, l.bigChunk)
+	e, ctr := lazyPod(t, reg, img)
+
+	if got := e.exec(t, ctr, "cat", "/prio.txt"); got.code != 0 || got.stdout != "prioritised\n" {
+		t.Fatalf("cat /prio.txt: %+v, want the prioritised file", got)
+	}
+	got := e.execWithin(t, ctr, 60, "cat", "/data/big")
+	if got.code == 0 || !strings.Contains(got.stderr, "Input/output error") {
+		t.Fatalf("cat /data/big with a corrupt chunk: exit %d, stderr %q, want EIO", got.code, got.stderr)
+	}
+	if len(got.stdout) >= len(l.big) || !bytes.HasPrefix(l.big, []byte(got.stdout)) {
+		t.Fatalf("cat /data/big with a corrupt chunk returned %d bytes that are not a prefix of the file", len(got.stdout))
+	}
+}
+
+func TestPullLazyRegistryGone(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t)
+	reg.Gate(l.digest, l.prioritised)
+	e, ctr := lazyPod(t, reg, img)
+
+	reg.Stop()
+	if got := e.exec(t, ctr, "cat", "/prio.txt"); got.code != 0 || got.stdout != "prioritised\n" {
+		t.Fatalf("cat /prio.txt with the registry gone: %+v, want the fetched file", got)
+	}
+	got := e.execWithin(t, ctr, 60, "cat", "/data/small.txt")
+	if got.code == 0 || got.stdout != "" || !strings.Contains(got.stderr, "Input/output error") {
+		t.Fatalf("cat /data/small.txt with the registry gone: %+v, want EIO and nothing read", got)
+	}
+}
