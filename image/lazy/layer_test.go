@@ -1,0 +1,207 @@
+package lazy
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	berthreg "github.com/berth-runtime/berth/image/registry"
+	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/opencontainers/go-digest"
+)
+
+// tarOf makes a tar of regular files, in order.
+func tarOf(t *testing.T, files ...[2]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: f[0], Mode: 0o644, Size: int64(len(f[1])), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(f[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// build makes an eStargz blob of tarball and returns it with its TOC digest.
+func build(t *testing.T, tarball []byte, prio ...string) ([]byte, digest.Digest) {
+	t.Helper()
+	b, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarball), 0, int64(len(tarball))),
+		estargz.WithPrioritizedFiles(prio), estargz.WithChunkSize(4<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	blob, err := io.ReadAll(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blob, b.TOCDigest()
+}
+
+// retoc rewrites the TOC of blob with edit, in place (the footer, which
+// holds the TOC's offset, stays valid), and returns the new blob and TOC
+// digest: what an image whose TOC lies about a chunk's digest would be.
+func retoc(t *testing.T, blob []byte, edit func(*estargz.JTOC)) ([]byte, digest.Digest) {
+	t.Helper()
+	tocOff, footer, err := estargz.OpenFooter(io.NewSectionReader(bytes.NewReader(blob), 0, int64(len(blob))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(blob[tocOff : int64(len(blob))-footer]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	if _, err := tr.Next(); err != nil {
+		t.Fatal(err)
+	}
+	var toc estargz.JTOC
+	if err := json.NewDecoder(tr).Decode(&toc); err != nil {
+		t.Fatal(err)
+	}
+	edit(&toc)
+	js, err := json.Marshal(toc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	if err := tw.WriteHeader(&tar.Header{Name: estargz.TOCTarName, Mode: 0o644, Size: int64(len(js)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write(js)
+	tw.Close()
+	zw.Close()
+	out := append(append(append([]byte(nil), blob[:tocOff]...), buf.Bytes()...), blob[int64(len(blob))-footer:]...)
+	return out, digest.FromBytes(js)
+}
+
+// serve pushes blob to a registry on loopback and returns its fetcher.
+func serve(t *testing.T, blob []byte) (Source, Blob) {
+	t.Helper()
+	srv := httptest.NewServer(registry.New())
+	t.Cleanup(srv.Close)
+	repo, err := name.NewRepository(strings.TrimPrefix(srv.URL, "http://")+"/lazy", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteLayer(repo, static.NewLayer(blob, types.OCILayer)); err != nil {
+		t.Fatal(err)
+	}
+	return berthreg.NewBlobs(http.DefaultTransport, repo), Blob{Digest: digest.FromBytes(blob), Size: int64(len(blob))}
+}
+
+func readAll(l *Layer, name string) ([]byte, error) {
+	e, ok := l.toc.Lookup(name)
+	if !ok {
+		return nil, io.ErrUnexpectedEOF
+	}
+	buf := make([]byte, e.Size)
+	n, err := l.readAt(e, buf, 0)
+	return buf[:n], err
+}
+
+func TestPrepareFetchesPrioritisedThenReadsOnDemand(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<10) // 16 KiB: four chunks
+	blob, toc := build(t, tarOf(t, [2]string{"prio", "first"}, [2]string{"big", big}), "prio")
+	src, b := serve(t, blob)
+	b.TOCDigest = toc
+	dir := t.TempDir()
+	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
+		t.Fatal(err)
+	}
+	cached, err := Load(dir, nil, nil) // no registry: only what Prepare fetched
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(cached, "prio"); err != nil || string(got) != "first" {
+		t.Fatalf("prioritised file from the cache: %q, %v", got, err)
+	}
+	if _, err := readAll(cached, "big"); err == nil {
+		t.Fatal("a file Prepare did not fetch read without a registry")
+	}
+	l, err := Load(dir, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(l, "big"); err != nil || string(got) != big {
+		t.Fatalf("big file on demand: %d bytes, %v", len(got), err)
+	}
+}
+
+func TestChunkFailingItsDigestFailsTheRead(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<10)
+	blob, _ := build(t, tarOf(t, [2]string{"big", big}))
+	// The TOC (and the annotation's digest, which the test gives) says
+	// the third chunk is other bytes than the blob holds.
+	blob, toc := retoc(t, blob, func(j *estargz.JTOC) {
+		n := 0
+		for _, e := range j.Entries {
+			if (e.Type == "chunk" || e.Name == "big") && e.ChunkDigest != "" {
+				if n == 2 {
+					e.ChunkDigest = digest.FromString("other bytes").String()
+				}
+				n++
+			}
+		}
+	})
+	src, b := serve(t, blob)
+	b.TOCDigest = toc
+	dir := t.TempDir()
+	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(dir, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(l, "big")
+	if err == nil || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("read of a file with a chunk failing its digest: %v, want a digest mismatch", err)
+	}
+	if len(got) != 8<<10 || string(got) != big[:8<<10] {
+		t.Fatalf("the read returned %d bytes before the bad chunk, want the two good chunks' 8192", len(got))
+	}
+}
+
+func TestTOCNotMatchingTheAnnotationIsRefused(t *testing.T) {
+	blob, _ := build(t, tarOf(t, [2]string{"f", "x"}))
+	src, b := serve(t, blob)
+	b.TOCDigest = digest.FromString("another TOC")
+	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b); err == nil {
+		t.Fatal("Prepare took a TOC that does not match the descriptor's digest")
+	}
+}
+
+func TestBlobWithoutFooterIsNotLazy(t *testing.T) {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write(tarOf(t, [2]string{"f", "x"}))
+	zw.Close()
+	src, b := serve(t, buf.Bytes())
+	b.TOCDigest = digest.FromString("toc")
+	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b); !errors.Is(err, ErrNotLazy) {
+		t.Fatalf("Prepare of a plain gzip layer: %v, want ErrNotLazy", err)
+	}
+}
