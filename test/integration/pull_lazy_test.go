@@ -262,3 +262,46 @@ func TestPullLazyRegistryGone(t *testing.T) {
 		t.Fatalf("cat /data/small.txt with the registry gone: %+v, want EIO and nothing read", got)
 	}
 }
+
+// A berthd killed with lazy layers mounted leaves their mounts without a
+// server; the next one detaches them, serves the complete layer again from
+// its cache (with the registry gone) and drops the incomplete one, whose
+// image is then pulled again.
+func TestPullLazyBerthdKilled(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img1, l1 := stargzImage(t)
+	img2, l2 := stargzImage(t)
+	p1, p2 := reg.Push(t, "berth/lazy:complete", img1), reg.Push(t, "berth/lazy:partial", img2)
+	reg.Gate(l2.digest, l2.prioritised)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
+	mustPull(t, d, p1.Name, p1.ID)
+	if !eventually(time.Minute, func() bool {
+		ok, _ := filepath.Glob(filepath.Join(d.Root, harness.SnapshotsDir, "*", "lazy", "complete"))
+		return len(ok) == 1
+	}) {
+		t.Fatal("the first image's lazy layer did not complete")
+	}
+	mustPull(t, d, p2.Name, p2.ID)
+
+	d.Kill()
+	if m := lazyMounts(t, d.Root); len(m) != 2 {
+		t.Fatalf("lazy mounts after berthd was killed: %v, want the two it left", m)
+	}
+	reg.Stop()
+	d.Restart()
+	if m, f := lazyMounts(t, d.Root), lazyFolders(t, d.Root); len(m) != 1 || len(f) != 1 {
+		t.Fatalf("after the restart: lazy mounts %v, cache folders %v; want the complete layer's alone", m, f)
+	}
+	mustStatus(t, d, p1.Name)
+	assertAbsent(t, d, p2.Name)
+
+	e := &podEnv{d: d, reg: reg, image: p1.Name, logs: t.TempDir()}
+	t.Cleanup(func() { e.teardown(t) })
+	podCfg := e.podConfig("lazy")
+	ctr := e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
+	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l1.big) {
+		t.Fatalf("cat /data/big from the cache after the restart: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
+}
