@@ -99,7 +99,7 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 // completes it in the background.
 func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) error {
 	fsDir := s.snaps.Dir(snap)
-	l, err := lazy.Load(lazyDir(fsDir), src, s.log)
+	l, err := lazy.Load(lazyDir(fsDir), src, lazy.Options{Log: s.log, StallTimeout: s.opts.ProgressTimeout, ReadFailed: s.metrics.lazyReadFailed})
 	if err != nil {
 		return err
 	}

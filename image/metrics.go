@@ -13,6 +13,7 @@ type metrics struct {
 	pullBytes    prometheus.Counter
 	pullDuration *prometheus.HistogramVec
 	layers       *prometheus.CounterVec
+	lazyReadEIO  prometheus.Counter
 
 	images, imageBytes *prometheus.Desc
 }
@@ -37,10 +38,14 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 			Name: "berth_image_layers_total",
 			Help: "Layers pulls and imports needed, by whether they were unpacked, mounted lazily (eStargz, [image] lazy) or reused (already on disk, or unpacked by a concurrent pull).",
 		}, []string{"result"}),
+		lazyReadEIO: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "berth_image_lazy_read_failures_total",
+			Help: "Reads of lazily pulled layers that failed with EIO: a chunk the registry did not serve, or that failed its digest.",
+		}),
 		images:     prometheus.NewDesc("berth_images", "Images stored.", nil, nil),
 		imageBytes: prometheus.NewDesc("berth_images_size_bytes", "Unpacked size of all stored images (shared layers counted once per image).", nil, nil),
 	}
-	reg.MustRegister(x.pullBytes, x.pullDuration, x.layers, &imageCollector{s: s, x: x})
+	reg.MustRegister(x.pullBytes, x.pullDuration, x.layers, x.lazyReadEIO, &imageCollector{s: s, x: x})
 	return x
 }
 
@@ -60,6 +65,13 @@ func (x *metrics) pulled(start time.Time, bytes int64, err error) {
 func (x *metrics) layer(result string) {
 	if x != nil {
 		x.layers.WithLabelValues(result).Inc()
+	}
+}
+
+// lazyReadFailed counts a read of a lazy layer that failed with EIO.
+func (x *metrics) lazyReadFailed() {
+	if x != nil {
+		x.lazyReadEIO.Inc()
 	}
 }
 

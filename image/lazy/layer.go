@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/containerd/stargz-snapshotter/estargz"
@@ -38,6 +39,20 @@ const TOCDigestAnnotation = estargz.TOCJSONDigestAnnotation
 // served lazily and is to be pulled whole: its blob has no eStargz footer,
 // or the registry does not serve byte ranges.
 var ErrNotLazy = errors.New("layer cannot be pulled lazily")
+
+// ErrStalled is returned (wrapped) for a request that moved no byte for
+// the layer's StallTimeout.
+var ErrStalled = errors.New("no progress")
+
+// Options tune a loaded layer.
+type Options struct {
+	Log *slog.Logger // nil: slog.Default
+	// StallTimeout cancels a request that moves no byte for this long, so
+	// that a read does not hang on a registry that stopped sending; 0: never.
+	StallTimeout time.Duration
+	// ReadFailed is called for every read that failed with EIO.
+	ReadFailed func()
+}
 
 // Source fetches byte ranges of a blob (registry.Blobs, with the pull's
 // credentials and endpoint).
@@ -70,7 +85,8 @@ const groupBytes = 4 << 20
 // before the format's prefetch landmark. It returns the layer's
 // uncompressed size and entry count.
 func Prepare(ctx context.Context, dir string, src Source, blob Blob) (size, inodes int64, err error) {
-	foot, err := fetch(ctx, src, blob, registry.Span{Start: max(blob.Size-estargz.FooterSize, 0), End: blob.Size})
+	// The pull's own progress watch covers these requests.
+	foot, err := fetch(ctx, src, blob, registry.Span{Start: max(blob.Size-estargz.FooterSize, 0), End: blob.Size}, 0)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -80,7 +96,7 @@ func Prepare(ctx context.Context, dir string, src Source, blob Blob) (size, inod
 	}
 	// Open reads a little before the TOC on a tiny blob: keep that too.
 	blob.TailStart = max(min(tocOff, blob.Size-1024), 0)
-	tail, err := fetch(ctx, src, blob, registry.Span{Start: blob.TailStart, End: blob.Size})
+	tail, err := fetch(ctx, src, blob, registry.Span{Start: blob.TailStart, End: blob.Size}, 0)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -97,7 +113,7 @@ func Prepare(ctx context.Context, dir string, src Source, blob Blob) (size, inod
 	if err := os.WriteFile(filepath.Join(dir, metaFile), meta, 0o600); err != nil {
 		return 0, 0, err
 	}
-	l, err := Load(dir, src, nil)
+	l, err := Load(dir, src, Options{})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -111,9 +127,28 @@ func Prepare(ctx context.Context, dir string, src Source, blob Blob) (size, inod
 	return size, int64(len(l.entries)), nil
 }
 
-// fetch reads span of the blob whole; a registry that answers with the
-// whole blob does not serve ranges.
-func fetch(ctx context.Context, src Source, blob Blob, span registry.Span) ([]byte, error) {
+// fetch reads span of the blob whole, cancelled when no byte came for
+// stall (0: never); a registry that answers with the whole blob does not
+// serve ranges.
+func fetch(ctx context.Context, src Source, blob Blob, span registry.Span, stall time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	progress := func() {}
+	if stall > 0 {
+		timer := time.AfterFunc(stall, func() {
+			cancel(fmt.Errorf("%w: blob %s %s moved no byte for %s", ErrStalled, blob.Digest, span.RangeHeader(), stall))
+		})
+		defer timer.Stop()
+		progress = func() { timer.Reset(stall) }
+	}
+	buf, err := fetchBody(ctx, src, blob, span, progress)
+	if err != nil && ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
+	return buf, err
+}
+
+func fetchBody(ctx context.Context, src Source, blob Blob, span registry.Span, progress func()) ([]byte, error) {
 	body, err := src.Get(ctx, blob.Digest.String(), blob.Size, span, true)
 	if err != nil {
 		if errors.Is(err, registry.ErrRangeRefused) {
@@ -126,8 +161,18 @@ func fetch(ctx context.Context, src Source, blob Blob, span registry.Span) ([]by
 		return nil, fmt.Errorf("%w: the registry does not serve byte ranges of blob %s", ErrNotLazy, blob.Digest)
 	}
 	buf := make([]byte, span.Len())
-	if _, err := io.ReadFull(body, buf); err != nil {
-		return nil, fmt.Errorf("blob %s %s: %w", blob.Digest, span.RangeHeader(), err)
+	for n := 0; n < len(buf); {
+		m, err := body.Read(buf[n:])
+		if m > 0 {
+			n += m
+			progress()
+		}
+		if err == io.EOF && n < len(buf) {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			return nil, fmt.Errorf("blob %s %s: %w", blob.Digest, span.RangeHeader(), err)
+		}
 	}
 	return buf, nil
 }
@@ -149,7 +194,7 @@ type Layer struct {
 	toc      *estargz.Reader
 	verify   estargz.TOCEntryVerifier
 	src      Source // nil: a missing chunk fails its read
-	log      *slog.Logger
+	opts     Options
 	entries  []*estargz.TOCEntry // every entry, in TOC order
 	chunks   []chunk             // every data chunk, in blob order
 	landmark int64               // the prefetch landmark's offset, 0 if none
@@ -166,9 +211,12 @@ type Layer struct {
 
 // Load opens a prepared layer from dir. src may be nil: then only cached
 // chunks can be read.
-func Load(dir string, src Source, log *slog.Logger) (*Layer, error) {
-	if log == nil {
-		log = slog.Default()
+func Load(dir string, src Source, opts Options) (*Layer, error) {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.ReadFailed == nil {
+		opts.ReadFailed = func() {}
 	}
 	var blob Blob
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))
@@ -191,7 +239,7 @@ func Load(dir string, src Source, log *slog.Logger) (*Layer, error) {
 		return nil, fmt.Errorf("blob %s: %w", blob.Digest, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Layer{dir: dir, blob: blob, toc: toc, verify: verify, src: src, log: log,
+	l := &Layer{dir: dir, blob: blob, toc: toc, verify: verify, src: src, opts: opts,
 		have: map[int64]bool{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	if err := l.index(); err != nil {
 		cancel()
@@ -309,7 +357,7 @@ func (l *Layer) fetchRun(ctx context.Context, run []chunk) error {
 		return errors.New("no registry to fetch from (berthd restarted before the layer was complete)")
 	}
 	base := run[0].ent.Offset
-	b, err := fetch(ctx, l.src, l.blob, registry.Span{Start: base, End: run[len(run)-1].end})
+	b, err := fetch(ctx, l.src, l.blob, registry.Span{Start: base, End: run[len(run)-1].end}, l.opts.StallTimeout)
 	if err != nil {
 		return err
 	}
@@ -440,7 +488,7 @@ func (l *Layer) Complete(slots *semaphore.Weighted) {
 				defer slots.Release(1)
 				if err := l.fetchRun(l.ctx, run); err != nil && l.ctx.Err() == nil {
 					failed.Do(func() {
-						l.log.Warn("lazy layer: background fetch failed; reads fetch what they need", "blob", l.blob.Digest, "err", err)
+						l.opts.Log.Warn("lazy layer: background fetch failed; reads fetch what they need", "blob", l.blob.Digest, "err", err)
 					})
 				}
 			})
@@ -448,9 +496,9 @@ func (l *Layer) Complete(slots *semaphore.Weighted) {
 		wg.Wait()
 		if len(l.missing()) == 0 {
 			if err := os.WriteFile(filepath.Join(l.dir, completeFile), nil, 0o600); err != nil {
-				l.log.Warn("lazy layer: mark complete", "blob", l.blob.Digest, "err", err)
+				l.opts.Log.Warn("lazy layer: mark complete", "blob", l.blob.Digest, "err", err)
 			}
-			l.log.Info("lazy layer complete", "blob", l.blob.Digest)
+			l.opts.Log.Info("lazy layer complete", "blob", l.blob.Digest)
 		}
 	}()
 }
@@ -473,7 +521,8 @@ func IsLayer(dir string) bool {
 	return err == nil
 }
 
-// readFailed logs a read that failed: the container saw EIO.
+// readFailed logs and counts a read that failed: the container saw EIO.
 func (l *Layer) readFailed(name string, err error) {
-	l.log.Warn("lazy layer: read failed with EIO", "blob", l.blob.Digest, "file", name, "err", err)
+	l.opts.ReadFailed()
+	l.opts.Log.Warn("lazy layer: read failed with EIO", "blob", l.blob.Digest, "file", name, "err", err)
 }

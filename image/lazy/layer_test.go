@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	berthreg "github.com/berth-runtime/berth/image/registry"
 	"github.com/containerd/stargz-snapshotter/estargz"
@@ -100,7 +102,21 @@ func retoc(t *testing.T, blob []byte, edit func(*estargz.JTOC)) ([]byte, digest.
 // serve pushes blob to a registry on loopback and returns its fetcher.
 func serve(t *testing.T, blob []byte) (Source, Blob) {
 	t.Helper()
-	srv := httptest.NewServer(registry.New())
+	return serveStalling(t, blob, new(atomic.Bool))
+}
+
+// serveStalling is serve with a registry whose blob GETs, while stall is
+// set, get no answer until the client gives up.
+func serveStalling(t *testing.T, blob []byte, stall *atomic.Bool) (Source, Blob) {
+	t.Helper()
+	reg := registry.New()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if stall.Load() && strings.Contains(r.URL.Path, "/blobs/sha256:") && r.Method == http.MethodGet {
+			<-r.Context().Done()
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	repo, err := name.NewRepository(strings.TrimPrefix(srv.URL, "http://")+"/lazy", name.Insecure)
 	if err != nil {
@@ -131,7 +147,7 @@ func TestPrepareFetchesPrioritisedThenReadsOnDemand(t *testing.T) {
 	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
 		t.Fatal(err)
 	}
-	cached, err := Load(dir, nil, nil) // no registry: only what Prepare fetched
+	cached, err := Load(dir, nil, Options{}) // no registry: only what Prepare fetched
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +157,7 @@ func TestPrepareFetchesPrioritisedThenReadsOnDemand(t *testing.T) {
 	if _, err := readAll(cached, "big"); err == nil {
 		t.Fatal("a file Prepare did not fetch read without a registry")
 	}
-	l, err := Load(dir, src, nil)
+	l, err := Load(dir, src, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +188,7 @@ func TestChunkFailingItsDigestFailsTheRead(t *testing.T) {
 	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Load(dir, src, nil)
+	l, err := Load(dir, src, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,5 +219,29 @@ func TestBlobWithoutFooterIsNotLazy(t *testing.T) {
 	b.TOCDigest = digest.FromString("toc")
 	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b); !errors.Is(err, ErrNotLazy) {
 		t.Fatalf("Prepare of a plain gzip layer: %v, want ErrNotLazy", err)
+	}
+}
+
+func TestStalledFetchFailsTheRead(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<10)
+	blob, toc := build(t, tarOf(t, [2]string{"big", big}))
+	stall := new(atomic.Bool)
+	src, b := serveStalling(t, blob, stall)
+	b.TOCDigest = toc
+	dir := t.TempDir()
+	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(dir, src, Options{StallTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stall.Store(true)
+	start := time.Now()
+	if _, err := readAll(l, "big"); !errors.Is(err, ErrStalled) {
+		t.Fatalf("read from a registry that stopped sending: %v, want ErrStalled", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the stalled read failed after %s, want about the 200 ms stall timeout", took)
 	}
 }
