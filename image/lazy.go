@@ -65,15 +65,11 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 		return err
 	}
 	defer slots.Release(1)
-	dir, err := s.snaps.Prepare()
+	dir, abort, err := s.prepareSnapshot()
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			s.snaps.Abort(dir)
-		}
-	}()
+	defer func() { abort(err) }()
 	size, inodes, err := lazy.Prepare(ctx, lazyDir(dir), src, blob)
 	if err != nil {
 		return fmt.Errorf("lazy layer %s: %w", blob.Digest, err)

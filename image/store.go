@@ -314,15 +314,11 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	}
 	closeStream := sync.OnceValue(rc.Close)
 	defer closeStream()
-	dir, err := s.snaps.Prepare()
+	dir, abort, err := s.prepareSnapshot()
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			s.snaps.Abort(dir)
-		}
-	}()
+	defer func() { abort(err) }()
 	var stream io.Reader = rc
 	if s.opts.MaxLayerBytes > 0 {
 		stream = unpack.Bound(rc, s.opts.MaxLayerBytes)
@@ -355,6 +351,20 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 	s.log.Debug("unpacked layer", "diffID", diffID, "bytes", stats.Bytes, "inodes", stats.Inodes,
 		"unpack", unpacked.Sub(start), "commit", time.Since(unpacked))
 	return nil
+}
+
+// prepareSnapshot makes a folder to fill and commit, and returns it with
+// its rollback: abort(err) discards the folder when err is not nil.
+func (s *Service) prepareSnapshot() (dir string, abort func(error), err error) {
+	dir, err = s.snaps.Prepare()
+	if err != nil {
+		return "", nil, err
+	}
+	return dir, func(err error) {
+		if err != nil {
+			s.snaps.Abort(dir)
+		}
+	}, nil
 }
 
 // layerError names the layer in err, and the bounds when it is too large.

@@ -44,20 +44,22 @@ func tarOf(t *testing.T, files ...[2]string) []byte {
 	return buf.Bytes()
 }
 
-// build makes an eStargz blob of tarball and returns it with its TOC digest.
-func build(t *testing.T, tarball []byte, prio ...string) ([]byte, digest.Digest) {
+// build makes an eStargz blob of tarball, in 4 KiB chunks, and returns it
+// with its TOC digest. The files a tar puts before a ".prefetch.landmark"
+// are its prioritised files.
+func build(t *testing.T, tarball []byte) ([]byte, digest.Digest) {
 	t.Helper()
-	b, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarball), 0, int64(len(tarball))),
-		estargz.WithPrioritizedFiles(prio), estargz.WithChunkSize(4<<10))
+	var buf bytes.Buffer
+	w := estargz.NewWriter(&buf)
+	w.ChunkSize = 4 << 10
+	if err := w.AppendTar(bytes.NewReader(tarball)); err != nil {
+		t.Fatal(err)
+	}
+	toc, err := w.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	blob, err := io.ReadAll(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return blob, b.TOCDigest()
+	return buf.Bytes(), toc
 }
 
 // retoc rewrites the TOC of blob with edit, in place (the footer, which
@@ -140,7 +142,7 @@ func readAll(l *Layer, name string) ([]byte, error) {
 
 func TestPrepareFetchesPrioritisedThenReadsOnDemand(t *testing.T) {
 	big := strings.Repeat("0123456789abcdef", 1<<10) // 16 KiB: four chunks
-	blob, toc := build(t, tarOf(t, [2]string{"prio", "first"}, [2]string{"big", big}), "prio")
+	blob, toc := build(t, tarOf(t, [2]string{"prio", "first"}, [2]string{estargz.PrefetchLandmark, "\x0f"}, [2]string{"big", big}))
 	src, b := serve(t, blob)
 	b.TOCDigest = toc
 	dir := t.TempDir()

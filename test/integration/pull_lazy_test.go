@@ -140,9 +140,16 @@ func lazyFolders(t *testing.T, root string) []string {
 	return dirs
 }
 
-// lazyPod pulls the image lazily and runs a sleeping container of it.
-func lazyPod(t *testing.T, reg *harness.Registry, img v1.Image) (*podEnv, string) {
+// lazyPod starts a lazy-pull test: a registry serving an eStargz image
+// (arrange sets its gates and faults before anything is pulled), a berthd
+// with lazy pulls, and a sleeping container of the image pulled lazily.
+func lazyPod(t *testing.T, arrange func(*harness.Registry, *stargzLayer)) (*harness.Registry, *stargzLayer, *podEnv, string) {
 	t.Helper()
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t)
+	arrange(reg, l)
 	p := reg.Push(t, "berth/lazy:1", img)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
 	mustPull(t, d, p.Name, p.ID)
@@ -150,8 +157,12 @@ func lazyPod(t *testing.T, reg *harness.Registry, img v1.Image) (*podEnv, string
 	t.Cleanup(func() { e.teardown(t) })
 	podCfg := e.podConfig("lazy")
 	pod := e.runPod(t, podCfg)
-	return e, e.runContainer(t, pod, podCfg, e.ctrConfig("reader", sleeper...))
+	return reg, l, e, e.runContainer(t, pod, podCfg, e.ctrConfig("reader", sleeper...))
 }
+
+// gateRest makes the registry hold back every range of the layer but the
+// TOC and the prioritised files until the test says.
+func gateRest(reg *harness.Registry, l *stargzLayer) { reg.Gate(l.digest, l.prioritised) }
 
 // assertPrioritisedOnly fails t unless every range of the layer's blob the
 // registry served is the TOC or the prioritised files.
@@ -171,12 +182,7 @@ func assertPrioritisedOnly(t *testing.T, reg *harness.Registry, l *stargzLayer) 
 }
 
 func TestPullLazyStartsBeforeFetched(t *testing.T) {
-	harness.RequireIntegration(t)
-	t.Parallel()
-	reg := harness.NewRegistry(t)
-	img, l := stargzImage(t)
-	reg.Gate(l.digest, l.prioritised) // the rest comes only when the test says
-	e, ctr := lazyPod(t, reg, img)
+	reg, l, e, ctr := lazyPod(t, gateRest)
 	pod := e.listPodIDs(t, nil)
 
 	assertPrioritisedOnly(t, reg, l)
@@ -224,14 +230,11 @@ func TestPullLazyStartsBeforeFetched(t *testing.T) {
 }
 
 func TestPullLazyCorruptChunkFailsRead(t *testing.T) {
-	harness.RequireIntegration(t)
-	t.Parallel()
-	reg := harness.NewRegistry(t)
-	img, l := stargzImage(t)
-	// A byte in the compressed data of a chunk of /data/big (a gzip
-	// header's bytes would not change what it decompresses to).
-	reg.Corrupt(l.digest, l.bigChunk)
-	e, ctr := lazyPod(t, reg, img)
+	_, l, e, ctr := lazyPod(t, func(reg *harness.Registry, l *stargzLayer) {
+		// A byte in the compressed data of a chunk of /data/big (a gzip
+		// header's bytes would not change what it decompresses to).
+		reg.Corrupt(l.digest, l.bigChunk)
+	})
 
 	if got := e.exec(t, ctr, "cat", "/prio.txt"); got.code != 0 || got.stdout != "prioritised\n" {
 		t.Fatalf("cat /prio.txt: %+v, want the prioritised file", got)
@@ -246,12 +249,7 @@ func TestPullLazyCorruptChunkFailsRead(t *testing.T) {
 }
 
 func TestPullLazyRegistryGone(t *testing.T) {
-	harness.RequireIntegration(t)
-	t.Parallel()
-	reg := harness.NewRegistry(t)
-	img, l := stargzImage(t)
-	reg.Gate(l.digest, l.prioritised)
-	e, ctr := lazyPod(t, reg, img)
+	reg, _, e, ctr := lazyPod(t, gateRest)
 
 	reg.Stop()
 	if got := e.exec(t, ctr, "cat", "/prio.txt"); got.code != 0 || got.stdout != "prioritised\n" {
@@ -274,7 +272,7 @@ func TestPullLazyBerthdKilled(t *testing.T) {
 	img1, l1 := stargzImage(t)
 	img2, l2 := stargzImage(t)
 	p1, p2 := reg.Push(t, "berth/lazy:complete", img1), reg.Push(t, "berth/lazy:partial", img2)
-	reg.Gate(l2.digest, l2.prioritised)
+	gateRest(reg, l2)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
 	mustPull(t, d, p1.Name, p1.ID)
 	if !eventually(time.Minute, func() bool {
