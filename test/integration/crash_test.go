@@ -31,15 +31,37 @@ func TestCrashPoints(t *testing.T) {
 	// its removal collects one.
 	p := e.reg.Push(t, "berth/busybox:crash", harness.BusyboxImage(t, harness.ImageSpec{
 		Layers: [][]harness.File{{harness.Reg("crash", "crash test layer\n", 0o644)}}}))
-	w := &crashWorkload{e: e, image: p.Name}
+	walkCrashPoints(t, &crashWorkload{e: e, image: p.Name}, func(string) bool { return true })
+}
 
+// TestCrashPointsLazy walks the image's crash points with the image pulled
+// lazily (an eStargz layer over busybox): a berthd killed with the lazy
+// layer prepared, mounted, used by a container or being collected leaves
+// no mount, snapshot or cache behind once restarted and cleaned up. The
+// pod's points are TestCrashPoints'.
+func TestCrashPointsLazy(t *testing.T) {
+	t.Parallel()
+	e := startPodEnvTOML(t, v1.Config{}, "\n[image]\nlazy = true\n")
+	img, _ := stargzImage(t)
+	p := e.reg.Push(t, "berth/lazy:crash", img)
+	walkCrashPoints(t, &crashWorkload{e: e, image: p.Name}, func(point string) bool {
+		return strings.HasPrefix(point, "pull: ") || strings.Contains(point, "image")
+	})
+	if m := lazyMounts(t, e.d.Root); len(m) != 0 {
+		t.Errorf("lazy mounts left after the walk: %v", m)
+	}
+}
+
+// walkCrashPoints runs w once to learn the crash points it passes, then
+// once per point that keep selects with berthd dying there.
+func walkCrashPoints(t *testing.T, w *crashWorkload, keep func(point string) bool) {
 	log := filepath.Join(t.TempDir(), "points")
-	e.d.RestartEnv("BERTH_CRASHPOINT_LOG=" + log)
+	w.e.d.RestartEnv("BERTH_CRASHPOINT_LOG=" + log)
 	if err := w.run(t, 0); err != nil {
 		t.Fatalf("the workload without a crash: %v", err)
 	}
 	w.waitCollected(t)
-	points := loggedPoints(t, log)
+	points := slices.DeleteFunc(loggedPoints(t, log), func(p string) bool { return !keep(p) })
 	if len(points) == 0 {
 		t.Fatal("berthd logged no crash point: was it built with the crashpoints tag?")
 	}
