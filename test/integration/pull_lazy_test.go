@@ -58,9 +58,10 @@ func (l *stargzLayer) prioritised(start, end int64) bool {
 	return start >= l.tocOffset-1024 || end <= l.landmark
 }
 
-// stargzImage is busybox (a plain gzip layer) with one eStargz layer on
-// top: /prio.txt prioritised, /data/big (1 MiB of random bytes, in 64 KiB
-// chunks) and /data/small.txt not.
+// stargzImage is busybox (plain gzip layers: the busybox files, then
+// /opq/hidden) with one eStargz layer on top: /prio.txt prioritised,
+// /data/big (1 MiB of random bytes, in 64 KiB chunks) and /data/small.txt
+// not, a whiteout of /bin/top, /opq made opaque with /opq/shown in it.
 func stargzImage(t *testing.T) (v1.Image, *stargzLayer) {
 	t.Helper()
 	big := make([]byte, 1<<20)
@@ -70,6 +71,11 @@ func stargzImage(t *testing.T) (v1.Image, *stargzLayer) {
 		harness.Dir("data", 0o755),
 		{Path: "data/big", Content: big, Mode: 0o644},
 		harness.Reg("data/small.txt", "not prioritised\n", 0o644),
+		harness.Dir("bin", 0o755),
+		harness.Whiteout("bin/top"),
+		harness.Dir("opq", 0o755),
+		harness.OpaqueWhiteout("opq"),
+		harness.Reg("opq/shown", "shown\n", 0o644),
 	})
 	b, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarball), 0, int64(len(tarball))),
 		estargz.WithPrioritizedFiles([]string{"prio.txt"}), estargz.WithChunkSize(64<<10))
@@ -106,7 +112,9 @@ func stargzImage(t *testing.T) (v1.Image, *stargzLayer) {
 	if l.diffID, err = v1.NewHash(b.DiffID().String()); err != nil {
 		t.Fatal(err)
 	}
-	img, err := mutate.Append(harness.BusyboxImage(t, harness.ImageSpec{}), mutate.Addendum{
+	base := harness.BusyboxImage(t, harness.ImageSpec{Layers: [][]harness.File{{
+		harness.Dir("opq", 0o755), harness.Reg("opq/hidden", "hidden\n", 0o644)}}})
+	img, err := mutate.Append(base, mutate.Addendum{
 		Layer: l, Annotations: map[string]string{estargz.TOCJSONDigestAnnotation: l.toc.String()}})
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +197,11 @@ func TestPullLazyStartsBeforeFetched(t *testing.T) {
 	if got := e.exec(t, ctr, "cat", "/prio.txt"); got.code != 0 || got.stdout != "prioritised\n" {
 		t.Fatalf("cat /prio.txt: %+v, want the prioritised file", got)
 	}
-	assertPrioritisedOnly(t, reg, l) // read from the cache
+	// The layer's whiteouts hide what the layers below have.
+	if got := e.exec(t, ctr, "sh", "-c", "ls /opq; test -e /bin/top && echo /bin/top"); got.stdout != "shown\n" {
+		t.Fatalf("ls /opq and /bin/top through the lazy layer's whiteouts: %+v, want shown alone", got)
+	}
+	assertPrioritisedOnly(t, reg, l) // read from the cache, and directories from the TOC
 	if m := lazyMounts(t, e.d.Root); len(m) != 1 {
 		t.Fatalf("lazy mounts under berthd's root: %v, want the eStargz layer's alone", m)
 	}
