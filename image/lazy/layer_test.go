@@ -247,3 +247,21 @@ func TestStalledFetchFailsTheRead(t *testing.T) {
 		t.Fatalf("the stalled read failed after %s, want about the 200 ms stall timeout", took)
 	}
 }
+
+func TestSharedGzipMembersAreNotLazy(t *testing.T) {
+	tarball := tarOf(t, [2]string{"a", "small"}, [2]string{"b", "files"}, [2]string{"c", "together"})
+	esgz, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarball), 0, int64(len(tarball))), estargz.WithMinChunkSize(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer esgz.Close()
+	blob, err := io.ReadAll(esgz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, b := serve(t, blob)
+	b.TOCDigest = esgz.TOCDigest()
+	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b); !errors.Is(err, ErrNotLazy) {
+		t.Fatalf("Prepare of a layer whose files share gzip members: %v, want ErrNotLazy (pulled whole)", err)
+	}
+}
