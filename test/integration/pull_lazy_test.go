@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,13 @@ func (l *stargzLayer) Uncompressed() (io.ReadCloser, error) {
 // the prioritised files.
 func (l *stargzLayer) prioritised(start, end int64) bool {
 	return start >= l.tocOffset-1024 || end <= l.landmark
+}
+
+// prioritisedRange is prioritised for a Range header ("bytes=START-LAST").
+func (l *stargzLayer) prioritisedRange(r string) bool {
+	var start, last int64
+	_, err := fmt.Sscanf(r, "bytes=%d-%d", &start, &last)
+	return err == nil && l.prioritised(start, last+1)
 }
 
 // stargzImage is busybox (plain gzip layers: the busybox files, then
@@ -181,8 +189,7 @@ func assertPrioritisedOnly(t *testing.T, reg *harness.Registry, l *stargzLayer) 
 		t.Fatal("the registry served no range of the eStargz layer")
 	}
 	for _, r := range ranges {
-		var start, end int64
-		if _, err := fmt.Sscanf(r, "bytes=%d-%d", &start, &end); err != nil || !l.prioritised(start, end+1) {
+		if !l.prioritisedRange(r) {
 			t.Errorf("before the container started the registry served %q of the eStargz layer (TOC from %d, prioritised files up to %d); all: %v",
 				r, l.tocOffset, l.landmark, ranges)
 		}
@@ -313,5 +320,40 @@ func TestPullLazyBerthdKilled(t *testing.T) {
 	ctr := e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
 	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l1.big) {
 		t.Fatalf("cat /data/big from the cache after the restart: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
+}
+
+// The chunks a container reads come the way the pull came: through the
+// mirror, with the mirror's (bearer) credentials.
+func TestPullLazyThroughAuthenticatedMirror(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	home := harness.NewRegistry(t)
+	mirror := harness.NewRegistry(t, harness.WithBearerAuth("mirror", "mpw"))
+	img, l := stargzImage(t)
+	p := mirror.Push(t, "berth/lazy:1", img) // on the mirror only
+	gateRest(mirror, l)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.RegistryTOML(map[string]harness.HostConfig{
+		home.Host():   {PlainHTTP: true, Mirrors: []string{mirror.URL()}},
+		mirror.Host(): {PlainHTTP: true, Username: "mirror", Password: "mpw"},
+	}) + "\n[image]\nlazy = true\n"})
+	ref := home.Host() + "/berth/lazy:1"
+	mustPull(t, d, ref, p.ID)
+	e := &podEnv{d: d, reg: mirror, image: ref, logs: t.TempDir()}
+	t.Cleanup(func() { e.teardown(t) })
+	podCfg := e.podConfig("lazy")
+	ctr := e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
+	assertPrioritisedOnly(t, mirror, l)
+
+	mirror.Ungate(l.digest)
+	if got := e.execWithin(t, ctr, 60, "cat", "/data/small.txt"); got.code != 0 || got.stdout != "not prioritised\n" {
+		t.Fatalf("cat /data/small.txt through the mirror: %+v", got)
+	}
+	rest := slices.DeleteFunc(mirror.Ranges(l.digest), l.prioritisedRange)
+	if len(rest) == 0 {
+		t.Errorf("the mirror served only %v of the layer, want the chunks read after the start too", mirror.Ranges(l.digest))
+	}
+	if r := home.Ranges(l.digest); len(r) != 0 {
+		t.Errorf("the image's own registry served %v of the layer; the mirror has it", r)
 	}
 }
