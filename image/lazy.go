@@ -70,7 +70,7 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 		return err
 	}
 	defer func() { abort(err) }()
-	size, inodes, err := lazy.Prepare(ctx, lazyDir(dir), src, blob)
+	size, inodes, err := lazy.Prepare(ctx, lazyDir(dir), src, blob, lazy.Options{Log: s.log, Find: s.findChunk})
 	if err != nil {
 		return fmt.Errorf("lazy layer %s: %w", blob.Digest, err)
 	}
@@ -95,7 +95,8 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 // completes it in the background.
 func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) error {
 	fsDir := s.snaps.Dir(snap)
-	l, err := lazy.Load(lazyDir(fsDir), src, lazy.Options{Log: s.log, StallTimeout: s.opts.ProgressTimeout, ReadFailed: s.metrics.lazyReadFailed})
+	l, err := lazy.Load(lazyDir(fsDir), src, lazy.Options{Log: s.log, StallTimeout: s.opts.ProgressTimeout,
+		ReadFailed: s.metrics.lazyReadFailed, Find: s.findChunk})
 	if err != nil {
 		return err
 	}
@@ -153,13 +154,29 @@ func (s *Service) removeSnapshot(key string) error {
 }
 
 // closeLazy stops the background fetches and unmounts the lazy layers.
+// The layers are closed outside lazyMu: a read being served may be
+// looking for a chunk in the others (findChunk).
 func (s *Service) closeLazy() {
 	s.lazyMu.Lock()
-	defer s.lazyMu.Unlock()
-	for key, l := range s.lazyLayers {
+	layers := s.lazyLayers
+	s.lazyLayers = map[string]*lazy.Layer{}
+	s.lazyMu.Unlock()
+	for key, l := range layers {
 		if err := l.Close(); err != nil {
 			s.log.Warn("unmount lazy layer at shutdown", "layer", key, "err", err)
 		}
-		delete(s.lazyLayers, key)
 	}
+}
+
+// findChunk names a cached chunk of digest d in one of the mounted lazy
+// layers: what a partial pull links rather than fetches.
+func (s *Service) findChunk(d digest.Digest) (string, bool) {
+	s.lazyMu.Lock()
+	defer s.lazyMu.Unlock()
+	for _, l := range s.lazyLayers {
+		if p, ok := l.CachedChunk(d); ok {
+			return p, true
+		}
+	}
+	return "", false
 }

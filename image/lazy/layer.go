@@ -52,6 +52,10 @@ type Options struct {
 	StallTimeout time.Duration
 	// ReadFailed is called for every read that failed with EIO.
 	ReadFailed func()
+	// Find names a verified chunk of this digest that another layer of
+	// the node has cached, if any: a partial pull takes it from there
+	// rather than from the registry.
+	Find func(digest.Digest) (path string, ok bool)
 }
 
 // Source fetches byte ranges of a blob (registry.Blobs, with the pull's
@@ -84,7 +88,7 @@ const groupBytes = 4 << 20
 // against blob.TOCDigest, and fetches the prioritised files: the chunks
 // before the format's prefetch landmark. It returns the layer's
 // uncompressed size and entry count.
-func Prepare(ctx context.Context, dir string, src Source, blob Blob) (size, inodes int64, err error) {
+func Prepare(ctx context.Context, dir string, src Source, blob Blob, opts Options) (size, inodes int64, err error) {
 	// The pull's own progress watch covers these requests.
 	foot, err := fetch(ctx, src, blob, registry.Span{Start: max(blob.Size-estargz.FooterSize, 0), End: blob.Size}, 0)
 	if err != nil {
@@ -113,7 +117,7 @@ func Prepare(ctx context.Context, dir string, src Source, blob Blob) (size, inod
 	if err := os.WriteFile(filepath.Join(dir, metaFile), meta, 0o600); err != nil {
 		return 0, 0, err
 	}
-	l, err := Load(dir, src, Options{})
+	l, err := Load(dir, src, opts)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -201,6 +205,7 @@ type Layer struct {
 
 	mu      sync.Mutex
 	have    map[int64]bool          // cached chunks, by offset in the blob
+	digests map[digest.Digest]int64 // the chunks' digests, to the offset of one chunk of each
 	flights map[int64]chan struct{} // on-demand fetches under way
 
 	ctx    context.Context // cancelled by Close: stops fetches
@@ -217,6 +222,9 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 	}
 	if opts.ReadFailed == nil {
 		opts.ReadFailed = func() {}
+	}
+	if opts.Find == nil {
+		opts.Find = func(digest.Digest) (string, bool) { return "", false }
 	}
 	var blob Blob
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))
@@ -245,7 +253,7 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Layer{dir: dir, blob: blob, toc: toc, verify: verify, src: src, opts: opts,
-		have: map[int64]bool{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+		have: map[int64]bool{}, digests: map[digest.Digest]int64{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	if err := l.index(); err != nil {
 		cancel()
 		return nil, err
@@ -320,6 +328,9 @@ func (l *Layer) addChunks(e *estargz.TOCEntry) {
 			return
 		}
 		l.chunks = append(l.chunks, chunk{ent: c, end: c.NextOffset()})
+		if d, err := digest.Parse(chunkDigest(e, c)); err == nil {
+			l.digests[d] = c.Offset
+		}
 		off = c.ChunkOffset + c.ChunkSize
 	}
 }
@@ -333,7 +344,7 @@ func (l *Layer) prioritised() []chunk {
 // fetchChunks fetches cs (in blob order) in runs of neighbours, one
 // request per run of up to groupBytes.
 func (l *Layer) fetchChunks(ctx context.Context, cs []chunk) error {
-	for _, run := range runs(cs) {
+	for _, run := range runs(l.reuse(cs)) {
 		if err := l.fetchRun(ctx, run); err != nil {
 			return err
 		}
@@ -435,7 +446,7 @@ func (l *Layer) ensure(c chunk) error {
 				return l.ctx.Err()
 			}
 		}
-		err := l.fetchRun(l.ctx, []chunk{c})
+		err := l.fetchChunks(l.ctx, []chunk{c})
 		l.mu.Lock()
 		delete(l.flights, c.ent.Offset)
 		l.mu.Unlock()
@@ -485,7 +496,7 @@ func (l *Layer) Complete(slots *semaphore.Weighted) {
 		defer close(l.done)
 		var wg sync.WaitGroup
 		var failed sync.Once
-		for _, run := range runs(l.missing()) {
+		for _, run := range runs(l.reuse(l.missing())) {
 			if slots.Acquire(l.ctx, 1) != nil {
 				break
 			}
@@ -530,4 +541,56 @@ func IsLayer(dir string) bool {
 func (l *Layer) readFailed(name string, err error) {
 	l.opts.ReadFailed()
 	l.opts.Log.Warn("lazy layer: read failed with EIO", "blob", l.blob.Digest, "file", name, "err", err)
+}
+
+// chunkDigest is the digest the TOC gives chunk c of file e: a file of one
+// chunk may have only its file digest.
+func chunkDigest(e, c *estargz.TOCEntry) string {
+	if c.ChunkDigest == "" && c == e && c.ChunkSize == e.Size {
+		return e.Digest
+	}
+	return c.ChunkDigest
+}
+
+// CachedChunk names this layer's cached chunk of digest d, if it has one.
+func (l *Layer) CachedChunk(d digest.Digest) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	off, ok := l.digests[d]
+	if !ok || !l.have[off] {
+		return "", false
+	}
+	return filepath.Join(l.dir, chunksDir, strconv.FormatInt(off, 10)), true
+}
+
+// reuse links into the cache the chunks of cs that another layer of the
+// node has (same digest: same bytes, which that layer verified), and
+// returns the others, in order.
+func (l *Layer) reuse(cs []chunk) []chunk {
+	var rest []chunk
+	for _, c := range cs {
+		if !l.reuseChunk(c) {
+			rest = append(rest, c)
+		}
+	}
+	return rest
+}
+
+func (l *Layer) reuseChunk(c chunk) bool {
+	d, err := digest.Parse(chunkDigest(c.ent, c.ent))
+	if err != nil {
+		return false
+	}
+	src, ok := l.opts.Find(d)
+	if !ok {
+		return false
+	}
+	dst := filepath.Join(l.dir, chunksDir, c.name())
+	if err := os.Link(src, dst); err != nil && !errors.Is(err, os.ErrExist) {
+		return false // the other layer went meanwhile: fetch it
+	}
+	l.mu.Lock()
+	l.have[c.ent.Offset] = true
+	l.mu.Unlock()
+	return true
 }

@@ -146,7 +146,7 @@ func TestPrepareFetchesPrioritisedThenReadsOnDemand(t *testing.T) {
 	src, b := serve(t, blob)
 	b.TOCDigest = toc
 	dir := t.TempDir()
-	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
+	if _, _, err := Prepare(context.Background(), dir, src, b, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	cached, err := Load(dir, nil, Options{}) // no registry: only what Prepare fetched
@@ -187,7 +187,7 @@ func TestChunkFailingItsDigestFailsTheRead(t *testing.T) {
 	src, b := serve(t, blob)
 	b.TOCDigest = toc
 	dir := t.TempDir()
-	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
+	if _, _, err := Prepare(context.Background(), dir, src, b, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	l, err := Load(dir, src, Options{})
@@ -207,7 +207,7 @@ func TestTOCNotMatchingTheAnnotationIsRefused(t *testing.T) {
 	blob, _ := build(t, tarOf(t, [2]string{"f", "x"}))
 	src, b := serve(t, blob)
 	b.TOCDigest = digest.FromString("another TOC")
-	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b); err == nil {
+	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b, Options{}); err == nil {
 		t.Fatal("Prepare took a TOC that does not match the descriptor's digest")
 	}
 }
@@ -219,7 +219,7 @@ func TestBlobWithoutFooterIsNotLazy(t *testing.T) {
 	zw.Close()
 	src, b := serve(t, buf.Bytes())
 	b.TOCDigest = digest.FromString("toc")
-	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b); !errors.Is(err, ErrNotLazy) {
+	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b, Options{}); !errors.Is(err, ErrNotLazy) {
 		t.Fatalf("Prepare of a plain gzip layer: %v, want ErrNotLazy", err)
 	}
 }
@@ -231,7 +231,7 @@ func TestStalledFetchFailsTheRead(t *testing.T) {
 	src, b := serveStalling(t, blob, stall)
 	b.TOCDigest = toc
 	dir := t.TempDir()
-	if _, _, err := Prepare(context.Background(), dir, src, b); err != nil {
+	if _, _, err := Prepare(context.Background(), dir, src, b, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	l, err := Load(dir, src, Options{StallTimeout: 200 * time.Millisecond})
@@ -261,7 +261,7 @@ func TestSharedGzipMembersAreNotLazy(t *testing.T) {
 	}
 	src, b := serve(t, blob)
 	b.TOCDigest = esgz.TOCDigest()
-	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b); !errors.Is(err, ErrNotLazy) {
+	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b, Options{}); !errors.Is(err, ErrNotLazy) {
 		t.Fatalf("Prepare of a layer whose files share gzip members: %v, want ErrNotLazy (pulled whole)", err)
 	}
 }

@@ -42,7 +42,7 @@ func TestCrashPoints(t *testing.T) {
 func TestCrashPointsLazy(t *testing.T) {
 	t.Parallel()
 	e := startPodEnvTOML(t, v1.Config{}, "\n[image]\nlazy = true\n")
-	img, _ := stargzImage(t)
+	img, _ := stargzImage(t, nil)
 	p := e.reg.Push(t, "berth/lazy:crash", img)
 	walkCrashPoints(t, &crashWorkload{e: e, image: p.Name}, func(point string) bool {
 		return strings.HasPrefix(point, "pull: ") || strings.Contains(point, "image")

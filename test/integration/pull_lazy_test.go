@@ -70,11 +70,16 @@ func (l *stargzLayer) prioritisedRange(r string) bool {
 // /opq/hidden) with one eStargz layer on top: /prio.txt prioritised,
 // /data/big (1 MiB of random bytes, in 64 KiB chunks) and /data/small.txt
 // not, a whiteout of /bin/top, /opq made opaque with /opq/shown in it.
-func stargzImage(t *testing.T) (v1.Image, *stargzLayer) {
+// big is /data/big's content, random if nil; /data/id makes every layer
+// the test builds another.
+func stargzImage(t *testing.T, big []byte) (v1.Image, *stargzLayer) {
 	t.Helper()
-	big := make([]byte, 1<<20)
-	rand.Read(big)
+	if big == nil {
+		big = make([]byte, 1<<20)
+		rand.Read(big)
+	}
 	tarball := harness.TarBytes(t, []harness.File{
+		harness.Reg("data/id", rand.Text(), 0o644),
 		harness.Reg("prio.txt", "prioritised\n", 0o644),
 		harness.Dir("data", 0o755),
 		{Path: "data/big", Content: big, Mode: 0o644},
@@ -164,7 +169,7 @@ func lazyPod(t *testing.T, arrange func(*harness.Registry, *stargzLayer)) (*harn
 	harness.RequireIntegration(t)
 	t.Parallel()
 	reg := harness.NewRegistry(t)
-	img, l := stargzImage(t)
+	img, l := stargzImage(t, nil)
 	arrange(reg, l)
 	p := reg.Push(t, "berth/lazy:1", img)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
@@ -288,8 +293,8 @@ func TestPullLazyBerthdKilled(t *testing.T) {
 	harness.RequireIntegration(t)
 	t.Parallel()
 	reg := harness.NewRegistry(t)
-	img1, l1 := stargzImage(t)
-	img2, l2 := stargzImage(t)
+	img1, l1 := stargzImage(t, nil)
+	img2, l2 := stargzImage(t, nil)
 	p1, p2 := reg.Push(t, "berth/lazy:complete", img1), reg.Push(t, "berth/lazy:partial", img2)
 	gateRest(reg, l2)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
@@ -330,7 +335,7 @@ func TestPullLazyThroughAuthenticatedMirror(t *testing.T) {
 	t.Parallel()
 	home := harness.NewRegistry(t)
 	mirror := harness.NewRegistry(t, harness.WithBearerAuth("mirror", "mpw"))
-	img, l := stargzImage(t)
+	img, l := stargzImage(t, nil)
 	p := mirror.Push(t, "berth/lazy:1", img) // on the mirror only
 	gateRest(mirror, l)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.RegistryTOML(map[string]harness.HostConfig{
@@ -356,4 +361,35 @@ func TestPullLazyThroughAuthenticatedMirror(t *testing.T) {
 	if r := home.Ranges(l.digest); len(r) != 0 {
 		t.Errorf("the image's own registry served %v of the layer; the mirror has it", r)
 	}
+}
+
+// A file another lazy layer of the node has already fetched (the same
+// chunk digests) is not downloaded again: the second image's container
+// reads it while the registry holds back everything but its TOC and
+// prioritised files.
+func TestPullLazySharesFetchedFiles(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img1, l1 := stargzImage(t, nil)
+	img2, l2 := stargzImage(t, l1.big)
+	p1, p2 := reg.Push(t, "berth/lazy:first", img1), reg.Push(t, "berth/lazy:second", img2)
+	gateRest(reg, l2)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
+	mustPull(t, d, p1.Name, p1.ID)
+	if !eventually(time.Minute, func() bool {
+		ok, _ := filepath.Glob(filepath.Join(d.Root, harness.SnapshotsDir, "*", "lazy", "complete"))
+		return len(ok) == 1
+	}) {
+		t.Fatal("the first image's lazy layer did not complete")
+	}
+	mustPull(t, d, p2.Name, p2.ID)
+	e := &podEnv{d: d, reg: reg, image: p2.Name, logs: t.TempDir()}
+	t.Cleanup(func() { e.teardown(t) })
+	podCfg := e.podConfig("lazy")
+	ctr := e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
+	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l1.big) {
+		t.Fatalf("cat /data/big, shared with the first image: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
+	assertPrioritisedOnly(t, reg, l2)
 }
