@@ -174,11 +174,60 @@ func lazyPod(t *testing.T, arrange func(*harness.Registry, *stargzLayer)) (*harn
 	p := reg.Push(t, "berth/lazy:1", img)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
 	mustPull(t, d, p.Name, p.ID)
-	e := &podEnv{d: d, reg: reg, image: p.Name, logs: t.TempDir()}
+	e, ctr := runReader(t, d, reg, p.Name)
+	return reg, l, e, ctr
+}
+
+// runReader runs a pod with a sleeping container of the pulled image ref.
+func runReader(t *testing.T, d *harness.Daemon, reg *harness.Registry, ref string) (*podEnv, string) {
+	t.Helper()
+	e := &podEnv{d: d, reg: reg, image: ref, logs: t.TempDir()}
 	t.Cleanup(func() { e.teardown(t) })
 	podCfg := e.podConfig("lazy")
-	pod := e.runPod(t, podCfg)
-	return reg, l, e, e.runContainer(t, pod, podCfg, e.ctrConfig("reader", sleeper...))
+	return e, e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
+}
+
+// waitComplete waits until n lazy layers under root are complete.
+func waitComplete(t *testing.T, root string, n int) {
+	t.Helper()
+	if !eventually(time.Minute, func() bool {
+		ok, _ := filepath.Glob(filepath.Join(root, harness.SnapshotsDir, "*", "lazy", "complete"))
+		return len(ok) == n
+	}) {
+		t.Fatalf("%d lazy layers did not complete", n)
+	}
+}
+
+// lazyPair is a berthd with lazy pulls that pulled the first of two
+// eStargz images and completed its layer; the second is pushed, all of its
+// layer but the TOC and prioritised files held back by the registry.
+type lazyPair struct {
+	reg           *harness.Registry
+	d             *harness.Daemon
+	first, second harness.Pushed
+	l1, l2        *stargzLayer
+}
+
+// newLazyPair builds the pair; shareBig gives both images one /data/big.
+func newLazyPair(t *testing.T, shareBig bool) lazyPair {
+	t.Helper()
+	harness.RequireIntegration(t)
+	t.Parallel()
+	var x lazyPair
+	x.reg = harness.NewRegistry(t)
+	img1, l1 := stargzImage(t, nil)
+	var big []byte
+	if shareBig {
+		big = l1.big
+	}
+	img2, l2 := stargzImage(t, big)
+	x.l1, x.l2 = l1, l2
+	x.first, x.second = x.reg.Push(t, "berth/lazy:first", img1), x.reg.Push(t, "berth/lazy:second", img2)
+	gateRest(x.reg, l2)
+	x.d = harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(x.reg)})
+	mustPull(t, x.d, x.first.Name, x.first.ID)
+	waitComplete(t, x.d.Root, 1)
+	return x
 }
 
 // gateRest makes the registry hold back every range of the layer but the
@@ -222,12 +271,7 @@ func TestPullLazyStartsBeforeFetched(t *testing.T) {
 	if got := e.execWithin(t, ctr, 60, "cat", "/data/big"); got.code != 0 || got.stdout != string(l.big) {
 		t.Fatalf("cat /data/big: exit %d, %d bytes (equal: %v), stderr %q", got.code, len(got.stdout), got.stdout == string(l.big), got.stderr)
 	}
-	if !eventually(time.Minute, func() bool {
-		ok, _ := filepath.Glob(filepath.Join(e.d.Root, harness.SnapshotsDir, "*", "lazy", "complete"))
-		return len(ok) == 1
-	}) {
-		t.Fatalf("the background fetch did not complete the layer; ranges served: %v", reg.Ranges(l.digest))
-	}
+	waitComplete(t, e.d.Root, 1)
 
 	// A plain image pulls as it always did, lazy pulls on or not.
 	plain := reg.Push(t, "berth/plain:1", harness.BusyboxImage(t, harness.ImageSpec{Config: v1.Config{Cmd: []string{"/bin/true"}}}))
@@ -290,40 +334,24 @@ func TestPullLazyRegistryGone(t *testing.T) {
 // its cache (with the registry gone) and drops the incomplete one, whose
 // image is then pulled again.
 func TestPullLazyBerthdKilled(t *testing.T) {
-	harness.RequireIntegration(t)
-	t.Parallel()
-	reg := harness.NewRegistry(t)
-	img1, l1 := stargzImage(t, nil)
-	img2, l2 := stargzImage(t, nil)
-	p1, p2 := reg.Push(t, "berth/lazy:complete", img1), reg.Push(t, "berth/lazy:partial", img2)
-	gateRest(reg, l2)
-	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
-	mustPull(t, d, p1.Name, p1.ID)
-	if !eventually(time.Minute, func() bool {
-		ok, _ := filepath.Glob(filepath.Join(d.Root, harness.SnapshotsDir, "*", "lazy", "complete"))
-		return len(ok) == 1
-	}) {
-		t.Fatal("the first image's lazy layer did not complete")
-	}
-	mustPull(t, d, p2.Name, p2.ID)
+	x := newLazyPair(t, false)
+	d := x.d
+	mustPull(t, d, x.second.Name, x.second.ID)
 
 	d.Kill()
 	if m := lazyMounts(t, d.Root); len(m) != 2 {
 		t.Fatalf("lazy mounts after berthd was killed: %v, want the two it left", m)
 	}
-	reg.Stop()
+	x.reg.Stop()
 	d.Restart()
 	if m, f := lazyMounts(t, d.Root), lazyFolders(t, d.Root); len(m) != 1 || len(f) != 1 {
 		t.Fatalf("after the restart: lazy mounts %v, cache folders %v; want the complete layer's alone", m, f)
 	}
-	mustStatus(t, d, p1.Name)
-	assertAbsent(t, d, p2.Name)
+	mustStatus(t, d, x.first.Name)
+	assertAbsent(t, d, x.second.Name)
 
-	e := &podEnv{d: d, reg: reg, image: p1.Name, logs: t.TempDir()}
-	t.Cleanup(func() { e.teardown(t) })
-	podCfg := e.podConfig("lazy")
-	ctr := e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
-	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l1.big) {
+	e, ctr := runReader(t, d, x.reg, x.first.Name)
+	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(x.l1.big) {
 		t.Fatalf("cat /data/big from the cache after the restart: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
 	}
 }
@@ -344,10 +372,7 @@ func TestPullLazyThroughAuthenticatedMirror(t *testing.T) {
 	}) + "\n[image]\nlazy = true\n"})
 	ref := home.Host() + "/berth/lazy:1"
 	mustPull(t, d, ref, p.ID)
-	e := &podEnv{d: d, reg: mirror, image: ref, logs: t.TempDir()}
-	t.Cleanup(func() { e.teardown(t) })
-	podCfg := e.podConfig("lazy")
-	ctr := e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
+	e, ctr := runReader(t, d, mirror, ref)
 	assertPrioritisedOnly(t, mirror, l)
 
 	mirror.Ungate(l.digest)
@@ -368,28 +393,11 @@ func TestPullLazyThroughAuthenticatedMirror(t *testing.T) {
 // reads it while the registry holds back everything but its TOC and
 // prioritised files.
 func TestPullLazySharesFetchedFiles(t *testing.T) {
-	harness.RequireIntegration(t)
-	t.Parallel()
-	reg := harness.NewRegistry(t)
-	img1, l1 := stargzImage(t, nil)
-	img2, l2 := stargzImage(t, l1.big)
-	p1, p2 := reg.Push(t, "berth/lazy:first", img1), reg.Push(t, "berth/lazy:second", img2)
-	gateRest(reg, l2)
-	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
-	mustPull(t, d, p1.Name, p1.ID)
-	if !eventually(time.Minute, func() bool {
-		ok, _ := filepath.Glob(filepath.Join(d.Root, harness.SnapshotsDir, "*", "lazy", "complete"))
-		return len(ok) == 1
-	}) {
-		t.Fatal("the first image's lazy layer did not complete")
-	}
-	mustPull(t, d, p2.Name, p2.ID)
-	e := &podEnv{d: d, reg: reg, image: p2.Name, logs: t.TempDir()}
-	t.Cleanup(func() { e.teardown(t) })
-	podCfg := e.podConfig("lazy")
-	ctr := e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
-	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l1.big) {
+	x := newLazyPair(t, true)
+	mustPull(t, x.d, x.second.Name, x.second.ID)
+	e, ctr := runReader(t, x.d, x.reg, x.second.Name)
+	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(x.l1.big) {
 		t.Fatalf("cat /data/big, shared with the first image: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
 	}
-	assertPrioritisedOnly(t, reg, l2)
+	assertPrioritisedOnly(t, x.reg, x.l2)
 }
