@@ -59,10 +59,10 @@ integration_run=${BERTH_VM_RUN:-.}
 [[ $integration_run == cgroup ]] && integration_run=$cgroup_tests
 # Load tests whose deadlines assume real CPUs: 50 pods started at once need
 # more than the shim's 10 s ready timeout on 2 emulated CPUs, and CNI's
-# concurrent pods took 105 s under TCG. And the crash point walk: some 30
+# concurrent pods took 105 s under TCG. And the crash point walks (the lazy pull's too): some 30
 # berthd restarts, minutes under TCG, and a berthd built with crash points.
 # Nothing in them depends on the cgroup version; the host tier runs them.
-tcg_too_slow='TestConcurrentPodsGetDistinctIPs|TestCrashPoints|TestCNIConcurrentPods'
+tcg_too_slow='TestConcurrentPodsGetDistinctIPs|TestCrashPoints(Lazy)?|TestCNIConcurrentPods'
 # Tests whose outcome does not depend on the kernel, its cgroup version,
 # AppArmor or the init system: the image service (pulls, registries, mirrors,
 # image records; the two pull tests that check what the kernel's filesystems
