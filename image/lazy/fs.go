@@ -52,8 +52,9 @@ func (l *Layer) Mount(dir string) error {
 	return nil
 }
 
-// Close stops the background fetch and unmounts the layer. A mount still
-// in use (a container's overlay) stays, and Close says so.
+// Close unmounts the layer and stops its background fetch, which is over
+// when Close returns: nothing writes into the layer's folder after it. A
+// mount still in use (a container's overlay) stays, and Close says so.
 func (l *Layer) Close() error {
 	if l.srv != nil {
 		if err := l.srv.Unmount(); err != nil {
@@ -63,11 +64,9 @@ func (l *Layer) Close() error {
 		l.srv = nil
 	}
 	l.cancel()
+	l.background.Wait()
 	return nil
 }
-
-// Wait waits for the background fetch Complete started.
-func (l *Layer) Wait() { <-l.done }
 
 // node is one entry of the layer; the root has no entry.
 type node struct {

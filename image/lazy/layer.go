@@ -208,10 +208,10 @@ type Layer struct {
 	digests map[digest.Digest]int64 // the chunks' digests, to the offset of one chunk of each
 	flights map[int64]chan struct{} // on-demand fetches under way
 
-	ctx    context.Context // cancelled by Close: stops fetches
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the background fetch ends
-	srv    *fuse.Server  // while mounted
+	ctx        context.Context // cancelled by Close: stops fetches
+	cancel     context.CancelFunc
+	background sync.WaitGroup // the fetch Complete started
+	srv        *fuse.Server   // while mounted
 }
 
 // Load opens a prepared layer from dir. src may be nil: then only cached
@@ -253,7 +253,7 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Layer{dir: dir, blob: blob, toc: toc, verify: verify, src: src, opts: opts,
-		have: map[int64]bool{}, digests: map[digest.Digest]int64{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+		have: map[int64]bool{}, digests: map[digest.Digest]int64{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel}
 	if err := l.index(); err != nil {
 		cancel()
 		return nil, err
@@ -492,8 +492,7 @@ func (l *Layer) readCached(c chunk, p []byte, off int64) (int, error) {
 // one request per slot of slots at a time across the node's layers, and
 // marks the layer complete when all are. Close stops it.
 func (l *Layer) Complete(slots *semaphore.Weighted) {
-	go func() {
-		defer close(l.done)
+	l.background.Go(func() {
 		var wg sync.WaitGroup
 		var failed sync.Once
 		for _, run := range runs(l.reuse(l.missing())) {
@@ -516,7 +515,7 @@ func (l *Layer) Complete(slots *semaphore.Weighted) {
 			}
 			l.opts.Log.Info("lazy layer complete", "blob", l.blob.Digest)
 		}
-	}()
+	})
 }
 
 func (l *Layer) missing() []chunk {
