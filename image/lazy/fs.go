@@ -43,6 +43,10 @@ func (l *Layer) Mount(dir string) error {
 			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NODEV,
 			Options:          []string{"default_permissions"},
 			MaxReadAhead:     1 << 20,
+			// User-namespaced pods' overlays take idmapped views of their
+			// lower layers (Linux 6.12+ for FUSE); the layer's answers
+			// do not depend on the caller's IDs.
+			IDMappedMount: true,
 		},
 	})
 	if err != nil {

@@ -401,3 +401,31 @@ func TestPullLazySharesFetchedFiles(t *testing.T) {
 	}
 	assertPrioritisedOnly(t, x.reg, x.l2)
 }
+
+// A user-namespaced pod's overlay takes idmapped views of its lower
+// layers: the lazy layer offers them (FUSE, Linux 6.12+), and the
+// container sees the layer's root-owned files as its own root's.
+func TestPullLazyUserNamespacePod(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	if !kernelAtLeast(t, 6, 12) {
+		t.Skipf("Linux %s: FUSE takes idmapped mounts from 6.12 on", kernelRelease(t))
+	}
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t, nil)
+	p := reg.Push(t, "berth/lazy:1", img)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg), State: stateOnTmpfs(t)})
+	mustPull(t, d, p.Name, p.ID)
+	e := &podEnv{d: d, reg: reg, image: p.Name, logs: t.TempDir()}
+	t.Cleanup(func() { e.teardown(t) })
+	cfg := e.podConfig("userns")
+	m := rootMapping(usernsHost, 65536)
+	usernsPod(cfg, &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}, runtimeapi.NamespaceMode_POD)
+	ctr := e.runContainer(t, e.runPod(t, cfg), cfg, e.ctrConfig("reader", sleeper...))
+	if got := e.exec(t, ctr, "stat", "-c", "%u:%g", "/data/big"); strings.TrimSpace(got.stdout) != "0:0" {
+		t.Errorf("owner of /data/big in the pod's user namespace: %+v, want 0:0", got)
+	}
+	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l.big) {
+		t.Fatalf("cat /data/big in a user-namespaced pod: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
+}
