@@ -63,7 +63,7 @@ func filled(test string) verdict { return verdict{proof: test} }
 // Reasons shared by many rows.
 var (
 	windowsOnly = notApplicable("Windows only; berth runs Linux containers")
-	unimplChkpt = refused(codes.Unimplemented, "berth checkpoints single containers only (CheckpointContainer), and restores nothing yet; the whole call is refused")
+	unimplChkpt = refused(codes.Unimplemented, "berth checkpoints single containers only (CheckpointContainer) and restores them from checkpoint images (CreateContainer, StartContainer); the whole call is refused")
 	selinuxOff  = refused(codes.FailedPrecondition, "refused naming the field where SELinux is enabled (berth does not label); no effect where it is off")
 	oneHandler  = notApplicable(`berth has one runtime handler, the default, named "": the empty string is the answer`)
 	chkpt       = notApplicable("RestorePod is refused (Unimplemented): berth restores nothing yet")

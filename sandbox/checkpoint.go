@@ -20,7 +20,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-runtime/berth/cri/errkind"
-	"github.com/berth-runtime/berth/image"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/store"
 )
@@ -42,18 +41,6 @@ const (
 // archive, whose container a runtime restores rather than runs: the one
 // checkpointctl defines (containerd looks for it) and CRI-O's.
 var checkpointImageAnnotations = []string{"org.criu.checkpoint.container.name", "io.kubernetes.cri-o.annotations.checkpoint.name"}
-
-// refuseCheckpointImage refuses a container whose image is a checkpoint:
-// berth does not restore yet, and run as a plain image it would start
-// whatever its command names in a root filesystem of CRIU's images.
-func refuseCheckpointImage(ref string, img *image.Image) error {
-	for _, a := range checkpointImageAnnotations {
-		if name, ok := img.Annotations[a]; ok {
-			return errkind.Errorf(errkind.FailedPrecondition, "image %s is a checkpoint of container %q (annotation %s): berth cannot restore checkpoints yet", ref, name, a)
-		}
-	}
-	return nil
-}
 
 // DefaultCheckpointTimeout bounds a checkpoint whose request names no
 // timeout (the CRI's "0: the runtime's default").

@@ -53,10 +53,13 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}()
 	r.u.add("forget container record", func() error { return m.store.DeleteContainer(r.c.ID) })
 	r.t = newTimeline(ctx)
+	restoring := r.c.Restored
 	err = r.t.run([]startStep{
+		{"checkpoint", r.readCheckpoint, !restoring},
 		{"", r.leaseImage, false},
 		{"", r.makeFolders, false},
 		{"", r.pinTargetPIDNamespace, r.pidNS.target == ""},
+		{"layer changes", r.applyLayerChanges, !restoring},
 		{"rootfs", r.mountRootfs, false},
 		{"image volumes", r.mountImageVolumes, len(r.volumeImages) == 0},
 		{"spec", r.writeSpec, false},
@@ -92,6 +95,8 @@ type containerCreate struct {
 	lowers       []string
 	layout       rootfs.Layout
 	imageVolumes map[int]string
+	restore      *checkpoint  // the archive a restored container is made from
+	ckptImg      *image.Image // the checkpoint image that holds it
 }
 
 // checkContainerConfig checks what the container's config asks of berth
@@ -134,6 +139,12 @@ func (m *Manager) newContainerCreate(ctx context.Context, pod *store.Pod, cfg *r
 	}
 	c := &store.Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
 		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now(), LayerRoot: m.opts.ContainerRoot}
+	if name, _ := checkpointOf(img); name != "" {
+		if err := checkRestorable(cfg.Image.Image, img, pod.Pins[string(podns.User)] != "", cfg.GetTty()); err != nil {
+			return nil, err
+		}
+		c.Restored = true
+	}
 	c.ImageName, c.RepoDigest = img.Names(cmp.Or(cfg.Image.UserSpecifiedImage, cfg.Image.Image))
 	if dir, p := pod.Config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && p != "" {
 		c.LogPath = filepath.Join(dir, p)
@@ -172,9 +183,6 @@ func (m *Manager) containerImage(cfg *runtimeapi.ContainerConfig) (*image.Image,
 	}
 	if err != nil {
 		return nil, fmt.Errorf("config.image.image: %w", err)
-	}
-	if err := refuseCheckpointImage(cfg.Image.Image, img); err != nil {
-		return nil, err
 	}
 	if _, err := spec.StopSignal(img.Config.Config.StopSignal); err != nil {
 		return nil, errkind.Errorf(errkind.Invalid, "image %s: StopSignal: %v", img.ID, err)
@@ -227,6 +235,7 @@ func (r *containerCreate) pinTargetPIDNamespace() error {
 
 func (r *containerCreate) mountRootfs() error {
 	r.layout = r.m.podLayout(r.pod, r.c, r.lowers)
+	r.layout.UpperMade = r.c.Restored
 	if err := rootfs.Mount(r.layout); err != nil {
 		return err
 	}
@@ -259,6 +268,12 @@ func (r *containerCreate) writeSpec() error {
 	if err := checkIDMappable(s, r.pod.Pins[string(podns.User)]); err != nil {
 		return err
 	}
+	if r.restore != nil {
+		r.restore.restoreProcess(s)
+		if err := r.m.writeCRIUConfig(r.c); err != nil {
+			return err
+		}
+	}
 	r.c.User = &s.Process.User
 	r.c.Resources = recordedResources(s)
 	if err := writeJSON(filepath.Join(r.m.bundleDir(r.pod.ID, r.c.ID), "config.json"), s); err != nil {
@@ -285,8 +300,16 @@ func (r *containerCreate) createInShim() error {
 	createCtx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), shimCallTimeout)
 	defer cancel()
 	cfg := r.c.Config
-	if err := client.Create(createCtx, shim.CreateRequest{ID: r.c.ID, Bundle: r.m.bundleDir(r.pod.ID, r.c.ID), LogPath: r.c.LogPath,
-		LogDir: logRoot(r.pod.Config.GetLogDirectory()), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}); err != nil {
+	req := shim.CreateRequest{ID: r.c.ID, Bundle: r.m.bundleDir(r.pod.ID, r.c.ID), LogPath: r.c.LogPath,
+		LogDir: logRoot(r.pod.Config.GetLogDirectory()), Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, TTY: cfg.Tty}
+	create := client.Create
+	if r.restore != nil {
+		req.Restore, create = r.restoreRequest(), client.CreateRestored
+	}
+	if err := create(createCtx, req); err != nil {
+		if errors.Is(err, shim.ErrNoRestore) {
+			return errkind.Errorf(errkind.FailedPrecondition, "pod %s: its shim is from a berth without restores; a pod started now can restore: %v", r.pod.ID, err)
+		}
 		return fmt.Errorf("create container: %w", err)
 	}
 	// The container's init has joined its target's PID namespace: the pin

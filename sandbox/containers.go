@@ -72,7 +72,7 @@ func (m *Manager) StartContainer(ctx context.Context, id string) error {
 	t := newTimeline(ctx)
 	st, err := client.Start(ctx, c.ID)
 	if err != nil {
-		return err
+		return startError(err)
 	}
 	m.setContainerState(c.PodID, st)
 	m.opts.NRI.PostStartContainer(ctx, pod, m.nriContainer(c))
@@ -219,7 +219,7 @@ func (m *Manager) removeContainerLocked(ctx context.Context, c *store.Container)
 	m.metrics.Forget(c.ID)
 	// Release first: a crash between the two leaves a record, which a retry
 	// removes, never a lease nobody would release.
-	if err := errors.Join(m.releaseImageVolumes(c), m.opts.Images.Release(c.ID)); err != nil {
+	if err := errors.Join(m.releaseImageVolumes(c), m.releaseCheckpoint(c), m.opts.Images.Release(c.ID)); err != nil {
 		return err
 	}
 	crashpoint.Hit("remove container", "image released")

@@ -22,6 +22,9 @@ type Layout struct {
 	Upper  string   // the container's writable layer (persistent root)
 	Work   string   // overlayfs work folder, on the same filesystem as Upper
 	Target string   // where the merged rootfs is mounted (volatile state)
+	// UpperMade: Upper exists already, holding the changes of a
+	// restored container; Mount neither makes it nor removes it.
+	UpperMade bool
 
 	// UserNS, when set, is a user namespace (a pin file) the container runs
 	// in: the lower layers are idmapped through it and Upper's root belongs
@@ -44,7 +47,11 @@ func Mount(l Layout) (err error) {
 			}
 		}
 	}()
-	for _, d := range []string{l.Upper, l.Work, l.Target} {
+	dirs := []string{l.Upper, l.Work, l.Target}
+	if l.UpperMade {
+		dirs = dirs[1:]
+	}
+	for _, d := range dirs {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fmt.Errorf("rootfs: %w", err)
 		}

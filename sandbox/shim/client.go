@@ -36,12 +36,7 @@ func (c *Client) Close() error { return c.rpc.close() }
 // answers ErrNoEvents.
 func (c *Client) Events(ctx context.Context, after uint64) (EventsReply, error) {
 	var r EventsReply
-	err := c.call(ctx, "Events", &EventsRequest{After: after}, &r)
-	var se serverError
-	if errors.As(err, &se) && strings.HasPrefix(string(se), unknownMethod) {
-		return EventsReply{}, fmt.Errorf("%w: %v", ErrNoEvents, err)
-	}
-	if err != nil {
+	if err := predates(c.call(ctx, "Events", &EventsRequest{After: after}, &r), ErrNoEvents); err != nil {
 		return EventsReply{}, err
 	}
 	return r, nil
@@ -102,6 +97,23 @@ func (c *Client) Info(ctx context.Context) (Info, error) {
 // Create spawns the container's init in the created state.
 func (c *Client) Create(ctx context.Context, req CreateRequest) error {
 	return c.call(ctx, "Create", &req, &Empty{})
+}
+
+// CreateRestored prepares a container that Start restores from the
+// checkpoint req.Restore names. A shim from before restores answers
+// ErrNoRestore.
+func (c *Client) CreateRestored(ctx context.Context, req CreateRequest) error {
+	return predates(c.call(ctx, "CreateRestored", &req, &Empty{}), ErrNoRestore)
+}
+
+// predates is err, or, when it says that the shim does not know the call
+// (a shim from before it), sentinel with it.
+func predates(err, sentinel error) error {
+	var se serverError
+	if errors.As(err, &se) && strings.HasPrefix(string(se), unknownMethod) {
+		return fmt.Errorf("%w: %v", sentinel, err)
+	}
+	return err
 }
 
 // Start lets a created container's process run and returns its state.
@@ -184,12 +196,7 @@ const cancelTimeout = 5 * time.Second
 // thaws the container: ctx should leave it time to say so. A shim from
 // before the call answers ErrNoCheckpoint.
 func (c *Client) Checkpoint(ctx context.Context, req CheckpointRequest) error {
-	err := c.call(ctx, "Checkpoint", &req, &Empty{})
-	var se serverError
-	if errors.As(err, &se) && strings.HasPrefix(string(se), unknownMethod) {
-		return fmt.Errorf("%w: %v", ErrNoCheckpoint, err)
-	}
-	return err
+	return predates(c.call(ctx, "Checkpoint", &req, &Empty{}), ErrNoCheckpoint)
 }
 
 // ReopenLog makes the shim reopen the container's CRI log file (rotation).

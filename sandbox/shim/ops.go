@@ -9,7 +9,7 @@ import specs "github.com/opencontainers/runtime-spec/specs-go"
 // roles (the names below keep them apart):
 //
 //   - an op process does one operation (OpCreate, OpExec, OpUpdate,
-//     OpDelete, OpState, OpKill, OpCheckpoint, OpUnlockNetwork) and exits.
+//     OpDelete, OpState, OpKill, OpCheckpoint, OpRestore, OpUnlockNetwork) and exits.
 //     The shim hands it the request and the process's stdio and lets it
 //     go once it has the reply: the container's init, or the exec'd
 //     process, is the op process's child until then, and the shim's (a
@@ -64,6 +64,9 @@ const (
 	// OpCheckpoint has CRIU checkpoint a running container
 	// (OpRequest.Checkpoint), which runs on.
 	OpCheckpoint = "checkpoint"
+	// OpRestore creates a container and has CRIU restore its processes
+	// (OpRequest.Restore) instead of starting its init.
+	OpRestore = "restore"
 	// OpUnlockNetwork removes the network lock a CRIU killed mid-dump
 	// left in the network namespace of the process OpRequest.Pid.
 	OpUnlockNetwork = "unlock-network"
@@ -88,6 +91,8 @@ type OpRequest struct {
 	Resources *specs.LinuxResources `json:",omitempty"`
 	// Checkpoint: where CRIU writes.
 	Checkpoint *CheckpointRequest `json:",omitempty"`
+	// Restore: the checkpoint's folders.
+	Restore *RestoreRequest `json:",omitempty"`
 	// Kill: the signal, and whether to every process in the cgroup.
 	Signal int
 	All    bool

@@ -43,6 +43,9 @@ var (
 	// ErrNoCheckpoint is returned by Client.Checkpoint when the shim
 	// predates the call.
 	ErrNoCheckpoint = errors.New("shim does not checkpoint containers")
+	// ErrNoRestore is returned by Client.CreateRestored when the shim
+	// predates the call.
+	ErrNoRestore = errors.New("shim does not restore containers")
 	// ErrUnavailable is returned by the client when the shim cannot be
 	// reached (the connection broke: the shim died or exited).
 	ErrUnavailable = errors.New("shim unavailable")
@@ -52,11 +55,14 @@ var (
 	// ErrCheckpointTimeout: the checkpoint ran past its time and was
 	// stopped; the container was thawed and runs on.
 	ErrCheckpointTimeout = errors.New("checkpoint timed out")
+	// ErrRestore: CRIU could not restore the container from its
+	// checkpoint; the message goes on with CRIU's reason, from its log.
+	ErrRestore = errors.New("criu could not restore the container")
 )
 
 // remoteErrors are matched by prefix against a server error message.
 var remoteErrors = []error{ErrNotFound, ErrExists, ErrNotCreated, ErrNotRunning,
-	ErrNotStopped, ErrBusy, ErrOutputTooLarge, ErrCheckpoint, ErrCheckpointTimeout}
+	ErrNotStopped, ErrBusy, ErrOutputTooLarge, ErrCheckpoint, ErrCheckpointTimeout, ErrRestore}
 
 // IsNotFound reports whether err says the container is unknown.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
@@ -90,6 +96,16 @@ type CreateRequest struct {
 	StdinOnce bool
 	// TTY gives the container a pty; its output is logged as stdout.
 	TTY bool
+	// Restore (CreateRestored only): the container is restored from a
+	// checkpoint rather than started: the create spawns nothing, and
+	// Start has CRIU restore its processes from these folders.
+	Restore *RestoreRequest `json:",omitempty"`
+}
+
+// RestoreRequest names a checkpoint's CRIU images and the folder CRIU works
+// (and logs) in.
+type RestoreRequest struct {
+	ImagesDir, WorkDir string
 }
 
 // KillRequest signals a container's init, or every process in its cgroup.

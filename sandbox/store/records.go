@@ -82,6 +82,9 @@ type Container struct {
 	// (see sandbox.Manager.layerDir); empty in records from before berth
 	// kept it, whose layers are under the persistent root.
 	LayerRoot string `json:"layerRoot,omitempty"`
+	// Restored: the container is restored from its image, a checkpoint,
+	// whose layer (the archive) it leases until it is removed.
+	Restored bool `json:"restored,omitempty"`
 	// CleanupFailed says which step of a failed CreateContainer's rollback
 	// failed, and why: the container is kept, reported exited, holding
 	// what is left, for RemoveContainer to finish (see

@@ -17,12 +17,9 @@ import (
 
 	metadata "github.com/checkpoint-restore/checkpointctl/lib"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/berth-runtime/berth/test/harness"
 )
 
 // criuWorks says whether CRIU can checkpoint on this machine, asked as
@@ -502,38 +499,6 @@ func TestCRIUConfigAnnotationRefused(t *testing.T) {
 	}
 	if got, want := spec.Annotations[criuConfig], filepath.Join(bundle, "criu.conf"); got != want {
 		t.Errorf("the spec's %s is %q, want berth's %q", criuConfig, got, want)
-	}
-	e.removePod(t, pod)
-	e.assertNoLeaks(t)
-}
-
-// TestCheckpointImageRefused: an image built from a checkpoint archive,
-// marked as CRI-O marks it (its manifest's annotation) or as containerd
-// looks for it (checkpointctl's, on the index), is refused at
-// CreateContainer, naming the annotation, with nothing made: berth does
-// not restore, and the image's root filesystem is CRIU's images.
-func TestCheckpointImageRefused(t *testing.T) {
-	e := startPodEnv(t, v1.Config{})
-	base := harness.BusyboxImage(t, harness.ImageSpec{})
-	const crio, criu = "io.kubernetes.cri-o.annotations.checkpoint.name", "org.criu.checkpoint.container.name"
-	byCRIO := e.reg.Push(t, "berth/ckpt:crio", mutate.Annotations(base, map[string]string{crio: "counter"}).(v1.Image))
-	idx := harness.Index(t, harness.OCI, base)
-	byIndex := e.reg.PushIndex(t, "berth/ckpt:index", mutate.Annotations(idx, map[string]string{criu: "counter"}).(v1.ImageIndex))
-
-	podCfg := e.podConfig("ckpt-image")
-	pod := e.runPod(t, podCfg)
-	for _, c := range []struct {
-		pushed     harness.Pushed
-		annotation string
-	}{{byCRIO, crio}, {byIndex, criu}} {
-		mustPull(t, e.d, c.pushed.Name, c.pushed.ID)
-		cfg := e.ctrConfig("restored", "/bin/sleep", "100000")
-		cfg.Image.Image = c.pushed.Name
-		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
-		assertCode(t, err, one(codes.FailedPrecondition), c.annotation, "checkpoint")
-	}
-	if ctrs, err := e.d.Runtime.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{}); err != nil || len(ctrs.Containers) != 0 {
-		t.Errorf("after the refusals: %v containers (%v), want none", len(ctrs.GetContainers()), err)
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)

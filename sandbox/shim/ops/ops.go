@@ -235,6 +235,8 @@ func do(req *shim.OpRequest, files []*os.File) shim.OpReply {
 		err = kill(req, &r)
 	case shim.OpCheckpoint:
 		err = checkpoint(req)
+	case shim.OpRestore:
+		err = restore(req, files, &r)
 	case shim.OpUnlockNetwork:
 		err = unlockNetwork(req.Pid)
 	default:
@@ -275,6 +277,15 @@ func setStdio(p *libcontainer.Process, stdio shim.OpStdio, files []*os.File) {
 // create makes the container and spawns its init, which stops at the exec
 // fifo ("created") until the shim opens it.
 func create(req *shim.OpRequest, files []*os.File, r *shim.OpReply) error {
+	return makeContainer(req, files, r, func(c *libcontainer.Container, proc *libcontainer.Process) error {
+		return c.Start(proc)
+	})
+}
+
+// makeContainer makes the container of req's bundle and has run bring its
+// init to life (start or restore), with req's stdio; on failure it
+// destroys the container.
+func makeContainer(req *shim.OpRequest, files []*os.File, r *shim.OpReply, run func(*libcontainer.Container, *libcontainer.Process) error) error {
 	spec, err := loadSpec(req.Bundle)
 	if err != nil {
 		return err
@@ -293,7 +304,7 @@ func create(req *shim.OpRequest, files []*os.File, r *shim.OpReply) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Start(proc); err != nil {
+	if err := run(c, proc); err != nil {
 		c.Destroy()
 		return err
 	}
@@ -570,8 +581,41 @@ func checkCRIUConfig(id string, cfg configs.Config, bundle string) error {
 	return os.Unsetenv("CRIU_CONFIG_FILE")
 }
 
-// dumpLog is the log libcontainer has CRIU write in the work folder.
-const dumpLog = "dump.log"
+// restore makes the container and has CRIU, through libcontainer, restore
+// its processes from a checkpoint, running, in the container's namespaces
+// and cgroup: the pod's network namespace is given to CRIU as the external
+// one the checkpoint left out. A failure carries CRIU's own reason, from
+// its log, after shim.ErrRestore; libcontainer's Destroy has removed the
+// container's cgroup and state, and CRIU kills what it had restored.
+func restore(req *shim.OpRequest, files []*os.File, r *shim.OpReply) error {
+	rr := req.Restore
+	if rr == nil || rr.ImagesDir == "" || rr.WorkDir == "" {
+		return errors.New("restore: no folders")
+	}
+	return makeContainer(req, files, r, func(c *libcontainer.Container, proc *libcontainer.Process) error {
+		if err := checkCRIUConfig(req.ID, c.Config(), req.Bundle); err != nil {
+			return err
+		}
+		err := c.Restore(proc, &libcontainer.CriuOpts{
+			ImagesDirectory: rr.ImagesDir,
+			WorkDirectory:   rr.WorkDir,
+			FileLocks:       true,
+			EmptyNs:         unix.CLONE_NEWNET,
+			StatusFd:        -1,
+		})
+		if err != nil {
+			return fmt.Errorf("%w %s: %v%s", shim.ErrRestore, req.ID, err, criuErrors(filepath.Join(rr.WorkDir, restoreLog)))
+		}
+		return nil
+	})
+}
+
+// dumpLog and restoreLog are the logs libcontainer has CRIU write in the
+// work folder.
+const (
+	dumpLog    = "dump.log"
+	restoreLog = "restore.log"
+)
 
 // criuErrors are the error lines of CRIU's log, which say why it failed
 // where its RPC answer only says that it did ("criu failed: type DUMP

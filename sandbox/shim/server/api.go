@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"os"
 
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -13,20 +14,21 @@ type API struct{ s *Server }
 // methods names the calls for shim.ServeConn.
 func (a *API) methods() map[string]shim.Method {
 	return map[string]shim.Method{
-		"Info":       shim.NewMethod(a.Info),
-		"Create":     shim.NewMethod(a.Create),
-		"Start":      shim.NewMethod(a.Start),
-		"Kill":       shim.NewMethod(a.Kill),
-		"State":      shim.NewMethod(a.State),
-		"Wait":       shim.NewMethod(a.Wait),
-		"Delete":     shim.NewMethod(a.Delete),
-		"Exec":       shim.NewMethod(a.Exec),
-		"CancelExec": shim.NewMethod(a.CancelExec),
-		"Update":     shim.NewMethod(a.Update),
-		"ReopenLog":  shim.NewMethod(a.ReopenLog),
-		"Checkpoint": shim.NewMethod(a.Checkpoint),
-		"Events":     shim.NewMethod(a.Events),
-		"Shutdown":   shim.NewMethod(a.Shutdown),
+		"Info":           shim.NewMethod(a.Info),
+		"Create":         shim.NewMethod(a.Create),
+		"CreateRestored": shim.NewMethod(a.CreateRestored),
+		"Start":          shim.NewMethod(a.Start),
+		"Kill":           shim.NewMethod(a.Kill),
+		"State":          shim.NewMethod(a.State),
+		"Wait":           shim.NewMethod(a.Wait),
+		"Delete":         shim.NewMethod(a.Delete),
+		"Exec":           shim.NewMethod(a.Exec),
+		"CancelExec":     shim.NewMethod(a.CancelExec),
+		"Update":         shim.NewMethod(a.Update),
+		"ReopenLog":      shim.NewMethod(a.ReopenLog),
+		"Checkpoint":     shim.NewMethod(a.Checkpoint),
+		"Events":         shim.NewMethod(a.Events),
+		"Shutdown":       shim.NewMethod(a.Shutdown),
 	}
 }
 
@@ -36,6 +38,16 @@ func (a *API) Info(_ *shim.Empty, r *shim.Info) error {
 }
 
 func (a *API) Create(req *shim.CreateRequest, _ *shim.Empty) error {
+	return a.s.create(req)
+}
+
+// CreateRestored is Create for a container restored from a checkpoint
+// (req.Restore): a call of its own, which a shim from before restores
+// refuses as unknown rather than start the container afresh.
+func (a *API) CreateRestored(req *shim.CreateRequest, _ *shim.Empty) error {
+	if req.Restore == nil {
+		return errors.New("create restored: no checkpoint")
+	}
 	return a.s.create(req)
 }
 

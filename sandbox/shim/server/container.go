@@ -34,6 +34,11 @@ type ctr struct {
 	// deleteByOp (see shim.OpReply).
 	cgroupPaths map[string]string
 	deleteByOp  bool
+	// restore, until Start has CRIU restore the container from it: the
+	// create spawned no init (init is nil), and stdin is whether its
+	// stdin stays open.
+	restore *shim.RestoreRequest
+	stdin   bool
 
 	// execInit is what berth-exec-init needs of it (shim.ExecInitFile),
 	// read at its first exec; nil: its execs go through libcontainer.
@@ -123,36 +128,49 @@ func (s *Server) create(req *shim.CreateRequest) (err error) {
 	if c.io, err = newStdio(req.Stdin, tty); err != nil {
 		return err
 	}
-	// startMu keeps onExit out until the bookkeeping below is done.
-	c.startMu.Lock()
-	// The init stops at the exec fifo ("created") until Start.
-	opReq := &shim.OpRequest{Op: shim.OpCreate, ID: req.ID, Bundle: bundle, Stdio: c.io.opStdio()}
-	sp, r, err := s.spawn(opReq, c.io.child, c.onExit(s))
-	if err != nil {
+	c.stdin, c.restore = req.Stdin, req.Restore
+	if c.restore == nil {
+		// startMu keeps onExit out until the bookkeeping is done.
+		c.startMu.Lock()
+		// The init stops at the exec fifo ("created") until Start.
+		err = s.spawnInit(c, &shim.OpRequest{Op: shim.OpCreate, ID: req.ID, Bundle: bundle, Stdio: c.io.opStdio()})
 		c.startMu.Unlock()
-		c.io.close()
-		return err
-	}
-	c.init = sp
-	c.state.Pid = sp.pid
-	c.cgroup, c.oom = r.Cgroup, watchOOM(r.OOMEvents)
-	c.cgroupPaths, c.deleteByOp = r.CgroupPaths, r.DeleteByOp || r.CgroupPaths == nil
-	err = c.io.started(c.log, req.Stdin)
-	c.startMu.Unlock()
-	if err != nil {
-		c.init.signal(unix.SIGKILL)
-		select {
-		case <-c.exited:
-		case <-time.After(10 * time.Second):
+		if err != nil {
+			c.io.close()
+			return err
 		}
-		s.runOp(&shim.OpRequest{Op: shim.OpDelete, ID: req.ID}, nil, nil)
-		c.init.close()
-		return err
 	}
 	s.mu.Lock()
 	s.ctrs[req.ID] = c
 	s.emit(shim.EventCreated, c.state)
 	s.mu.Unlock()
+	return nil
+}
+
+// spawnInit has an op process make the container and bring its init to
+// life as req says (create or restore), and takes its stdio; on failure
+// nothing of it is left. The caller holds c.startMu.
+func (s *Server) spawnInit(c *ctr, req *shim.OpRequest) error {
+	sp, r, err := s.spawn(req, c.io.child, c.onExit(s))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	c.init = sp
+	c.state.Pid = sp.pid
+	s.mu.Unlock()
+	c.cgroup, c.oom = r.Cgroup, watchOOM(r.OOMEvents)
+	c.cgroupPaths, c.deleteByOp = r.CgroupPaths, r.DeleteByOp || r.CgroupPaths == nil
+	if err := c.io.started(c.log, c.stdin); err != nil {
+		c.init.signal(unix.SIGKILL)
+		select {
+		case <-c.exited:
+		case <-time.After(10 * time.Second):
+		}
+		s.runOp(&shim.OpRequest{Op: shim.OpDelete, ID: c.id}, nil, nil)
+		c.init.close()
+		return err
+	}
 	return nil
 }
 
@@ -193,7 +211,14 @@ func (s *Server) start(id string) (shim.State, error) {
 	if st != shim.StatusCreated {
 		return shim.State{}, fmt.Errorf("%w: %s is %s", shim.ErrNotCreated, id, st)
 	}
-	if err := s.execFifo(c); err != nil {
+	if c.restore != nil {
+		// CRIU restores the processes running: there is no fifo to open.
+		op := &shim.OpRequest{Op: shim.OpRestore, ID: c.id, Bundle: c.bundle, Stdio: c.io.opStdio(), Restore: c.restore}
+		if err := s.spawnInit(c, op); err != nil {
+			return shim.State{}, err
+		}
+		c.restore = nil
+	} else if err := s.execFifo(c); err != nil {
 		return shim.State{}, err
 	}
 	rec := shim.StartRecord{Pid: c.state.Pid, StartedAt: time.Now()}
@@ -220,15 +245,42 @@ func (s *Server) kill(req *shim.KillRequest) error {
 		return err
 	}
 	s.mu.Lock()
-	stopped := c.state.Status == shim.StatusStopped
+	stopped, init := c.state.Status == shim.StatusStopped, c.init
 	s.mu.Unlock()
+	if init == nil && !stopped {
+		return s.endUnrestored(c, sig)
+	}
 	if req.All {
 		return signalCgroup(c.cgroup, sig)
 	}
 	if stopped {
 		return nil
 	}
-	return c.init.signal(sig)
+	return init.signal(sig)
+}
+
+// endUnrestored stops a container whose restore has not run (nor will),
+// as if its init had been killed by sig before it ran: it has no process to
+// signal. Start holds startMu while it restores; one that restored
+// meanwhile is signalled.
+func (s *Server) endUnrestored(c *ctr, sig unix.Signal) error {
+	c.startMu.Lock()
+	s.mu.Lock()
+	init, st := c.init, c.state.Status
+	if init == nil && st == shim.StatusCreated {
+		c.state.Status = shim.StatusStopped // Start refuses it from here on
+	}
+	s.mu.Unlock()
+	c.startMu.Unlock()
+	switch {
+	case init != nil:
+		return init.signal(sig)
+	case st != shim.StatusCreated:
+		return nil // another kill ends it
+	}
+	close(c.io.done) // no output was copied, nor will be
+	c.onExit(s)(exit{status: unix.WaitStatus(sig), at: time.Now()})
+	return nil
 }
 
 func (s *Server) state(id string) (shim.State, error) {
@@ -273,9 +325,12 @@ func (s *Server) delete(id string) error {
 	default:
 		return fmt.Errorf("%w: %s", shim.ErrNotStopped, id)
 	}
-	if c.deleteByOp {
+	switch {
+	case c.init == nil:
+		// Never restored: libcontainer has nothing of it.
+	case c.deleteByOp:
 		_, err = s.runOp(&shim.OpRequest{Op: shim.OpDelete, ID: id}, nil, nil)
-	} else {
+	default:
 		err = s.destroy(c)
 	}
 	if err != nil {
@@ -283,7 +338,9 @@ func (s *Server) delete(id string) error {
 	}
 	c.io.close()
 	s.mu.Lock()
-	c.init.close() // under s.mu: an exec may be taking a copy of its pidfd
+	if c.init != nil {
+		c.init.close() // under s.mu: an exec may be taking a copy of its pidfd
+	}
 	delete(s.ctrs, id)
 	s.emit(shim.EventDeleted, c.state)
 	s.mu.Unlock()
