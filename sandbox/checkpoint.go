@@ -329,8 +329,7 @@ func tarLayerChanges(upper, out string, mounts []string) (deleted []string, err 
 			return err
 		}
 		defer src.Close()
-		_, err = io.Copy(tw, src)
-		return err
+		return copySized(tw, src, hdr.Size)
 	})
 	if err != nil {
 		return nil, err
@@ -339,6 +338,27 @@ func tarLayerChanges(upper, out string, mounts []string) (deleted []string, err 
 		return nil, err
 	}
 	return deleted, f.Close()
+}
+
+// copySized copies exactly size bytes of src to w: the size a tar header
+// said. The container runs on while its layer is archived, and a file it
+// writes meanwhile can have grown (the rest is left out) or shrunk (the
+// rest is zeros) since the header was taken.
+func copySized(w io.Writer, src io.Reader, size int64) error {
+	n, err := io.Copy(w, io.LimitReader(src, size))
+	if err != nil {
+		return err
+	}
+	_, err = io.CopyN(w, zeros{}, size-n)
+	return err
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // writeArchive tars the folder work into a temporary file beside location,
