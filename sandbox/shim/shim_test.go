@@ -740,6 +740,11 @@ func TestExecServerLingers(t *testing.T) {
 	if !waitGone(t, again[0]) {
 		t.Fatal("the exec server outlived its shim")
 	}
+	// As berthd does: a shim on its way out removes its socket, which
+	// would be the next one's, started too soon.
+	if !waitGone(t, p.pid) {
+		t.Fatal("the shim outlived its Shutdown")
+	}
 	p.start() // for the cleanup
 }
 
