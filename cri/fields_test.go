@@ -66,7 +66,7 @@ var (
 	unimplChkpt = refused(codes.Unimplemented, "berth checkpoints single containers only (CheckpointContainer) and restores them from checkpoint images (CreateContainer, StartContainer); the whole call is refused")
 	selinuxOff  = refused(codes.FailedPrecondition, "refused naming the field where SELinux is enabled (berth does not label); no effect where it is off")
 	oneHandler  = notApplicable(`berth has one runtime handler, the default, named "": the empty string is the answer`)
-	chkpt       = notApplicable("RestorePod is refused (Unimplemented): berth restores nothing yet")
+	chkpt       = notApplicable("RestorePod is refused (Unimplemented): berth restores single containers only, through CreateContainer with a checkpoint image")
 	podNoTarget = notApplicable("a container's option (the target of a debug container's PID namespace); a pod's namespace options, echoed in its status, never carry one")
 )
 
