@@ -29,6 +29,7 @@ type Cgroups interface {
 	RemovePod(podCgroup string) error
 	ContainerCgroupsPath(podCgroup, containerID string) string
 	Kill(cgroupsPath string) error
+	Freeze(cgroupsPath string, frozen bool) error
 	Stats(cgroupsPath string) (cgroups.Stats, error)
 	Details(cgroupsPath string) (cgroups.Details, error)
 }

@@ -36,6 +36,7 @@ func (f *fakeCgroups) Mode() cgroups.Mode                      { return f.mode }
 func (f *fakeCgroups) PodCgroup(parent, uid string) string     { return parent + "/pod" + uid }
 func (f *fakeCgroups) ContainerCgroupsPath(p, c string) string { return p + "/" + c }
 func (f *fakeCgroups) Kill(string) error                       { return nil }
+func (f *fakeCgroups) Freeze(string, bool) error               { return nil }
 func (f *fakeCgroups) Stats(string) (cgroups.Stats, error)     { return cgroups.Stats{}, os.ErrNotExist }
 func (f *fakeCgroups) Details(string) (cgroups.Details, error) {
 	return cgroups.Details{}, os.ErrNotExist
