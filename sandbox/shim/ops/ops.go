@@ -542,7 +542,9 @@ func checkpoint(req *shim.OpRequest) error {
 	if err != nil {
 		return err
 	}
-	if st, err := c.Status(); err != nil || st != libcontainer.Running {
+	// Paused: a pod checkpoint freezes all its containers first; CRIU
+	// dumps a frozen cgroup and leaves it frozen.
+	if st, err := c.Status(); err != nil || (st != libcontainer.Running && st != libcontainer.Paused) {
 		return fmt.Errorf("%w: %s", shim.ErrNotRunning, req.ID)
 	}
 	if err := checkCRIUConfig(req.ID, c.Config(), req.Bundle); err != nil {
