@@ -116,22 +116,11 @@ func (m *Manager) CheckpointContainer(ctx context.Context, id, location string, 
 		return err
 	}
 	defer unlock()
-	if st := m.containerState(c); st.Status != shim.StatusRunning {
-		return errkind.Errorf(errkind.FailedPrecondition, "container %s is %s, not running: only a running container can be checkpointed", c.ID, st.Status)
+	if err := m.checkCheckpointable(c); err != nil {
+		return err
 	}
-	if err := m.criu.usable(); err != nil {
-		return errkind.Errorf(errkind.FailedPrecondition, "%v", err)
-	}
-	timeout = cmp.Or(timeout, DefaultCheckpointTimeout)
-	if d, ok := ctx.Deadline(); ok {
-		// Leave the shim time to stop CRIU and answer before the caller
-		// gives up.
-		if left := time.Until(d) - checkpointGrace; left < timeout {
-			timeout = left
-		}
-		if timeout <= 0 {
-			return errkind.Errorf(errkind.DeadlineExceeded, "checkpoint of %s: the call's deadline leaves no time to checkpoint", c.ID)
-		}
+	if timeout, err = checkpointTimeout(ctx, c.ID, timeout); err != nil {
+		return err
 	}
 	// CRIU's images are as big as the container's memory: they go beside
 	// the archive, on its filesystem, not on the state folder's tmpfs.
@@ -140,6 +129,60 @@ func (m *Manager) CheckpointContainer(ctx context.Context, id, location string, 
 		return errkind.Errorf(errkind.Invalid, "location %s: %v", location, err)
 	}
 	defer os.RemoveAll(work)
+	if err := m.dumpContainer(ctx, c, work, timeout); err != nil {
+		return err
+	}
+	if err := writeArchive(work, location); err != nil {
+		return fmt.Errorf("checkpoint of %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+// checkCheckpointable refuses a container that is not running, or a node
+// whose CRIU cannot checkpoint.
+func (m *Manager) checkCheckpointable(c *store.Container) error {
+	if err := m.checkRunning(c); err != nil {
+		return err
+	}
+	return m.checkCRIU()
+}
+
+// checkRunning refuses a container that is not running.
+func (m *Manager) checkRunning(c *store.Container) error {
+	if st := m.containerState(c); st.Status != shim.StatusRunning {
+		return errkind.Errorf(errkind.FailedPrecondition, "container %s is %s, not running: only a running container can be checkpointed", c.ID, st.Status)
+	}
+	return nil
+}
+
+// checkCRIU refuses a node whose CRIU cannot checkpoint.
+func (m *Manager) checkCRIU() error {
+	if err := m.criu.usable(); err != nil {
+		return errkind.Errorf(errkind.FailedPrecondition, "%v", err)
+	}
+	return nil
+}
+
+// checkpointTimeout is how long CRIU may take to checkpoint container id:
+// timeout (0: DefaultCheckpointTimeout), less what the call's deadline
+// leaves the shim to stop CRIU and answer before the caller gives up.
+func checkpointTimeout(ctx context.Context, id string, timeout time.Duration) (time.Duration, error) {
+	timeout = cmp.Or(timeout, DefaultCheckpointTimeout)
+	if d, ok := ctx.Deadline(); ok {
+		if left := time.Until(d) - checkpointGrace; left < timeout {
+			timeout = left
+		}
+		if timeout <= 0 {
+			return 0, errkind.Errorf(errkind.DeadlineExceeded, "checkpoint of %s: the call's deadline leaves no time to checkpoint", id)
+		}
+	}
+	return timeout, nil
+}
+
+// dumpContainer has CRIU checkpoint c, which runs on (or stays frozen, if
+// it was), into the folder work, and writes beside CRIU's images what a
+// restore needs of it: the archive's files (see ckptImagesDir).
+func (m *Manager) dumpContainer(ctx context.Context, c *store.Container, work string, timeout time.Duration) error {
 	if err := m.writeCRIUConfig(c); err != nil {
 		return err
 	}
@@ -147,9 +190,6 @@ func (m *Manager) CheckpointContainer(ctx context.Context, id, location string, 
 		return err
 	}
 	if err := m.writeCheckpointFiles(c, work); err != nil {
-		return fmt.Errorf("checkpoint of %s: %w", c.ID, err)
-	}
-	if err := writeArchive(work, location); err != nil {
 		return fmt.Errorf("checkpoint of %s: %w", c.ID, err)
 	}
 	return nil

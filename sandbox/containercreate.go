@@ -26,6 +26,12 @@ import (
 // layers, mounts its rootfs and image volumes, writes its OCI spec and has
 // the shim create it.
 func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig) (*store.Container, error) {
+	return m.createContainer(ctx, podID, cfg, nil)
+}
+
+// createContainer creates a container, restored from the checkpoint from
+// (RestorePod) unless that is nil.
+func (m *Manager) createContainer(ctx context.Context, podID string, cfg *runtimeapi.ContainerConfig, from *checkpoint) (*store.Container, error) {
 	if err := m.checkContainerConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -39,7 +45,7 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 		return nil, err
 	}
 	defer unlock()
-	r, err := m.newContainerCreate(ctx, pod, cfg)
+	r, err := m.newContainerCreate(ctx, pod, cfg, from)
 	if err != nil {
 		return nil, err
 	}
@@ -53,11 +59,12 @@ func (m *Manager) CreateContainer(ctx context.Context, podID string, cfg *runtim
 	}()
 	r.u.add("forget container record", func() error { return m.store.DeleteContainer(r.c.ID) })
 	r.t = newTimeline(ctx)
-	restoring := r.c.Restored
+	restoring, fromImage := r.c.Restored, r.c.Restored && from == nil
 	err = r.t.run([]startStep{
-		{"checkpoint", r.readCheckpoint, !restoring},
+		{"checkpoint", r.readCheckpoint, !fromImage},
 		{"", r.leaseImage, false},
 		{"", r.makeFolders, false},
+		{"checkpoint copy", r.copyCRIUImages, from == nil},
 		{"", r.pinTargetPIDNamespace, r.pidNS.target == ""},
 		{"layer changes", r.applyLayerChanges, !restoring},
 		{"rootfs", r.mountRootfs, false},
@@ -95,8 +102,7 @@ type containerCreate struct {
 	lowers       []string
 	layout       rootfs.Layout
 	imageVolumes map[int]string
-	restore      *checkpoint  // the archive a restored container is made from
-	ckptImg      *image.Image // the checkpoint image that holds it
+	restore      *checkpoint // the archive a restored container is made from
 }
 
 // checkContainerConfig checks what the container's config asks of berth
@@ -120,7 +126,7 @@ func (m *Manager) checkContainerConfig(cfg *runtimeapi.ContainerConfig) error {
 // newContainerCreate checks cfg against its pod (locked) and its images,
 // and makes the container's record. Checked before anything is made: a
 // refusal here costs the kubelet's retries no record, folder or mount.
-func (m *Manager) newContainerCreate(ctx context.Context, pod *store.Pod, cfg *runtimeapi.ContainerConfig) (*containerCreate, error) {
+func (m *Manager) newContainerCreate(ctx context.Context, pod *store.Pod, cfg *runtimeapi.ContainerConfig, from *checkpoint) (*containerCreate, error) {
 	pidNS, err := m.checkAgainstPod(ctx, pod, cfg)
 	if err != nil {
 		return nil, err
@@ -139,8 +145,12 @@ func (m *Manager) newContainerCreate(ctx context.Context, pod *store.Pod, cfg *r
 	}
 	c := &store.Container{ID: newID(), PodID: pod.ID, Config: cfg, ImageID: img.ID, ImageRef: cfg.Image.Image,
 		StopSignal: img.Config.Config.StopSignal, CreatedAt: time.Now(), LayerRoot: m.opts.ContainerRoot}
-	if name, _ := checkpointOf(img); name != "" {
-		if err := checkRestorable(cfg.Image.Image, img, pod.Pins[string(podns.User)] != "", cfg.GetTty()); err != nil {
+	if name, _ := checkpointOf(img); name != "" || from != nil {
+		source := imageSource(cfg.Image.Image, img)
+		if from != nil {
+			source = from.source
+		}
+		if err := checkRestorable(source, pod.Pins[string(podns.User)] != "", cfg.GetTty()); err != nil {
 			return nil, err
 		}
 		c.Restored = true
@@ -150,7 +160,7 @@ func (m *Manager) newContainerCreate(ctx context.Context, pod *store.Pod, cfg *r
 		c.LogPath = filepath.Join(dir, p)
 	}
 	return &containerCreate{m: m, ctx: ctx, pod: pod, c: c, img: img, pidNS: pidNS, volumeImages: volumeImages,
-		specResources: specResources, u: &undo{log: m.log, op: "create container"}}, nil
+		specResources: specResources, restore: from, u: &undo{log: m.log, op: "create container"}}, nil
 }
 
 // checkAgainstPod checks the container's config against its pod's, and
@@ -269,6 +279,9 @@ func (r *containerCreate) writeSpec() error {
 		return err
 	}
 	if r.restore != nil {
+		if err := r.restore.checkProcess(s); err != nil {
+			return err
+		}
 		r.restore.restoreProcess(s)
 		if err := r.m.writeCRIUConfig(r.c); err != nil {
 			return err
