@@ -63,10 +63,8 @@ func filled(test string) verdict { return verdict{proof: test} }
 // Reasons shared by many rows.
 var (
 	windowsOnly = notApplicable("Windows only; berth runs Linux containers")
-	unimplChkpt = refused(codes.Unimplemented, "berth checkpoints single containers only (CheckpointContainer) and restores them from checkpoint images (CreateContainer, StartContainer); the whole call is refused")
 	selinuxOff  = refused(codes.FailedPrecondition, "refused naming the field where SELinux is enabled (berth does not label); no effect where it is off")
 	oneHandler  = notApplicable(`berth has one runtime handler, the default, named "": the empty string is the answer`)
-	chkpt       = notApplicable("RestorePod is refused (Unimplemented): berth restores single containers only, through CreateContainer with a checkpoint image")
 	podNoTarget = notApplicable("a container's option (the target of a debug container's PID namespace); a pod's namespace options, echoed in its status, never carry one")
 )
 
@@ -297,15 +295,15 @@ var criFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.CheckpointContainerRequest.container_id": honoured("TestCheckpointContainer"),
 	"runtime.v1.CheckpointContainerRequest.location":     honoured("TestCheckpointContainer"),
 	"runtime.v1.CheckpointContainerRequest.timeout":      honoured("TestCheckpointContainer"),
-	"runtime.v1.CheckpointPodRequest.pod_sandbox_id":     unimplChkpt,
-	"runtime.v1.CheckpointPodRequest.output_path":        unimplChkpt,
-	"runtime.v1.CheckpointPodRequest.container_ids":      unimplChkpt,
-	"runtime.v1.CheckpointPodRequest.options":            unimplChkpt,
-	"runtime.v1.RestorePodRequest.checkpoint_path":       unimplChkpt,
-	"runtime.v1.RestorePodRequest.config":                unimplChkpt,
-	"runtime.v1.RestorePodRequest.runtime_handler":       unimplChkpt,
-	"runtime.v1.RestorePodRequest.options":               unimplChkpt,
-	"runtime.v1.RestorePodRequest.container_configs":     unimplChkpt,
+	"runtime.v1.CheckpointPodRequest.pod_sandbox_id":     honoured("TestCheckpointPod"),
+	"runtime.v1.CheckpointPodRequest.output_path":        honoured("TestCheckpointPod"),
+	"runtime.v1.CheckpointPodRequest.container_ids":      honoured("TestCheckpointPod"),
+	"runtime.v1.CheckpointPodRequest.options":            honoured("TestCheckpointPodRefused"),
+	"runtime.v1.RestorePodRequest.checkpoint_path":       honoured("TestRestorePod"),
+	"runtime.v1.RestorePodRequest.config":                honoured("TestRestorePod"),
+	"runtime.v1.RestorePodRequest.runtime_handler":       honoured("TestRestorePodRefused"),
+	"runtime.v1.RestorePodRequest.options":               honoured("TestRestorePodRefused"),
+	"runtime.v1.RestorePodRequest.container_configs":     honoured("TestRestorePod"),
 
 	// ImageService
 	"runtime.v1.ListImagesRequest.filter":        honoured("TestListImages"),
@@ -527,10 +525,10 @@ var criResponseFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.RuntimeFeatures.supplemental_groups_policy":          filled("TestRuntimeFeaturesDecided"),
 	"runtime.v1.RuntimeFeatures.user_namespaces_host_network":        filled("TestRuntimeFeaturesDecided"),
 	"runtime.v1.RuntimeFeatures.mount_options":                       filled("TestRuntimeFeaturesDecided"),
-	"runtime.v1.RestorePodResponse.pod_sandbox_id":                   chkpt,
-	"runtime.v1.RestorePodResponse.restored_containers":              chkpt,
-	"runtime.v1.RestoredContainer.name":                              chkpt,
-	"runtime.v1.RestoredContainer.container_id":                      chkpt,
+	"runtime.v1.RestorePodResponse.pod_sandbox_id":                   filled("TestRestorePod"),
+	"runtime.v1.RestorePodResponse.restored_containers":              filled("TestRestorePod"),
+	"runtime.v1.RestoredContainer.name":                              filled("TestRestorePod"),
+	"runtime.v1.RestoredContainer.container_id":                      filled("TestRestorePod"),
 	"runtime.v1.ContainerEventResponse.container_id":                 filled("TestContainerEvents"),
 	"runtime.v1.ContainerEventResponse.container_event_type":         filled("TestContainerEvents"),
 	"runtime.v1.ContainerEventResponse.created_at":                   filled("TestContainerEvents"),

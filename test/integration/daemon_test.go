@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/test/harness"
@@ -127,34 +125,6 @@ func TestSystemdDriverWithoutSystemdRefusesToStart(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "systemd") {
 		t.Errorf("berthd with the systemd driver and no systemd: exit %d, output:\n%s", code, out)
 	}
-}
-
-func TestRuntimeServiceUnimplemented(t *testing.T) {
-	harness.RequireIntegration(t)
-	t.Parallel()
-	d := harness.StartDaemon(t, harness.Options{})
-	rt := d.Runtime
-	// Calls berth does not serve yet answer Unimplemented, never OK.
-	calls := map[string]func(context.Context) error{
-		"CheckpointPod": func(c context.Context) error {
-			_, err := rt.CheckpointPod(c, &runtimeapi.CheckpointPodRequest{PodSandboxId: "x", OutputPath: "/tmp/x.tar"})
-			return err
-		},
-		"RestorePod": func(c context.Context) error {
-			_, err := rt.RestorePod(c, &runtimeapi.RestorePodRequest{CheckpointPath: "/tmp/x.tar"})
-			return err
-		},
-	}
-	for name, call := range calls {
-		t.Run(name, func(t *testing.T) {
-			err := call(ctx(t))
-			assertCode(t, err, one(codes.Unimplemented))
-			if err != nil && len(status.Convert(err).Message()) < 10 {
-				t.Errorf("message %q is not a clear explanation", status.Convert(err).Message())
-			}
-		})
-	}
-	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
