@@ -120,12 +120,16 @@ type podManifest struct {
 // running containers of a pod together, into the empty folder given, and
 // leaves both running and thawed: pod.json names them, each has its
 // folder with CRIU's images and what CheckpointContainer's archive holds.
+// While CRIU dumps the first container, the second is frozen already (one
+// moment of the pod); a checkpoint held there until the call's deadline
+// answers DeadlineExceeded with everything thawed and the folder emptied.
 // A container CRIU refuses (an established TCP connection) half way
 // fails the call naming CRIU's reason, with the folder emptied and every
 // container running, thawed. Where CRIU does not work (this host) the call
 // is refused, naming CRIU, with nothing written.
 func TestCheckpointPod(t *testing.T) {
-	e := startPodEnv(t, v1.Config{})
+	gate := newCRIUGate(t)
+	e := startPodEnvTOML(t, v1.Config{}, gate.toml())
 	podCfg := e.podConfig("ckpt-pod")
 	pod := e.runPod(t, podCfg)
 	counter := e.runContainer(t, pod, podCfg, e.ctrConfig("counter", "/bin/sh", "-c", podCounterScript))
@@ -168,6 +172,37 @@ func TestCheckpointPod(t *testing.T) {
 	}
 	if m.Version != 1 || !slices.Equal(names, []string{"counter", "httpd"}) {
 		t.Errorf("pod.json: version %d, containers %v; want version 1, counter and httpd", m.Version, names)
+	}
+
+	// CRIU held (by the gate) as it dumps the first container, httpd:
+	// the counter is frozen already. At the call's deadline less the
+	// shim's grace CRIU is stopped, and everything is thawed.
+	const deadline = 90 * time.Second
+	reach, drain := gate.hold(t)
+	late := t.TempDir()
+	done := make(chan error, 1)
+	go func() {
+		c, cancel := context.WithTimeout(t.Context(), deadline)
+		defer cancel()
+		_, err := e.d.Runtime.CheckpointPod(c, &runtimeapi.CheckpointPodRequest{PodSandboxId: pod, OutputPath: late, ContainerIds: []string{httpd, counter}})
+		done <- err
+	}()
+	if ok, log := reach(deadline); !ok {
+		t.Fatalf("CRIU did not log dumping a process before the call's deadline; its log ends %q; the checkpoint answered %v", log, <-done)
+	}
+	if got := readIfExists(t, containerCgroupFile(t, e.podCgroup(t, pod), counter, "cgroup.events")); !strings.Contains(got, "frozen 1") {
+		t.Errorf("while CRIU dumps httpd the counter, second to be dumped, is not frozen: %s", got)
+	}
+	assertCode(t, <-done, one(codes.DeadlineExceeded), "timed out")
+	gate.release(t)
+	if ok, log := drain(30 * time.Second); !ok {
+		t.Errorf("CRIU's log has writers 30 s after the checkpoint stopped at its deadline; it ends %q", log)
+	}
+	assertEmptyDir(t, late, "a pod checkpoint past its deadline")
+	e.assertThawed(t, pod, counter, httpd)
+	e.assertCounts(t, counter, "a pod checkpoint past its deadline")
+	if !e.httpdAnswers(t, counter) {
+		t.Error("the pod's httpd does not answer after a pod checkpoint past its deadline")
 	}
 
 	// CRIU refuses the second container (an established TCP connection)
