@@ -107,6 +107,25 @@ func treeDigest(t *testing.T, dir string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// ckptPod is a running pod of the two containers the tests checkpoint,
+// with their configs.
+type ckptPod struct {
+	cfg                  *runtimeapi.PodSandboxConfig
+	id, counter, httpd   string
+	counterCfg, httpdCfg *runtimeapi.ContainerConfig
+}
+
+// runCkptPod runs the pod "ckpt-pod" of a counter and an httpd.
+func (e *podEnv) runCkptPod(t *testing.T) ckptPod {
+	t.Helper()
+	p := ckptPod{cfg: e.podConfig("ckpt-pod"), counterCfg: e.ctrConfig("counter", "/bin/sh", "-c", podCounterScript),
+		httpdCfg: e.ctrConfig("httpd", "/bin/sh", "-c", podHTTPDScript)}
+	p.id = e.runPod(t, p.cfg)
+	p.counter = e.runContainer(t, p.id, p.cfg, p.counterCfg)
+	p.httpd = e.runContainer(t, p.id, p.cfg, p.httpdCfg)
+	return p
+}
+
 // podManifest is what the tests read of a pod checkpoint's pod.json
 // (docs/operations.md).
 type podManifest struct {
@@ -130,10 +149,8 @@ type podManifest struct {
 func TestCheckpointPod(t *testing.T) {
 	gate := newCRIUGate(t)
 	e := startPodEnvTOML(t, v1.Config{}, gate.toml())
-	podCfg := e.podConfig("ckpt-pod")
-	pod := e.runPod(t, podCfg)
-	counter := e.runContainer(t, pod, podCfg, e.ctrConfig("counter", "/bin/sh", "-c", podCounterScript))
-	httpd := e.runContainer(t, pod, podCfg, e.ctrConfig("httpd", "/bin/sh", "-c", podHTTPDScript))
+	p := e.runCkptPod(t)
+	podCfg, pod, counter, httpd := p.cfg, p.id, p.counter, p.httpd
 	out := t.TempDir()
 	if !criuWorks(t) {
 		assertCode(t, e.checkpointPod(t, pod, out, []string{counter, httpd}, nil), one(codes.FailedPrecondition), "criu")
@@ -287,12 +304,8 @@ func TestCheckpointPodRefused(t *testing.T) {
 // new pod's network namespace. The checkpoint folder is left as it was.
 func TestRestorePod(t *testing.T) {
 	e := startPodEnv(t, v1.Config{})
-	podCfg := e.podConfig("ckpt-pod")
-	pod := e.runPod(t, podCfg)
-	counterCfg := e.ctrConfig("counter", "/bin/sh", "-c", podCounterScript)
-	httpdCfg := e.ctrConfig("httpd", "/bin/sh", "-c", podHTTPDScript)
-	counter := e.runContainer(t, pod, podCfg, counterCfg)
-	httpd := e.runContainer(t, pod, podCfg, httpdCfg)
+	p := e.runCkptPod(t)
+	pod, counter, httpd := p.id, p.counter, p.httpd
 	out := t.TempDir()
 	if !criuWorks(t) {
 		assertCode(t, e.checkpointPod(t, pod, out, []string{counter, httpd}, nil), one(codes.FailedPrecondition), "criu")
@@ -314,7 +327,7 @@ func TestRestorePod(t *testing.T) {
 
 	newCfg := e.podConfig("restored-pod")
 	resp, err := e.restorePod(t, &runtimeapi.RestorePodRequest{CheckpointPath: out, Config: newCfg,
-		ContainerConfigs: []*runtimeapi.ContainerConfig{counterCfg, httpdCfg}})
+		ContainerConfigs: []*runtimeapi.ContainerConfig{p.counterCfg, p.httpdCfg}})
 	if err != nil {
 		t.Fatalf("RestorePod: %v", err)
 	}
