@@ -4,7 +4,6 @@ go 1.26.8
 
 require (
 	github.com/BurntSushi/toml v1.6.0
-	github.com/checkpoint-restore/checkpointctl v1.5.0
 	github.com/containerd/nri v0.12.5
 	github.com/containerd/stargz-snapshotter/estargz v0.19.1
 	github.com/containernetworking/cni v1.3.1

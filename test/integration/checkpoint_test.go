@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	metadata "github.com/checkpoint-restore/checkpointctl/lib"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -295,8 +294,8 @@ func tarFiles(t *testing.T, path string) map[string]string {
 }
 
 // TestCheckpointContainer: CheckpointContainer writes, where CRIU works,
-// the archive containerd and CRI-O write (read here with checkpointctl's
-// library) and leaves the container running; its refusals leave nothing
+// the archive containerd and CRI-O write (read here with checkpointctl,
+// test/checkpointctl's version) and leaves the container running; its refusals leave nothing
 // behind and the container running: where CRIU does not work (this host),
 // for a container CRIU cannot take (the reason from CRIU's log), past the
 // timeout, and for bad requests.
@@ -354,31 +353,17 @@ func TestCheckpointContainer(t *testing.T) {
 	}
 	out, names := readArchive(t, location)
 	for _, want := range []string{"checkpoint/inventory.img", "checkpoint/pstree.img", "checkpoint/descriptors.json",
-		metadata.ConfigDumpFile, metadata.SpecDumpFile, metadata.RootFsDiffTar, metadata.DeletedFilesFile, metadata.DumpLogFile, "stats-dump"} {
+		"config.dump", "spec.dump", "rootfs-diff.tar", "deleted.files", "dump.log", "stats-dump"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("the archive has no %s: %v", want, names)
 		}
 	}
-	cfg, _, err := metadata.ReadContainerCheckpointConfigDump(out)
-	if err != nil {
-		t.Fatal(err)
+	assertCheckpointctlReads(t, location, checkpointctlView{container: "counter", image: e.image, id: ctr, pod: "ckpt", after: start})
+	var deleted []string
+	if b, err := os.ReadFile(filepath.Join(out, "deleted.files")); err != nil || json.Unmarshal(b, &deleted) != nil || !slices.Equal(deleted, []string{"/etc/group"}) {
+		t.Errorf("deleted.files: %s (%v), want [\"/etc/group\"]", b, err)
 	}
-	if cfg.ID != ctr || cfg.Name != "counter" || cfg.RootfsImageName != e.image || cfg.CheckpointedAt.Before(start) {
-		t.Errorf("config.dump: %+v; want container %s named counter, image %s, checkpointed after %s", cfg, ctr, e.image, start)
-	}
-	spec, _, err := metadata.ReadContainerCheckpointSpecDump(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// checkpointctl names a container from these (its containerd reader).
-	if a := spec.Annotations; a["io.kubernetes.cri.container-name"] != "counter" || a["io.kubernetes.cri.sandbox-name"] != "ckpt" {
-		t.Errorf("spec.dump annotations %v do not name the container and its pod", a)
-	}
-	deleted, _, err := metadata.ReadContainerCheckpointDeletedFiles(out)
-	if err != nil || !slices.Equal(deleted, []string{"/etc/group"}) {
-		t.Errorf("deleted.files: %v (%v), want [/etc/group]", deleted, err)
-	}
-	diff := tarFiles(t, filepath.Join(out, metadata.RootFsDiffTar))
+	diff := tarFiles(t, filepath.Join(out, "rootfs-diff.tar"))
 	if diff["written-by-container"] != "kept\n" || diff["www/index.html"] != "served\n" {
 		t.Errorf("rootfs-diff.tar lacks the files the container wrote: %v", slices.Sorted(maps.Keys(diff)))
 	}

@@ -151,6 +151,8 @@ for t in $tests; do
 		CGO_ENABLED=0 GOFLAGS= $GO build -trimpath -o "$root/berth/tests/metered" ./test/integration/testdata/metered
 		# The NRI tests' plugin, likewise.
 		CGO_ENABLED=0 GOFLAGS= $GO build -trimpath -o "$root/berth/tests/nriplugin" ./test/integration/testdata/nriplugin
+		# The checkpoint tests' checkpointctl, test/checkpointctl's version.
+		(cd test/checkpointctl && CGO_ENABLED=0 GOFLAGS= GOWORK=off $GO build -trimpath -o "$root/berth/tests/checkpointctl" github.com/checkpoint-restore/checkpointctl)
 		if [[ -n $integration_skip ]]; then
 			echo "test-vm: integration tests skipped in the VM: $integration_skip (BERTH_VM_SKIP)"
 		fi
@@ -180,7 +182,7 @@ for t in $tests; do
 	$GO test -c "${static[@]}" -o "$root/berth/tests/$t.test" "$pkg"
 	printf 'run_test %q' "$t" >>"$plan"
 	[[ $t == critest ]] && printf ' env BERTH_CRITEST_BIN=/berth/tests/critest' >>"$plan"
-	[[ $t == integration ]] && printf ' env BERTH_METERED_BIN=/berth/tests/metered BERTH_NRIPLUGIN_BIN=/berth/tests/nriplugin' >>"$plan"
+	[[ $t == integration ]] && printf ' env BERTH_METERED_BIN=/berth/tests/metered BERTH_NRIPLUGIN_BIN=/berth/tests/nriplugin BERTH_CHECKPOINTCTL_BIN=/berth/tests/checkpointctl' >>"$plan"
 	printf ' %q' "/berth/tests/$t.test" >>"$plan"
 	printf ' %q' "${args[@]}" >>"$plan"
 	echo >>"$plan"

@@ -1,0 +1,152 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// checkpointctlBin is checkpointctl, the version test/checkpointctl pins:
+// the binary BERTH_CHECKPOINTCTL_BIN names (the VM tier's, built on the
+// host: the VM has no Go), else one built here.
+func checkpointctlBin(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("BERTH_CHECKPOINTCTL_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "checkpointctl")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/checkpoint-restore/checkpointctl")
+	build.Dir = filepath.Join("..", "checkpointctl")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build checkpointctl (test/checkpointctl): %v\n%s", err, out)
+	}
+	return bin
+}
+
+// checkpointctlView is what checkpointctl must read from an archive of
+// counterScript's container.
+type checkpointctlView struct {
+	container, image, id, pod string
+	after                     time.Time // the checkpoint began after it
+}
+
+// ckptProcess is a process of `checkpointctl inspect --format json`'s tree.
+type ckptProcess struct {
+	PID      uint32        `json:"pid"`
+	Command  string        `json:"command"`
+	Cmdline  string        `json:"cmdline"`
+	Children []ckptProcess `json:"children"`
+}
+
+// find is the first process of the tree whose command line contains s.
+func (p *ckptProcess) find(s string) *ckptProcess {
+	if strings.Contains(p.Cmdline, s) {
+		return p
+	}
+	for i := range p.Children {
+		if found := p.Children[i].find(s); found != nil {
+			return found
+		}
+	}
+	return nil
+}
+
+// ckptInspect is the part of `checkpointctl inspect --format json`'s
+// answer for one archive that the test reads.
+type ckptInspect struct {
+	ContainerName string `json:"container_name"`
+	Image         string `json:"image"`
+	ID            string `json:"id"`
+	Engine        string `json:"engine"`
+	Checkpointed  string `json:"checkpointed"`
+	Metadata      struct {
+		PodName string `json:"pod_name"`
+	}
+	ProcessTree ckptProcess `json:"process_tree"`
+	Files       []struct {
+		PID       uint32 `json:"pid"`
+		OpenFiles []struct {
+			FD   string `json:"fd"`
+			Path string `json:"path"`
+		} `json:"open_files"`
+	} `json:"file_descriptors"`
+	Sockets []struct {
+		PID         uint32 `json:"pid"`
+		OpenSockets []struct {
+			Protocol string `json:"protocol"`
+			Data     struct {
+				State   string `json:"state"`
+				SrcPort uint32 `json:"src_port"`
+			} `json:"data"`
+		} `json:"open_sockets"`
+	} `json:"sockets"`
+}
+
+// assertCheckpointctlReads runs checkpointctl's show and inspect on the
+// archive of counterScript's container, as a user would, and fails t
+// unless they print its container, image, ID and pod, when it was taken,
+// its process tree (the shell and busybox's httpd under it), httpd's
+// listening socket and the shell's open files.
+func assertCheckpointctlReads(t *testing.T, archive string, want checkpointctlView) {
+	t.Helper()
+	bin := checkpointctlBin(t)
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(bin, append(args, archive)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("checkpointctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	show := run("show")
+	t.Logf("checkpointctl show:\n%s", show)
+	for _, w := range []string{want.container, want.image, want.id[:12], "containerd"} {
+		if !strings.Contains(show, w) {
+			t.Errorf("checkpointctl show does not print %q", w)
+		}
+	}
+	if tree := run("inspect", "--ps-tree"); !strings.Contains(tree, "Process tree") || !strings.Contains(tree, "httpd") {
+		t.Errorf("checkpointctl inspect --ps-tree prints no process tree with httpd:\n%s", tree)
+	}
+	out := run("inspect", "--format", "json", "--metadata", "--ps-tree-cmd", "--files", "--sockets")
+	var views []ckptInspect
+	if err := json.Unmarshal([]byte(out), &views); err != nil || len(views) != 1 {
+		t.Fatalf("checkpointctl inspect --format json: %v, %d archives\n%s", err, len(views), out)
+	}
+	v := views[0]
+	if v.ContainerName != want.container || v.Image != want.image || v.ID != want.id || v.Engine != "containerd" || v.Metadata.PodName != want.pod {
+		t.Errorf("checkpointctl inspect: container %q, image %q, ID %q, engine %q, pod %q; want %q, %q, %q, containerd, %q",
+			v.ContainerName, v.Image, v.ID, v.Engine, v.Metadata.PodName, want.container, want.image, want.id, want.pod)
+	}
+	if at, err := time.Parse(time.RFC3339, v.Checkpointed); err != nil || at.Before(want.after.Truncate(time.Second)) {
+		t.Errorf("checkpointctl inspect: checkpointed %q (%v), want a time from %s on", v.Checkpointed, err, want.after)
+	}
+	root := &v.ProcessTree
+	httpd := root.find("httpd -f -p 8080")
+	if root.Command != "sh" || httpd == nil {
+		t.Fatalf("checkpointctl inspect: process tree %+v, want sh with busybox's httpd under it", *root)
+	}
+	listens := false
+	for _, s := range v.Sockets {
+		for _, o := range s.OpenSockets {
+			listens = listens || (s.PID == httpd.PID && o.Data.SrcPort == 8080)
+		}
+	}
+	if !listens {
+		t.Errorf("checkpointctl inspect: sockets %+v, want httpd's (PID %d) on port 8080", v.Sockets, httpd.PID)
+	}
+	files := 0
+	for _, f := range v.Files {
+		if f.PID == root.PID {
+			files = len(f.OpenFiles)
+		}
+	}
+	if files == 0 {
+		t.Errorf("checkpointctl inspect: open files %+v, none of the shell's (PID %d)", v.Files, root.PID)
+	}
+}
