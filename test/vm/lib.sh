@@ -56,3 +56,22 @@ tty:x:5:
 nogroup:x:65534:
 GROUPS
 }
+
+# add_criu CACHE: Debian's criu, which deps.sh unpacked into CACHE/criu (the
+# host cannot run it), with its libraries from there and from the host; and
+# what it runs: Debian's tar (it saves a container's tmpfs mounts, its /dev,
+# with GNU tar's options, which busybox's tar lacks) and iptables-restore
+# with its extensions (it locks the pod's network while it dumps). Fails
+# when deps.sh has not unpacked it.
+add_criu() {
+	local criu_dir=$1/criu/root f lib
+	[[ -x $criu_dir/usr/sbin/criu ]] || return 1
+	install -D "$criu_dir/usr/sbin/criu" "$root/usr/sbin/criu"
+	rm -f "$root/bin/tar"
+	for f in /bin/tar /usr/sbin/iptables-restore /usr/sbin/ip6tables-restore /usr/lib/x86_64-linux-gnu/xtables/*.so; do
+		copy_host_file "$f"
+	done
+	for lib in $(LD_LIBRARY_PATH="$criu_dir/usr/lib/x86_64-linux-gnu" ldd "$criu_dir/usr/sbin/criu" | grep -o '/[^ ]*' || true); do
+		[[ -e $root$lib ]] || install -D "$(readlink -f "$lib")" "$root${lib#"$criu_dir"}"
+	done
+}

@@ -189,7 +189,7 @@ for t in $tests; do
 done
 echo "test-vm: built in $(elapsed "$t_start")s"
 
-. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd, add_busybox, write_users
+. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd, add_busybox, write_users, add_criu
 
 # busybox-static as /bin/busybox (the test images are made from it) and
 # every applet.
@@ -218,19 +218,8 @@ for f in "${host_files[@]}"; do
 	if [[ -e $f ]]; then copy_host_file "$f"; else echo "test-vm: not on this host, not in the VM: $f"; fi
 done
 
-# Debian's criu, for the checkpoint tests: unpacked by deps.sh (the host
-# cannot run it), with its libraries from there and from the host.
-criu_dir="$cache/criu/root"
-if [[ -x $criu_dir/usr/sbin/criu ]]; then
-	install -D "$criu_dir/usr/sbin/criu" "$root/usr/sbin/criu"
-	# CRIU saves a container's tmpfs mounts (its /dev) with GNU tar's
-	# options, which busybox's tar lacks: Debian's tar replaces its link.
-	rm -f "$root/bin/tar"
-	copy_host_file /bin/tar
-	for lib in $(LD_LIBRARY_PATH="$criu_dir/usr/lib/x86_64-linux-gnu" ldd "$criu_dir/usr/sbin/criu" | grep -o '/[^ ]*' || true); do
-		[[ -e $root$lib ]] || install -D "$(readlink -f "$lib")" "$root${lib#"$criu_dir"}"
-	done
-else
+# Debian's criu, for the checkpoint tests (add_criu).
+if ! add_criu "$cache"; then
 	echo "test-vm: no criu in $cache/criu: run test/vm/deps.sh; the checkpoint tests will fail"
 fi
 

@@ -46,7 +46,7 @@ rm -rf "$out/root" "$out/initrd"
 root="$out/root"
 mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,usr/local/sbin,etc,proc,sys,dev,run,tmp,var/tmp,var/lib,var/log,root,lib/modules}
 
-. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd, add_busybox, write_users
+. "$src/test/vm/lib.sh" # copy_host_file, copy_systemd, add_busybox, write_users, add_criu
 # install_bin SRC DEST: a binary of the tree or of the tier, with its libraries.
 install_bin() {
 	install -D -m 0755 "$1" "$root$2"
@@ -68,6 +68,8 @@ install_bin "$k8sbin/kube-proxy" /usr/local/bin/kube-proxy
 for f in /usr/sbin/nft /usr/sbin/ip /usr/sbin/apparmor_parser; do
 	copy_host_file "$f"
 done
+# Debian's criu, for the kubelet's checkpoints (the Checkpoint step).
+add_criu "$cache" || { echo "vmnode: no criu in $cache/criu: run test/vm/deps.sh (make deps-vm)" >&2; exit 2; }
 
 # Debian's systemd, as the VM tier's systemd boot has it (test/vm/run.sh).
 copy_systemd
