@@ -34,6 +34,16 @@ func (r *Registry) PushImage(t *testing.T, repoTag string, entries []Entry, p Pr
 	return r.push(repoTag, manifest, config, layer)
 }
 
+// PushLayer stores, as repoTag, an image whose one layer is the tar
+// layerTar as it is given, with annotations on its manifest, and returns
+// its reference and image ID: the image of a checkpoint archive is one,
+// as CRI-O's users build it.
+func (r *Registry) PushLayer(t *testing.T, repoTag string, layerTar []byte, annotations map[string]string) (ref, id string) {
+	t.Helper()
+	manifest, config, layer := layerImage(t, layerTar, Process{}, annotations)
+	return r.push(repoTag, manifest, config, layer)
+}
+
 // oneLayerImage builds an OCI image (amd64) of one gzipped layer of
 // entries, in their order, and returns its manifest, config and layer.
 // Every entry has the same fixed time, so that the same entries give the
@@ -62,11 +72,19 @@ func oneLayerImage(t *testing.T, entries []Entry, p Process) (manifest, config, 
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	diffID := digestOf(tarBuf.Bytes())
+	return layerImage(t, tarBuf.Bytes(), p, nil)
+}
+
+// layerImage builds an OCI image (amd64) of one layer, layerTar gzipped,
+// running p, with annotations on its manifest (none if nil), and returns
+// its manifest, config and layer.
+func layerImage(t *testing.T, layerTar []byte, p Process, annotations map[string]string) (manifest, config, layer blob) {
+	t.Helper()
+	diffID := digestOf(layerTar)
 
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
-	if _, err := zw.Write(tarBuf.Bytes()); err != nil {
+	if _, err := zw.Write(layerTar); err != nil {
 		t.Fatal(err)
 	}
 	if err := zw.Close(); err != nil {
@@ -96,12 +114,16 @@ func oneLayerImage(t *testing.T, entries []Entry, p Process) (manifest, config, 
 	}
 	config = blob{"application/vnd.oci.image.config.v1+json", cfg}
 
-	m, err := json.Marshal(map[string]any{
+	fields := map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
 		"config":        map[string]any{"mediaType": config.mediaType, "digest": digestOf(config.data), "size": len(config.data)},
 		"layers":        []any{map[string]any{"mediaType": layer.mediaType, "digest": digestOf(layer.data), "size": len(layer.data)}},
-	})
+	}
+	if annotations != nil {
+		fields["annotations"] = annotations
+	}
+	m, err := json.Marshal(fields)
 	if err != nil {
 		t.Fatal(err)
 	}
