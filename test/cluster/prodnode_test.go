@@ -33,6 +33,7 @@ func (e *env) productionNode(t *testing.T, begin time.Time) {
 	step(t, "StatsSummary", e.vmStatsSummary)
 	step(t, "Streams", e.vmStreams)
 	step(t, "Attach", e.vmAttach)
+	step(t, "Checkpoint", e.vmCheckpoint)
 	step(t, "BerthdRestart", e.vmBerthdRestart)
 	t.Logf("VM node steps done in %s (then the teardown)", time.Since(begin).Round(time.Second))
 }
