@@ -31,12 +31,22 @@ type nriEnv struct {
 // tier's, built on the host), else built here.
 func buildNRIPlugin(t *testing.T) string {
 	t.Helper()
-	if bin := os.Getenv("BERTH_NRIPLUGIN_BIN"); bin != "" {
+	return buildPluginBin(t, "BERTH_NRIPLUGIN_BIN", ".", "./testdata/nriplugin")
+}
+
+// buildPluginBin returns the plugin binary the environment variable env
+// names (the VM tier's, built on the host), else builds package pkg in
+// the module of folder dir.
+func buildPluginBin(t *testing.T, env, dir, pkg string) string {
+	t.Helper()
+	if bin := os.Getenv(env); bin != "" {
 		return bin
 	}
-	bin := filepath.Join(t.TempDir(), "nriplugin")
-	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, "./testdata/nriplugin").CombinedOutput(); err != nil {
-		t.Fatalf("build the NRI plugin: %v\n%s", err, out)
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, pkg)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
 }
@@ -447,6 +457,59 @@ func TestNRIPluginPath(t *testing.T) {
 	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("any", sleeper...))
 	if got := e.sh(t, ctr, "echo ${NRI_LAUNCHED:-unset}"); got != "yes" {
 		t.Errorf("env NRI_LAUNCHED = %q, want the launched plugin's yes", got)
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// TestNRIUlimitAdjuster runs the protocol's own sample plugin,
+// ulimit-adjuster (github.com/containerd/nri v0.4.0, pinned in
+// testdata/ulimitadjuster: a stub four years older than berth's
+// adaptation), started by berthd from plugin_path: the rlimits a pod's
+// annotation asks for one of its containers are that container's, not
+// its sibling's, and an annotation the plugin cannot parse refuses the
+// container with the plugin's reason, leaving nothing behind.
+func TestNRIUlimitAdjuster(t *testing.T) {
+	t.Parallel()
+	e := startNRIEnv(t, "disable_connections = true\n")
+	b, err := os.ReadFile(buildPluginBin(t, "BERTH_ULIMIT_ADJUSTER_BIN", "testdata/ulimitadjuster",
+		"github.com/containerd/nri/plugins/ulimit-adjuster"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.pluginDir, "20-ulimit-adjuster"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.d.Restart() // berthd reads plugin_path at start
+	e.waitLog(t, `pre-installed NRI plugin \"20-ulimit-adjuster\" synchronization success`)
+
+	cfg := e.podConfig("nri-ulimits")
+	cfg.Annotations["ulimits.nri.containerd.io/container.limited"] = `
+- type: RLIMIT_NOFILE
+  hard: 4096
+  soft: 1024
+- type: memlock
+  hard: 987654
+  soft: 645321
+`
+	cfg.Annotations["ulimits.nri.containerd.io/container.misspelt"] = "- type: nofiles\n  hard: 1\n"
+	pod := e.runPod(t, cfg)
+	limited := e.runContainer(t, pod, cfg, e.ctrConfig("limited", sleeper...))
+	sibling := e.runContainer(t, pod, cfg, e.ctrConfig("sibling", sleeper...))
+	limits := "awk '/Max open files/ {print $4, $5} /Max locked memory/ {print $4, $5}' /proc/self/limits"
+	if got := e.sh(t, limited, limits); got != "1024 4096\n645321 987654" {
+		t.Errorf("limits of the annotated container: %q, want nofile 1024 4096 and memlock 645321 987654", got)
+	}
+	if got := e.sh(t, sibling, limits); strings.Contains(got, "1024 4096") || strings.Contains(got, "645321") {
+		t.Errorf("limits of the container the annotation does not name: %q, the plugin's", got)
+	}
+	_, err = e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
+		PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig("misspelt", sleeper...)})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `failed to parse type: "nofiles"`) {
+		t.Errorf("misspelt rlimit: %v, want FailedPrecondition with the plugin's reason", err)
+	}
+	if ids := e.listContainerIDs(t, nil); len(ids) != 2 {
+		t.Errorf("containers %v, want the two made", ids)
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)

@@ -153,6 +153,9 @@ for t in $tests; do
 		CGO_ENABLED=0 GOFLAGS= $GO build -trimpath -o "$root/berth/tests/nriplugin" ./test/integration/testdata/nriplugin
 		# The checkpoint tests' checkpointctl, test/checkpointctl's version.
 		(cd test/checkpointctl && CGO_ENABLED=0 GOFLAGS= GOWORK=off $GO build -trimpath -o "$root/berth/tests/checkpointctl" github.com/checkpoint-restore/checkpointctl)
+		# The protocol's sample plugin, from its module pinned in testdata.
+		(cd test/integration/testdata/ulimitadjuster && CGO_ENABLED=0 GOFLAGS= $GO build -trimpath \
+			-o "$root/berth/tests/ulimit-adjuster" github.com/containerd/nri/plugins/ulimit-adjuster)
 		if [[ -n $integration_skip ]]; then
 			echo "test-vm: integration tests skipped in the VM: $integration_skip (BERTH_VM_SKIP)"
 		fi
@@ -182,7 +185,7 @@ for t in $tests; do
 	$GO test -c "${static[@]}" -o "$root/berth/tests/$t.test" "$pkg"
 	printf 'run_test %q' "$t" >>"$plan"
 	[[ $t == critest ]] && printf ' env BERTH_CRITEST_BIN=/berth/tests/critest' >>"$plan"
-	[[ $t == integration ]] && printf ' env BERTH_METERED_BIN=/berth/tests/metered BERTH_NRIPLUGIN_BIN=/berth/tests/nriplugin BERTH_CHECKPOINTCTL_BIN=/berth/tests/checkpointctl' >>"$plan"
+	[[ $t == integration ]] && printf ' env BERTH_METERED_BIN=/berth/tests/metered BERTH_NRIPLUGIN_BIN=/berth/tests/nriplugin BERTH_CHECKPOINTCTL_BIN=/berth/tests/checkpointctl BERTH_ULIMIT_ADJUSTER_BIN=/berth/tests/ulimit-adjuster' >>"$plan"
 	printf ' %q' "/berth/tests/$t.test" >>"$plan"
 	printf ' %q' "${args[@]}" >>"$plan"
 	echo >>"$plan"
