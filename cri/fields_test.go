@@ -98,7 +98,7 @@ var criFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.LinuxPodSandboxConfig.cgroup_parent":    honoured("TestPodCgroupOfTheKubelet"),
 	"runtime.v1.LinuxPodSandboxConfig.security_context": honoured("TestPauseHoldsNoPrivilege"),
 	"runtime.v1.LinuxPodSandboxConfig.sysctls":          honoured("TestPodSysctls"),
-	"runtime.v1.LinuxPodSandboxConfig.overhead":         notApplicable("the kubelet sizes the pod cgroup, overhead included; the CRI gives it for VM runtimes"),
+	"runtime.v1.LinuxPodSandboxConfig.overhead":         notApplicable("the kubelet sizes the pod cgroup, overhead included; the CRI gives it for VM runtimes (berth records it, and tells NRI plugins)"),
 	"runtime.v1.LinuxPodSandboxConfig.resources":        honoured("TestUpdatePodSandboxResources"),
 
 	"runtime.v1.LinuxSandboxSecurityContext.namespace_options":          honoured("TestPodNamespaces"),
@@ -288,7 +288,7 @@ var criFields = map[protoreflect.FullName]verdict{
 	"runtime.v1.StatusRequest.verbose":                     honoured("TestRuntimeVersionStatusConfig"),
 
 	"runtime.v1.UpdatePodSandboxResourcesRequest.pod_sandbox_id": honoured("TestUpdatePodSandboxResources"),
-	"runtime.v1.UpdatePodSandboxResourcesRequest.overhead":       notApplicable("the kubelet sizes the pod cgroup, overhead included; the CRI gives it for VM runtimes"),
+	"runtime.v1.UpdatePodSandboxResourcesRequest.overhead":       notApplicable("the kubelet sizes the pod cgroup, overhead included; the CRI gives it for VM runtimes (berth records it, and tells NRI plugins)"),
 	"runtime.v1.UpdatePodSandboxResourcesRequest.resources":      honoured("TestUpdatePodSandboxResources"),
 
 	// Checkpoint and restore

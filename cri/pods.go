@@ -44,8 +44,8 @@ func (r *RuntimeService) RemovePodSandbox(ctx context.Context, req *runtimeapi.R
 
 // UpdatePodSandboxResources records the pod-level resources the kubelet has
 // just applied to the pod's cgroup (in-place resize).
-func (r *RuntimeService) UpdatePodSandboxResources(_ context.Context, req *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
-	if err := r.pods.UpdatePodResources(req.GetPodSandboxId(), req.GetOverhead(), req.GetResources()); err != nil {
+func (r *RuntimeService) UpdatePodSandboxResources(ctx context.Context, req *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
+	if err := r.pods.UpdatePodResources(ctx, req.GetPodSandboxId(), req.GetOverhead(), req.GetResources()); err != nil {
 		return nil, grpcError(err)
 	}
 	return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil

@@ -56,18 +56,19 @@ func (m *Manager) setResourcesLocked(ctx context.Context, c *store.Container, sp
 }
 
 // UpdatePodResources records the pod-level resources of an in-place resize
-// in the pod's config. The kubelet calls it after it has set the pod's
-// cgroup itself, so berth writes no cgroup here: it keeps the config that
-// PodSandboxStatus shows and a restarted berthd reads true. Resources the
-// host could not honour are refused as they are at RunPodSandbox.
-func (m *Manager) UpdatePodResources(id string, overhead, resources *runtimeapi.LinuxContainerResources) error {
-	for _, f := range []struct {
-		name string
-		res  *runtimeapi.LinuxContainerResources
-	}{{"resources", resources}, {"overhead", overhead}} {
-		if _, err := cgroups.SpecResources(f.res, m.opts.Cgroups.Mode(), 0); err != nil {
-			return errkind.Errorf(errkind.Invalid, "%s: %v", f.name, err)
-		}
+// in the pod's config, once NRI plugins have had their say. The kubelet
+// calls it after it has set the pod's cgroup itself, so berth writes no
+// cgroup here: it keeps the config that PodSandboxStatus shows and a
+// restarted berthd reads true. Resources the host could not honour are
+// refused as they are at RunPodSandbox.
+func (m *Manager) UpdatePodResources(ctx context.Context, id string, overhead, resources *runtimeapi.LinuxContainerResources) error {
+	overheadSpec, err := m.podSpecResources("overhead", overhead)
+	if err != nil {
+		return err
+	}
+	resourcesSpec, err := m.podSpecResources("resources", resources)
+	if err != nil {
+		return err
 	}
 	pod, unlock, err := m.lockPod(id)
 	if err != nil {
@@ -77,11 +78,29 @@ func (m *Manager) UpdatePodResources(id string, overhead, resources *runtimeapi.
 		return errkind.Errorf(errkind.NotFound, "pod %q", id)
 	}
 	defer unlock()
+	if err := m.opts.NRI.UpdatePodSandbox(ctx, pod, overheadSpec, resourcesSpec); err != nil {
+		return err
+	}
 	cfg := proto.CloneOf(pod.Config) // the store's config is shared with readers
 	if cfg.Linux == nil {
 		cfg.Linux = &runtimeapi.LinuxPodSandboxConfig{}
 	}
 	cfg.Linux.Overhead, cfg.Linux.Resources = overhead, resources
 	pod.Config = cfg
-	return m.store.SavePod(pod)
+	if err := m.store.SavePod(pod); err != nil {
+		return err
+	}
+	m.opts.NRI.PostUpdatePodSandbox(ctx, pod)
+	return nil
+}
+
+// podSpecResources is res, a pod-level field of UpdatePodSandboxResources,
+// in the spec's form, or Invalid naming the field where the host could not
+// honour it.
+func (m *Manager) podSpecResources(field string, res *runtimeapi.LinuxContainerResources) (*specs.LinuxResources, error) {
+	r, err := cgroups.SpecResources(res, m.opts.Cgroups.Mode(), 0)
+	if err != nil {
+		return nil, errkind.Errorf(errkind.Invalid, "%s: %v", field, err)
+	}
+	return r, nil
 }

@@ -192,6 +192,24 @@ func (h *Host) RemovePodSandbox(ctx context.Context, pod *store.Pod) {
 	}
 }
 
+// UpdatePodSandbox asks plugins for their say on a pod's new resources,
+// its overhead and its containers' sum; a refusal fails the update.
+func (h *Host) UpdatePodSandbox(ctx context.Context, pod *store.Pod, overhead, resources *specs.LinuxResources) error {
+	if h == nil {
+		return nil
+	}
+	_, err := h.a.UpdatePodSandbox(ctx, &api.UpdatePodSandboxRequest{Pod: PodOf(pod),
+		OverheadLinuxResources: api.FromOCILinuxResources(overhead, nil), LinuxResources: api.FromOCILinuxResources(resources, nil)})
+	return refused(err)
+}
+
+// PostUpdatePodSandbox tells plugins of a pod's resources changed.
+func (h *Host) PostUpdatePodSandbox(ctx context.Context, pod *store.Pod) {
+	if h != nil {
+		h.logged("post-update pod", h.a.PostUpdatePodSandbox(ctx, &api.PostUpdatePodSandboxRequest{Pod: PodOf(pod)}))
+	}
+}
+
 // CreateContainer asks plugins for their adjustment of a container's spec
 // s, and makes it in s; a plugin's refusal, or an adjustment berth cannot
 // make, fails the create.

@@ -241,8 +241,9 @@ func TestNRICDIDevice(t *testing.T) {
 }
 
 // TestNRIEvents checks that a plugin is told of every pod and container
-// event, in order, and of the pods and containers that were there when
-// it connected, whose cpuset its sync answer changes.
+// event, in order (a pod's in-place resize with its new resources), and
+// of the pods and containers that were there when it connected, whose
+// cpuset its sync answer changes.
 func TestNRIEvents(t *testing.T) {
 	t.Parallel()
 	needTwoCPUs(t)
@@ -273,6 +274,10 @@ func TestNRIEvents(t *testing.T) {
 	cfg2 := e.podConfig("nri-events-2")
 	pod2 := e.runPod(t, cfg2)
 	exits := e.runContainer(t, pod2, cfg2, e.ctrConfig("exits", "/bin/sh", "-c", "until [ -e /tmp/go ]; do sleep 0.1; done"))
+	if _, err := e.d.Runtime.UpdatePodSandboxResources(t.Context(), &runtimeapi.UpdatePodSandboxResourcesRequest{
+		PodSandboxId: pod2, Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20}}); err != nil {
+		t.Fatal(err)
+	}
 	e.sh(t, exits, "touch /tmp/go")
 	if !eventually(20*time.Second, func() bool { return e.status(t, exits).State == runtimeapi.ContainerState_CONTAINER_EXITED }) {
 		t.Fatal("the container did not exit")
@@ -289,6 +294,7 @@ func TestNRIEvents(t *testing.T) {
 		"UpdateContainer after", "PostUpdateContainer after", "StopContainer after", "RemoveContainer after",
 		"RunPodSandbox",
 		"CreateContainer exits", "PostCreateContainer exits", "StartContainer exits", "PostStartContainer exits",
+		"UpdatePodSandbox memory 268435456", "PostUpdatePodSandbox",
 		"StopContainer exits", "RemoveContainer exits", "StopPodSandbox", "RemovePodSandbox",
 		"StopContainer before", "StopPodSandbox", "RemoveContainer before", "RemovePodSandbox",
 	}
@@ -349,7 +355,8 @@ func TestNRIUpdates(t *testing.T) {
 
 // TestNRIRefusals checks that a container a plugin rejects, or one whose
 // adjustment berth cannot make, is refused with the reason, leaving
-// nothing behind, and that the other plugins are told it is gone.
+// nothing behind, and that the other plugins are told it is gone; and
+// that a pod's resize a plugin rejects is refused and not recorded.
 func TestNRIRefusals(t *testing.T) {
 	t.Parallel()
 	e := startNRIEnv(t, "")
@@ -371,6 +378,21 @@ func TestNRIRefusals(t *testing.T) {
 		if ids := e.listContainerIDs(t, nil); len(ids) != 0 {
 			t.Errorf("%s: containers left: %v", c.name, ids)
 		}
+	}
+	// A pod's resize the plugin refuses is not recorded.
+	podRejecter := nriplugin.Config{Match: "nri-refuse", Reject: "this pod stays its size"}
+	e.startPlugin(t, "podrejecter", podRejecter)
+	_, err := e.d.Runtime.UpdatePodSandboxResources(t.Context(), &runtimeapi.UpdatePodSandboxResourcesRequest{
+		PodSandboxId: pod, Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), podRejecter.Reject) {
+		t.Errorf("refused pod resize: %v, want FailedPrecondition saying %q", err, podRejecter.Reject)
+	}
+	var info struct {
+		Pod struct{ Config json.RawMessage }
+	}
+	e.verbosePodInfo(t, pod, &info)
+	if strings.Contains(string(info.Pod.Config), "268435456") {
+		t.Errorf("refused pod resize recorded: %s", info.Pod.Config)
 	}
 	b, _ := os.ReadFile(events)
 	for _, name := range []string{"rejected", "sysctl"} {

@@ -6,7 +6,8 @@ package nriplugin
 import "github.com/containerd/nri/pkg/api"
 
 // Config is what the plugin does; the adjustments, updates and failures
-// apply to the containers whose name starts with Match.
+// apply to the containers whose name starts with Match, Reject to the
+// pods too.
 type Config struct {
 	Match  string `json:"match"`
 	Events string `json:"events,omitempty"` // file each event is appended to
@@ -30,7 +31,7 @@ type Config struct {
 	// UnsolicitedCpuset is set, unasked, on a container once it started.
 	UnsolicitedCpuset string `json:"unsolicitedCpuset,omitempty"`
 
-	Reject string `json:"reject,omitempty"` // refuse the container with this reason
+	Reject string `json:"reject,omitempty"` // refuse the container, or the pod's resize, with this reason
 	Hang   bool   `json:"hang,omitempty"`   // never answer CreateContainer
 	Crash  bool   `json:"crash,omitempty"`  // exit at CreateContainer
 }

@@ -1,7 +1,7 @@
 // Command nriplugin is the integration tests' NRI plugin, written against
 // the protocol's stub: it records each event it is told of in a file, and
 // adjusts, updates, refuses, hangs on or crashes at the containers its
-// configuration names. Started by a test (-config, -socket) or by berthd
+// configuration names, and refuses resizes of the pods it names. Started by a test (-config, -socket) or by berthd
 // from its plugin_path (the configuration then comes from
 // plugin_config_path).
 package main
@@ -63,12 +63,15 @@ func (p *plugin) Configure(_ context.Context, cfg, _, _ string) (api.EventMask, 
 }
 
 func (p *plugin) record(event string, ctr *api.Container) {
+	if ctr != nil {
+		event += " " + ctr.Name
+	}
+	p.recordLine(event)
+}
+
+func (p *plugin) recordLine(line string) {
 	if p.cfg.Events == "" {
 		return
-	}
-	line := event
-	if ctr != nil {
-		line += " " + ctr.Name
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -97,6 +100,19 @@ func (p *plugin) Synchronize(_ context.Context, _ []*api.PodSandbox, ctrs []*api
 
 func (p *plugin) RunPodSandbox(_ context.Context, _ *api.PodSandbox) error {
 	p.record("RunPodSandbox", nil)
+	return nil
+}
+
+func (p *plugin) UpdatePodSandbox(_ context.Context, pod *api.PodSandbox, _, res *api.LinuxResources) error {
+	p.recordLine(fmt.Sprintf("UpdatePodSandbox memory %d", res.GetMemory().GetLimit().GetValue()))
+	if p.cfg.Reject != "" && strings.HasPrefix(pod.Name, p.cfg.Match) {
+		return errors.New(p.cfg.Reject)
+	}
+	return nil
+}
+
+func (p *plugin) PostUpdatePodSandbox(_ context.Context, _ *api.PodSandbox) error {
+	p.record("PostUpdatePodSandbox", nil)
 	return nil
 }
 
