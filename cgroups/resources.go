@@ -83,12 +83,11 @@ func specResources(res *runtimeapi.LinuxContainerResources, mode Mode, pidsLimit
 		}
 	}
 
+	if err := unifiedInMode(res.Unified, mode); err != nil {
+		return nil, err
+	}
 	if len(res.Unified) > 0 {
-		keys := slices.Sorted(maps.Keys(res.Unified))
-		if mode == V1 {
-			return nil, fmt.Errorf("unified[%q]: unified keys need cgroup v2 and this host is in v1 mode", keys[0])
-		}
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(res.Unified)) {
 			ctrl, param, ok := strings.Cut(k, ".")
 			if !ok || ctrl == "" || param == "" || strings.Contains(k, "/") {
 				return nil, fmt.Errorf("unified[%q]: not a cgroup file name like memory.high", k)
@@ -97,6 +96,33 @@ func specResources(res *runtimeapi.LinuxContainerResources, mode Mode, pidsLimit
 		out.Unified = maps.Clone(res.Unified)
 	}
 	return out, nil
+}
+
+// unifiedInMode refuses unified keys in v1 mode, naming the first.
+func unifiedInMode(unified map[string]string, mode Mode) error {
+	if len(unified) > 0 && mode == V1 {
+		return fmt.Errorf("unified[%q]: unified keys need cgroup v2 and this host is in v1 mode", slices.Sorted(maps.Keys(unified))[0])
+	}
+	return nil
+}
+
+// Unhonourable names the first limit of r, resources in the spec's form
+// that come from elsewhere than the CRI (NRI plugins), that this host
+// cannot set at all: cgroup v2 unified keys in v1 mode, hugepage limits
+// without the hugetlb controller. runc fails a container on either
+// without naming it; the CRI's own are checked (or, for hugepages, left
+// out) by SpecResources.
+func (m *Manager) Unhonourable(r *specs.LinuxResources) error {
+	if r == nil {
+		return nil
+	}
+	if err := unifiedInMode(r.Unified, m.mode); err != nil {
+		return err
+	}
+	if len(r.HugepageLimits) > 0 && !m.caps.hugetlb {
+		return fmt.Errorf("hugepage_limits[%q]: the host has no hugetlb controller", r.HugepageLimits[0].Pagesize)
+	}
+	return nil
 }
 
 var pageSizeRE = regexp.MustCompile(`^[1-9][0-9]*[KMGTP]B$`)

@@ -133,7 +133,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("network: %w", err)
 	}
 	cdiRegistry := cdi.New(cfg.CDI.SpecDirs)
-	nriHost, err := newNRI(cfg.NRI, cdiRegistry, log.With("component", "nri"), metrics.Registerer())
+	nriHost, err := newNRI(cfg.NRI, cdiRegistry, cg, log.With("component", "nri"), metrics.Registerer())
 	if err != nil {
 		return err
 	}
@@ -299,13 +299,13 @@ func findPause(shimBinary string) (string, error) {
 }
 
 // newNRI is the host of NRI plugins [nri] asks for; nil when it is off.
-func newNRI(c config.NRI, cdi nri.CDI, log *slog.Logger, reg prometheus.Registerer) (*nri.Host, error) {
+func newNRI(c config.NRI, cdi nri.CDI, cg nri.Cgroups, log *slog.Logger, reg prometheus.Registerer) (*nri.Host, error) {
 	if c.Disable {
 		return nil, nil
 	}
 	h, err := nri.New(nri.Options{SocketPath: c.SocketPath, PluginPath: c.PluginPath, PluginConfigPath: c.PluginConfigPath,
 		RegistrationTimeout: c.PluginRegistrationTimeout.Duration, RequestTimeout: c.PluginRequestTimeout.Duration,
-		DisableConnections: c.DisableConnections, Version: cri.RuntimeVersion, Logger: log, Metrics: reg, CDI: cdi})
+		DisableConnections: c.DisableConnections, Version: cri.RuntimeVersion, Logger: log, Metrics: reg, CDI: cdi, Cgroups: cg})
 	if err != nil {
 		return nil, err
 	}

@@ -18,15 +18,23 @@ type CDI interface {
 	Inject(s *specs.Spec, devices []string) error
 }
 
+// Cgroups says which limits the host cannot set: berth's cgroup manager.
+type Cgroups interface {
+	Unhonourable(r *specs.LinuxResources) error
+}
+
 // Adjust makes the plugins' adjustment of a container's spec, with the CDI
 // devices they name from cdi, or refuses it, naming the first change berth
-// cannot make: none is dropped. On an error s may be partly changed: the
-// caller drops it.
-func Adjust(s *specs.Spec, a *api.ContainerAdjustment, cdi CDI) error {
+// (or the host, as cg says) cannot make: none is dropped. On an error s
+// may be partly changed: the caller drops it.
+func Adjust(s *specs.Spec, a *api.ContainerAdjustment, cdi CDI, cg Cgroups) error {
 	if a == nil {
 		return nil
 	}
 	if err := refuseUnsupported(a); err != nil {
+		return err
+	}
+	if err := refuseUnhonourable(cg, "adjustment", a.GetLinux().GetResources().ToOCI()); err != nil {
 		return err
 	}
 	if err := checkMounts(a.Mounts); err != nil {
@@ -107,6 +115,15 @@ func refuseUnsupported(a *api.ContainerAdjustment) error {
 		if u.set {
 			return errkind.Errorf(errkind.FailedPrecondition, "NRI adjustment %s: berth does not support it", u.name)
 		}
+	}
+	return nil
+}
+
+// refuseUnhonourable refuses a plugin's resources (of an adjustment or an
+// update, as what says) that the host cannot set, naming the first.
+func refuseUnhonourable(cg Cgroups, what string, r *specs.LinuxResources) error {
+	if err := cg.Unhonourable(r); err != nil {
+		return errkind.Errorf(errkind.FailedPrecondition, "NRI %s linux.resources.%v", what, err)
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func TestAdjust(t *testing.T) {
 	a.AddHooks(&api.Hooks{Prestart: []*api.Hook{{Path: "/bin/true"}}})
 	a.AddCDIDevice(&api.CDIDevice{Name: "vendor.test/dev=one"})
 	cdi := &fakeCDI{}
-	if err := Adjust(s, a, cdi); err != nil {
+	if err := Adjust(s, a, cdi, anyLimits{}); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"vendor.test/dev=one"}; !reflect.DeepEqual(cdi.injected, want) {
@@ -100,7 +100,7 @@ func TestAdjustRefused(t *testing.T) {
 			a := &api.ContainerAdjustment{}
 			a.AddEnv("NEW", "v") // made only if the whole adjustment is
 			c.set(a)
-			err := Adjust(s, a, &fakeCDI{})
+			err := Adjust(s, a, &fakeCDI{}, anyLimits{})
 			if !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), c.name) {
 				t.Fatalf("Adjust: %v, want FailedPrecondition naming %s", err, c.name)
 			}
@@ -118,3 +118,8 @@ func (f *fakeCDI) Inject(_ *specs.Spec, devices []string) error {
 	f.injected = append(f.injected, devices...)
 	return nil
 }
+
+// anyLimits is a host that can set every limit.
+type anyLimits struct{}
+
+func (anyLimits) Unhonourable(*specs.LinuxResources) error { return nil }

@@ -33,6 +33,8 @@ type Options struct {
 	Metrics             prometheus.Registerer // nil: none
 	// CDI resolves the CDI devices plugins add to containers.
 	CDI CDI
+	// Cgroups refuses the limits plugins ask for that the host cannot set.
+	Cgroups Cgroups
 }
 
 // Runtime is what plugins change of the node: the sandbox manager.
@@ -51,6 +53,7 @@ type Host struct {
 	a   *adaptation.Adaptation
 	rt  Runtime
 	cdi CDI
+	cg  Cgroups
 	log *slog.Logger
 }
 
@@ -60,7 +63,7 @@ const followUpTimeout = time.Minute
 
 // New sets up NRI hosting with o; Start begins it.
 func New(o Options) (*Host, error) {
-	h := &Host{log: o.Logger, cdi: o.CDI}
+	h := &Host{log: o.Logger, cdi: o.CDI, cg: o.Cgroups}
 	nrilog.Set(logger{o.Logger})
 	adaptation.SetPluginRegistrationTimeout(o.RegistrationTimeout)
 	adaptation.SetPluginRequestTimeout(o.RequestTimeout)
@@ -129,7 +132,12 @@ func (h *Host) synchronize(ctx context.Context, cb adaptation.SyncCB) error {
 func (h *Host) updateContainers(ctx context.Context, updates []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) {
 	var failed []*api.ContainerUpdate
 	for _, u := range updates {
-		if err := h.rt.UpdateContainer(ctx, u.ContainerId, u.GetLinux().GetResources().ToOCI()); err != nil {
+		res := u.GetLinux().GetResources().ToOCI()
+		err := refuseUnhonourable(h.cg, "update", res)
+		if err == nil {
+			err = h.rt.UpdateContainer(ctx, u.ContainerId, res)
+		}
+		if err != nil {
 			h.log.Warn("NRI: update container", "container", u.ContainerId, "err", err)
 			if !u.IgnoreFailure {
 				failed = append(failed, u)
@@ -221,7 +229,7 @@ func (h *Host) CreateContainer(ctx context.Context, pod *store.Pod, c Container)
 	if err != nil {
 		return refused(err)
 	}
-	if err := Adjust(c.Spec, rpl.GetAdjust(), h.cdi); err != nil {
+	if err := Adjust(c.Spec, rpl.GetAdjust(), h.cdi, h.cg); err != nil {
 		return err
 	}
 	h.followUp(rpl.GetUpdate(), rpl.GetEvict())
@@ -267,7 +275,11 @@ func (h *Host) UpdateContainer(ctx context.Context, pod *store.Pod, c Container,
 		switch {
 		case u == nil: // the library's entry for c when no plugin changed it
 		case u.ContainerId == c.Rec.ID:
-			MergeResources(res, u.GetLinux().GetResources().ToOCI())
+			own := u.GetLinux().GetResources().ToOCI()
+			if err := refuseUnhonourable(h.cg, "update", own); err != nil {
+				return nil, err
+			}
+			MergeResources(res, own)
 		default:
 			others = append(others, u)
 		}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -535,4 +536,60 @@ func TestNRIUlimitAdjuster(t *testing.T) {
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
+}
+
+// TestNRIHostResources checks that a plugin's cgroup v2 unified keys and
+// hugepage limit reach the container where the host has cgroup v2 and the
+// hugetlb controller, and where it lacks them refuse the container naming
+// the adjustment, leaving nothing behind.
+func TestNRIHostResources(t *testing.T) {
+	t.Parallel()
+	e := startNRIEnv(t, "")
+	e.startPlugin(t, "unifier", nriplugin.Config{Match: "unified", Unified: map[string]string{"memory.high": "67108864"}})
+	e.startPlugin(t, "hugepager", nriplugin.Config{Match: "hugepaged", HugepageLimit: &api.HugepageLimit{PageSize: "2MB", Limit: 4 << 20}})
+	cfg := e.podConfig("nri-host-resources")
+	pod := e.runPod(t, cfg)
+	hugetlbFile := "/sys/fs/cgroup/hugetlb/hugetlb.2MB.limit_in_bytes"
+	if cgroupV2() {
+		hugetlbFile = "/sys/fs/cgroup/hugetlb.2MB.max"
+	}
+	made := 0
+	for _, c := range []struct {
+		name, adjustment, file, want string
+		hostHasIt                    bool
+	}{
+		{"unified", "linux.resources.unified", "/sys/fs/cgroup/memory.high", "67108864", cgroupV2()},
+		{"hugepaged", "linux.resources.hugepage_limits", hugetlbFile, "4194304", hostHasHugetlb()},
+	} {
+		if c.hostHasIt {
+			ctr := e.runContainer(t, pod, cfg, e.ctrConfig(c.name, sleeper...))
+			made++
+			if got := e.sh(t, ctr, "cat "+c.file); got != c.want {
+				t.Errorf("%s: %s is %q, want the plugin's %s", c.name, c.file, got, c.want)
+			}
+			continue
+		}
+		t.Logf("%s: the host lacks it: the container is to be refused", c.adjustment)
+		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
+			PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig(c.name, sleeper...)})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "NRI adjustment "+c.adjustment) {
+			t.Errorf("%s: %v, want FailedPrecondition naming %s", c.name, err, c.adjustment)
+		}
+		if ids := e.listContainerIDs(t, nil); len(ids) != made {
+			t.Errorf("%s: containers %v, want the %d made", c.name, ids, made)
+		}
+	}
+	e.removePod(t, pod)
+	e.assertNoLeaks(t)
+}
+
+// hostHasHugetlb says whether this host's cgroups have the hugetlb
+// controller.
+func hostHasHugetlb() bool {
+	if cgroupV2() {
+		b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+		return slices.Contains(strings.Fields(string(b)), "hugetlb")
+	}
+	_, err := os.Stat("/sys/fs/cgroup/hugetlb")
+	return err == nil
 }

@@ -23,6 +23,9 @@ type Config struct {
 	Hook        *api.Hook         `json:"hook,omitempty"` // a createRuntime hook
 	OOMScoreAdj *int              `json:"oomScoreAdj,omitempty"`
 	Sysctl      map[string]string `json:"sysctl,omitempty"`
+	Unified     map[string]string `json:"unified,omitempty"` // cgroup v2 files
+	// HugepageLimit is a hugetlb limit of Limit bytes for PageSize ("2MB").
+	HugepageLimit *api.HugepageLimit `json:"hugepageLimit,omitempty"`
 
 	// SyncCpuset is set on every container the plugin finds at its sync.
 	SyncCpuset string `json:"syncCpuset,omitempty"`

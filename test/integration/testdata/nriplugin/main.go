@@ -177,6 +177,12 @@ func (p *plugin) adjustment() *api.ContainerAdjustment {
 	for k, v := range p.cfg.Sysctl {
 		a.SetLinuxSysctl(k, v)
 	}
+	for k, v := range p.cfg.Unified {
+		a.AddLinuxUnified(k, v)
+	}
+	if h := p.cfg.HugepageLimit; h != nil {
+		a.AddLinuxHugepageLimit(h.PageSize, h.Limit)
+	}
 	return a
 }
 
