@@ -28,6 +28,7 @@ type Berthd struct {
 	// tiers' device plugin and DRA driver write the specs of their devices.
 	CDIDir string
 	args   []string
+	config string // berthd.toml
 	work   string
 	// netns names the network namespace (/run/netns/NAME) berthd runs in,
 	// "" for the host's: its bridge and tables live there.
@@ -54,9 +55,24 @@ func NewBerthd(t *testing.T, w *Work, binDir, bridge, subnet, registryHost strin
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	b.config = cfgPath
 	b.args = []string{filepath.Join(binDir, "berthd"), "--config", cfgPath, "--root", b.Root,
 		"--state", b.State, "--socket", b.Socket, "--log-level", "debug"}
 	return b
+}
+
+// AddConfig adds TOML tables (toml) to berthd's configuration, for its
+// next Launch.
+func (b *Berthd) AddConfig(t *testing.T, toml string) {
+	t.Helper()
+	f, err := os.OpenFile(b.config, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("\n" + toml); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // InNamespaces makes Launch run berthd through enter (an nsenter into a

@@ -33,11 +33,12 @@ type env struct {
 	configFile string // the KubeletConfiguration kept in the repository
 	// kubeletExtra is added to the run's KubeletConfiguration drop-in.
 	kubeletExtra string
-	// prepareRoot, when set, readies berthd's root before berthd starts (a
-	// test mounts a filesystem of its own there); the func it returns undoes
-	// that once berthd and the kubelet are gone.
-	prepareRoot func(root string) (undo func())
-	undoRoot    func()
+	// prepareBerthd, when set, readies berthd before it starts (a test
+	// mounts a filesystem of its own on its root, or adds to its
+	// configuration); the func it returns undoes that once berthd and the
+	// kubelet are gone.
+	prepareBerthd func(b *kubeenv.Berthd) (undo func())
+	undoBerthd    func()
 
 	reg     *kubeenv.Registry
 	image   string // 127.0.0.1:PORT/berth/busybox:e2e
@@ -67,15 +68,15 @@ func requireTier(t *testing.T) { kubeenv.Require(t, guardEnv, "test-kubelet") }
 // cleanups registered here.
 func newEnv(t *testing.T, kubeletExtra string) *env {
 	t.Helper()
-	return newEnvOnRoot(t, kubeletExtra, nil)
+	return newEnvWith(t, kubeletExtra, nil)
 }
 
-// newEnvOnRoot is newEnv with prepareRoot run on berthd's root folder
-// before berthd starts (nil: nothing to do).
-func newEnvOnRoot(t *testing.T, kubeletExtra string, prepareRoot func(root string) (undo func())) *env {
+// newEnvWith is newEnv with prepareBerthd run on berthd before it starts
+// (nil: nothing to do).
+func newEnvWith(t *testing.T, kubeletExtra string, prepareBerthd func(b *kubeenv.Berthd) (undo func())) *env {
 	t.Helper()
 	repo := kubeenv.RepoRoot(t)
-	e := &env{t: t, kubeletExtra: kubeletExtra, prepareRoot: prepareRoot,
+	e := &env{t: t, kubeletExtra: kubeletExtra, prepareBerthd: prepareBerthd,
 		berthBin:   kubeenv.EnvOr("BERTH_BIN_DIR", filepath.Join(repo, "bin")),
 		kubeletBin: kubeenv.EnvOr("KUBELET", filepath.Join(repo, "bin", "kubelet")),
 		configFile: filepath.Join(repo, "test", "kubelet", "kubelet-config.yaml"),
@@ -86,8 +87,8 @@ func newEnvOnRoot(t *testing.T, kubeletExtra string, prepareRoot func(root strin
 	// Cleanups run last first: the kubelet takes its pods down through
 	// berth, berth removes what is left, then cgroups and folders go.
 	t.Cleanup(func() {
-		if e.undoRoot != nil {
-			e.undoRoot()
+		if e.undoBerthd != nil {
+			e.undoBerthd()
 		}
 		e.work.Remove(t, e.kubeletRoot, e.berthd.PodsFolder())
 	})
@@ -113,8 +114,8 @@ func (e *env) startBerthd() {
 	// A bridge, nftables table and subnet of this run's own.
 	e.subnet = fmt.Sprintf("10.199.%d.0/24", os.Getpid()%256)
 	e.berthd = kubeenv.NewBerthd(t, e.work, e.berthBin, fmt.Sprintf("bk%d", os.Getpid()%100000), e.subnet, e.reg.Host)
-	if e.prepareRoot != nil {
-		e.undoRoot = e.prepareRoot(e.berthd.Root)
+	if e.prepareBerthd != nil {
+		e.undoBerthd = e.prepareBerthd(e.berthd)
 	}
 	e.launchBerthd()
 	conn, err := grpc.NewClient("unix://"+e.berthd.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))

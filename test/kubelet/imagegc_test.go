@@ -77,7 +77,7 @@ func TestKubeletImageGC(t *testing.T) {
 			t.Skipf("needs %s: %v", tool, err)
 		}
 	}
-	e := newEnvOnRoot(t, imageGCConfig, func(root string) func() { return mountLoopExt4(t, root, imageFsSize) })
+	e := newEnvWith(t, imageGCConfig, func(b *kubeenv.Berthd) func() { return mountLoopExt4(t, b.Root, imageFsSize) })
 	e.writeManifest("imagegc", imageGCPod)
 	e.waitPod(t, "imagegc", 2*time.Minute, "keeper running", func(p *corev1.Pod) bool {
 		c := ctrStatus(p, "keeper")
