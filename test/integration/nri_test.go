@@ -539,14 +539,17 @@ func TestNRIUlimitAdjuster(t *testing.T) {
 }
 
 // TestNRIHostResources checks that a plugin's cgroup v2 unified keys and
-// hugepage limit reach the container where the host has cgroup v2 and the
-// hugetlb controller, and where it lacks them refuse the container naming
-// the adjustment, leaving nothing behind.
+// hugepage limit, at create, and its unified key answering the kubelet's
+// update, reach the container where the host has cgroup v2 and the
+// hugetlb controller, and where it lacks them refuse the container (or
+// the update) naming the adjustment, leaving nothing behind (changing
+// nothing).
 func TestNRIHostResources(t *testing.T) {
 	t.Parallel()
 	e := startNRIEnv(t, "")
 	e.startPlugin(t, "unifier", nriplugin.Config{Match: "unified", Unified: map[string]string{"memory.high": "67108864"}})
 	e.startPlugin(t, "hugepager", nriplugin.Config{Match: "hugepaged", HugepageLimit: &api.HugepageLimit{PageSize: "2MB", Limit: 4 << 20}})
+	e.startPlugin(t, "reunifier", nriplugin.Config{Match: "resized", UpdateUnified: map[string]string{"memory.high": "50331648"}})
 	cfg := e.podConfig("nri-host-resources")
 	pod := e.runPod(t, cfg)
 	hugetlbFile := "/sys/fs/cgroup/hugetlb/hugetlb.2MB.limit_in_bytes"
@@ -578,6 +581,23 @@ func TestNRIHostResources(t *testing.T) {
 		if ids := e.listContainerIDs(t, nil); len(ids) != made {
 			t.Errorf("%s: containers %v, want the %d made", c.name, ids, made)
 		}
+	}
+	// The plugin's answer to the kubelet's update of a running container.
+	resized := e.runContainer(t, pod, cfg, e.ctrConfig("resized", sleeper...))
+	_, err := e.d.Runtime.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: resized, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20}})
+	memFile, high := "/sys/fs/cgroup/memory/memory.limit_in_bytes", "echo none"
+	if cgroupV2() {
+		memFile, high = "/sys/fs/cgroup/memory.max", "cat /sys/fs/cgroup/memory.high"
+	}
+	got := e.sh(t, resized, "cat "+memFile+"; "+high)
+	switch {
+	case cgroupV2() && (err != nil || got != "134217728\n50331648"):
+		t.Errorf("update answered with a unified key: %v, memory max and high %q, want the kubelet's 134217728 and the plugin's 50331648", err, got)
+	case !cgroupV2() && (status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "NRI update linux.resources.unified")):
+		t.Errorf("update answered with a unified key: %v, want FailedPrecondition naming linux.resources.unified", err)
+	case !cgroupV2() && strings.HasPrefix(got, "134217728"):
+		t.Errorf("the refused update set the memory limit: %q", got)
 	}
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)

@@ -29,8 +29,10 @@ type Config struct {
 
 	// SyncCpuset is set on every container the plugin finds at its sync.
 	SyncCpuset string `json:"syncCpuset,omitempty"`
-	// UpdateCpuset is set on a container the kubelet updates.
-	UpdateCpuset string `json:"updateCpuset,omitempty"`
+	// UpdateCpuset is set on a container the kubelet updates, and
+	// UpdateUnified's cgroup v2 files.
+	UpdateCpuset  string            `json:"updateCpuset,omitempty"`
+	UpdateUnified map[string]string `json:"updateUnified,omitempty"`
 	// UnsolicitedCpuset is set, unasked, on a container once it started.
 	UnsolicitedCpuset string `json:"unsolicitedCpuset,omitempty"`
 

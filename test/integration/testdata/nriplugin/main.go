@@ -213,11 +213,16 @@ func (p *plugin) PostStartContainer(_ context.Context, _ *api.PodSandbox, ctr *a
 
 func (p *plugin) UpdateContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container, _ *api.LinuxResources) ([]*api.ContainerUpdate, error) {
 	p.record("UpdateContainer", ctr)
-	if p.cfg.UpdateCpuset == "" || !p.matches(ctr) {
+	if (p.cfg.UpdateCpuset == "" && len(p.cfg.UpdateUnified) == 0) || !p.matches(ctr) {
 		return nil, nil
 	}
 	u := &api.ContainerUpdate{ContainerId: ctr.Id}
-	u.SetLinuxCPUSetCPUs(p.cfg.UpdateCpuset)
+	if p.cfg.UpdateCpuset != "" {
+		u.SetLinuxCPUSetCPUs(p.cfg.UpdateCpuset)
+	}
+	for k, v := range p.cfg.UpdateUnified {
+		u.AddLinuxUnified(k, v)
+	}
 	return []*api.ContainerUpdate{u}, nil
 }
 
