@@ -105,6 +105,20 @@ func (e *nriEnv) waitLog(t *testing.T, line string) {
 	}
 }
 
+// refusedCreate checks that creating container name in pod is refused
+// with FailedPrecondition saying want, leaving the made containers alone.
+func (e *nriEnv) refusedCreate(t *testing.T, pod string, cfg *runtimeapi.PodSandboxConfig, name, want string, made int) {
+	t.Helper()
+	_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
+		PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig(name, sleeper...)})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: %v, want FailedPrecondition saying %q", name, err, want)
+	}
+	if ids := e.listContainerIDs(t, nil); len(ids) != made {
+		t.Errorf("%s: containers %v, want the %d made", name, ids, made)
+	}
+}
+
 // needTwoCPUs skips a test that sets a container's cpuset to CPU 0 on a
 // machine where that is every CPU: it would prove nothing.
 func needTwoCPUs(t *testing.T) {
@@ -229,14 +243,7 @@ func TestNRICDIDevice(t *testing.T) {
 	if got := e.sh(t, plain, check); got != "unset\nno-node" {
 		t.Errorf("container the plugins left alone: %q, want no env and no node", got)
 	}
-	_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
-		PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig("undefined", sleeper...)})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "vendor.test/dev=none") {
-		t.Errorf("undefined CDI device: %v, want FailedPrecondition naming it", err)
-	}
-	if ids := e.listContainerIDs(t, nil); len(ids) != 2 {
-		t.Errorf("containers %v, want the two made", ids)
-	}
+	e.refusedCreate(t, pod, cfg, "undefined", "vendor.test/dev=none", 2)
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
@@ -371,14 +378,7 @@ func TestNRIRefusals(t *testing.T) {
 		{"rejected", "no room for you on this node"},
 		{"sysctl", "NRI adjustment linux.sysctl"},
 	} {
-		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
-			PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig(c.name, sleeper...)})
-		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want FailedPrecondition saying %q", c.name, err, c.want)
-		}
-		if ids := e.listContainerIDs(t, nil); len(ids) != 0 {
-			t.Errorf("%s: containers left: %v", c.name, ids)
-		}
+		e.refusedCreate(t, pod, cfg, c.name, c.want, 0)
 	}
 	// A pod's resize the plugin refuses is not recorded.
 	podRejecter := nriplugin.Config{Match: "nri-refuse", Reject: "this pod stays its size"}
@@ -526,14 +526,7 @@ func TestNRIUlimitAdjuster(t *testing.T) {
 	if got := e.sh(t, sibling, limits); strings.Contains(got, "1024 4096") || strings.Contains(got, "645321") {
 		t.Errorf("limits of the container the annotation does not name: %q, the plugin's", got)
 	}
-	_, err = e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
-		PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig("misspelt", sleeper...)})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `failed to parse type: "nofiles"`) {
-		t.Errorf("misspelt rlimit: %v, want FailedPrecondition with the plugin's reason", err)
-	}
-	if ids := e.listContainerIDs(t, nil); len(ids) != 2 {
-		t.Errorf("containers %v, want the two made", ids)
-	}
+	e.refusedCreate(t, pod, cfg, "misspelt", `failed to parse type: "nofiles"`, 2)
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
 }
@@ -573,14 +566,7 @@ func TestNRIHostResources(t *testing.T) {
 			continue
 		}
 		t.Logf("%s: the host lacks it: the container is to be refused", c.adjustment)
-		_, err := e.d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{
-			PodSandboxId: pod, SandboxConfig: cfg, Config: e.ctrConfig(c.name, sleeper...)})
-		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "NRI adjustment "+c.adjustment) {
-			t.Errorf("%s: %v, want FailedPrecondition naming %s", c.name, err, c.adjustment)
-		}
-		if ids := e.listContainerIDs(t, nil); len(ids) != made {
-			t.Errorf("%s: containers %v, want the %d made", c.name, ids, made)
-		}
+		e.refusedCreate(t, pod, cfg, c.name, "NRI adjustment "+c.adjustment, made)
 	}
 	// The plugin's answer to the kubelet's update of a running container.
 	resized := e.runContainer(t, pod, cfg, e.ctrConfig("resized", sleeper...))
