@@ -80,6 +80,9 @@ func bindLayerReadOnly(layer, target, userNS string) error {
 	}
 	defer unix.Close(tree)
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		if userNS != "" {
+			return idmapRefused(layer, err)
+		}
 		return fmt.Errorf("rootfs: make %s read-only: %w", layer, err)
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {

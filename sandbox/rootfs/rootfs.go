@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"golang.org/x/sys/unix"
 )
 
@@ -236,7 +237,23 @@ func IDMapTree(dir string, usernsFD int) (int, error) {
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(usernsFD)}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("rootfs: idmap %s: %w", dir, err)
+		return -1, idmapRefused(dir, err)
 	}
 	return fd, nil
+}
+
+// idmapRefused explains a refused idmapping of layer dir. A lazily pulled
+// layer is a FUSE filesystem, which Linux takes idmapped mounts of from
+// 6.12 on (and then only from a server that offers them, as berth's does):
+// before, the kernel answers EINVAL, and a user-namespaced pod cannot run
+// over such a layer. That is the node's limit, not berth's fault, and the
+// caller can act on it (pull the image whole). Any other refusal is not
+// explained here.
+func idmapRefused(dir string, err error) error {
+	var fs unix.Statfs_t
+	if errors.Is(err, unix.EINVAL) && unix.Statfs(dir, &fs) == nil && fs.Type == unix.FUSE_SUPER_MAGIC {
+		return errkind.Errorf(errkind.FailedPrecondition,
+			"rootfs: layer %s is a lazily pulled (FUSE) layer, which this kernel cannot idmap (FUSE takes idmapped mounts from Linux 6.12 on): a pod with a user namespace needs its image pulled whole ([image] lazy = false) or a newer kernel: %w", dir, err)
+	}
+	return fmt.Errorf("rootfs: idmap %s: %w", dir, err)
 }

@@ -9,7 +9,10 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/berth-runtime/berth/cri/errkind"
 	"github.com/berth-runtime/berth/sandbox/podns"
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 func TestMountOverlay(t *testing.T) {
@@ -125,6 +128,52 @@ func TestMountIDMapped(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMountIDMappedFUSERefused: a FUSE layer the kernel cannot idmap (Linux
+// before 6.12; here a server that does not offer idmapped mounts, which the
+// kernel refuses the same way) fails a user-namespaced rootfs with
+// FailedPrecondition naming the cause, and leaves nothing behind.
+func TestMountIDMappedFUSERefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting FUSE and overlayfs needs root")
+	}
+	dir := t.TempDir()
+	low := filepath.Join(dir, "lazy")
+	os.Mkdir(low, 0o755)
+	root := &fs.Inode{}
+	srv, err := fs.Mount(low, root, &fs.Options{MountOptions: fuse.MountOptions{
+		DirectMount: true, DirectMountStrict: true, AllowOther: true, Options: []string{"default_permissions"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Unmount() })
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 300000, Size: 65536}}
+	rootDir := filepath.Join(dir, "ctr")
+	os.Mkdir(rootDir, 0o755)
+	err = podns.WithUserNS(m, m, 0, func(pid int) error {
+		userNS := fmt.Sprintf("/proc/%d/ns/user", pid)
+		l := Layout{Lowers: []string{low}, Upper: filepath.Join(rootDir, "upper"), Work: filepath.Join(rootDir, "work"), Target: filepath.Join(rootDir, "rootfs"),
+			UserNS: userNS, RootUID: 300000, RootGID: 300000}
+		err := Mount(l)
+		if !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), "6.12") {
+			t.Errorf("rootfs over a FUSE layer that cannot be idmapped: %v, want FailedPrecondition naming Linux 6.12", err)
+		}
+		err = MountImage([]string{low}, filepath.Join(rootDir, "volume"), userNS)
+		if !errors.Is(err, errkind.FailedPrecondition) {
+			t.Errorf("image volume of a FUSE layer that cannot be idmapped: %v, want FailedPrecondition", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(rootDir); len(entries) != 0 {
+		t.Errorf("left behind: %v", entries)
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), rootDir) {
+		t.Errorf("mounts left behind:\n%s", mi)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/go-digest"
+	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/test/harness"
@@ -404,13 +405,13 @@ func TestPullLazySharesFetchedFiles(t *testing.T) {
 
 // A user-namespaced pod's overlay takes idmapped views of its lower
 // layers: the lazy layer offers them (FUSE, Linux 6.12+), and the
-// container sees the layer's root-owned files as its own root's.
+// container sees the layer's root-owned files as its own root's. Before
+// 6.12 (the VM tier's kernel) FUSE takes no idmapped mount: the container
+// is refused with FailedPrecondition naming the cause, and nothing of it is
+// left.
 func TestPullLazyUserNamespacePod(t *testing.T) {
 	harness.RequireIntegration(t)
 	t.Parallel()
-	if !kernelAtLeast(t, 6, 12) {
-		t.Skipf("Linux %s: FUSE takes idmapped mounts from 6.12 on", kernelRelease(t))
-	}
 	reg := harness.NewRegistry(t)
 	img, l := stargzImage(t, nil)
 	p := reg.Push(t, "berth/lazy:1", img)
@@ -421,7 +422,24 @@ func TestPullLazyUserNamespacePod(t *testing.T) {
 	cfg := e.podConfig("userns")
 	m := rootMapping(usernsHost, 65536)
 	usernsPod(cfg, &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}, runtimeapi.NamespaceMode_POD)
-	ctr := e.runContainer(t, e.runPod(t, cfg), cfg, e.ctrConfig("reader", sleeper...))
+	pod := e.runPod(t, cfg)
+	if !kernelAtLeast(t, 6, 12) {
+		t.Logf("Linux %s: FUSE takes idmapped mounts from 6.12 on; the container must be refused", kernelRelease(t))
+		cc := e.ctrConfig("reader", sleeper...)
+		_, err := d.Runtime.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg, Config: cc})
+		assertCode(t, err, one(codes.FailedPrecondition), "lazily pulled", "6.12")
+		if ids := e.listContainerIDs(t, nil); len(ids) != 0 {
+			t.Errorf("the refused container is listed: %v", ids)
+		}
+		e.removePod(t, pod)
+		removeImage(t, d, p.Name)
+		if !eventually(30*time.Second, func() bool { return len(lazyMounts(t, d.Root)) == 0 }) {
+			t.Fatalf("lazy mounts after the image's removal: %v", lazyMounts(t, d.Root))
+		}
+		e.assertNoLeaks(t)
+		return
+	}
+	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("reader", sleeper...))
 	if got := e.exec(t, ctr, "stat", "-c", "%u:%g", "/data/big"); strings.TrimSpace(got.stdout) != "0:0" {
 		t.Errorf("owner of /data/big in the pod's user namespace: %+v, want 0:0", got)
 	}
