@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/lazy"
 	"github.com/berth-runtime/berth/image/snapshot"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/opencontainers/go-digest"
+	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/semaphore"
 )
 
@@ -27,15 +29,16 @@ func lazyKey(chainID string, blob v1.Hash) string {
 	return "lazy " + chainID + " " + blob.String()
 }
 
-// lazyBlob says whether the layer desc is pulled lazily: lazy pulls are on,
-// the pull has a registry, and the descriptor announces an eStargz TOC
-// digest, which is what makes its chunk digests trustworthy.
-func (s *Service) lazyBlob(src layerSource, desc v1.Descriptor) (lazy.Blob, bool) {
+// lazyBlob says whether the layer desc (of diff ID diffID) is pulled
+// lazily: lazy pulls are on, the pull has a registry, and the descriptor
+// announces an eStargz TOC digest, which is what makes its chunk digests
+// trustworthy.
+func (s *Service) lazyBlob(src layerSource, desc v1.Descriptor, diffID digest.Digest) (lazy.Blob, bool) {
 	toc, err := digest.Parse(desc.Annotations[lazy.TOCDigestAnnotation])
 	if !s.opts.Lazy || src.lazy == nil || err != nil {
 		return lazy.Blob{}, false
 	}
-	return lazy.Blob{Digest: digest.Digest(desc.Digest.String()), Size: desc.Size, TOCDigest: toc}, true
+	return lazy.Blob{Digest: digest.Digest(desc.Digest.String()), Size: desc.Size, TOCDigest: toc, DiffID: diffID}, true
 }
 
 // checkFUSE refuses [image] lazy on a node without FUSE.
@@ -55,11 +58,17 @@ func lazyDir(fsDir string) string { return filepath.Join(filepath.Dir(fsDir), "l
 // it fetches the layer's TOC and prioritised files into a new snapshot,
 // mounts it and starts the background fetch of the rest.
 func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blob, src lazy.Source, slots *semaphore.Weighted) (err error) {
-	if _, ok, err := s.snaps.Get(key); ok || err != nil {
-		if ok {
-			s.metrics.layer("reused")
+	if snap, ok, err := s.snaps.Get(key); ok || err != nil {
+		if err != nil {
+			return err
 		}
-		return err
+		// A layer that failed its verification stays while containers
+		// use it; a pull of it fails as a whole pull of its blob would.
+		if err := lazy.Broken(lazyDir(s.snaps.Dir(snap))); err != nil {
+			return err
+		}
+		s.metrics.layer("reused")
+		return nil
 	}
 	if err := slots.Acquire(ctx, 1); err != nil {
 		return err
@@ -96,7 +105,7 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) error {
 	fsDir := s.snaps.Dir(snap)
 	l, err := lazy.Load(lazyDir(fsDir), src, lazy.Options{Log: s.log, StallTimeout: s.opts.ProgressTimeout,
-		ReadFailed: s.metrics.lazyReadFailed, Find: s.findChunk})
+		ReadFailed: s.metrics.lazyReadFailed, Find: s.findChunk, Broken: func(error) { s.forgetImagesOf(snap.ChainID) }})
 	if err != nil {
 		return err
 	}
@@ -134,6 +143,28 @@ func (s *Service) restoreLazy() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forgetImagesOf removes the images whose layers include the snapshot
+// key, which failed its verification: the kubelet pulls them again, and
+// that pull fails naming the mismatch (ensureLazyLayer) until the
+// snapshot is collected once no container uses it. Counted as a pull
+// failure would be.
+func (s *Service) forgetImagesOf(key string) {
+	s.metrics.lazyLayerBroken()
+	err := s.images.update(s.opts.DB, func(tx *bolt.Tx) error {
+		for _, img := range s.images.all(func(img *Image) bool { return slices.Contains(img.ChainIDs, key) }) {
+			s.log.Warn("forgetting an image whose lazy layer failed its verification", "image", img.ID, "layer", key)
+			if err := s.images.delete(tx, img.ID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("forget the images of a lazy layer that failed its verification", "layer", key, "err", err)
+	}
+	s.requestGC()
 }
 
 // removeSnapshot unmounts a lazy snapshot, then removes it. One still in

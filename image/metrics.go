@@ -14,6 +14,7 @@ type metrics struct {
 	pullDuration *prometheus.HistogramVec
 	layers       *prometheus.CounterVec
 	lazyReadEIO  prometheus.Counter
+	lazyBroken   prometheus.Counter
 
 	images, imageBytes *prometheus.Desc
 }
@@ -42,10 +43,14 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 			Name: "berth_image_lazy_read_failures_total",
 			Help: "Reads of lazily pulled layers that failed with EIO: a chunk the registry did not serve, or that failed its digest.",
 		}),
+		lazyBroken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "berth_image_lazy_layer_verification_failures_total",
+			Help: "Lazily pulled layers whose whole blob, once fetched, did not match its manifest digest or its image config's diff ID: their reads fail with EIO and their images are removed.",
+		}),
 		images:     prometheus.NewDesc("berth_images", "Images stored.", nil, nil),
 		imageBytes: prometheus.NewDesc("berth_images_size_bytes", "Unpacked size of all stored images (shared layers counted once per image).", nil, nil),
 	}
-	reg.MustRegister(x.pullBytes, x.pullDuration, x.layers, x.lazyReadEIO, &imageCollector{s: s, x: x})
+	reg.MustRegister(x.pullBytes, x.pullDuration, x.layers, x.lazyReadEIO, x.lazyBroken, &imageCollector{s: s, x: x})
 	return x
 }
 
@@ -72,6 +77,13 @@ func (x *metrics) layer(result string) {
 func (x *metrics) lazyReadFailed() {
 	if x != nil {
 		x.lazyReadEIO.Inc()
+	}
+}
+
+// lazyLayerBroken counts a lazy layer that failed its verification.
+func (x *metrics) lazyLayerBroken() {
+	if x != nil {
+		x.lazyBroken.Inc()
 	}
 }
 

@@ -121,7 +121,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	keys := slices.Clone(chainIDs) // the snapshots: a lazy layer's has its own key
 	lazyBlobs := make([]lazy.Blob, len(layers))
 	for i := range keys {
-		if b, ok := s.lazyBlob(src, m.Layers[i]); ok {
+		if b, ok := s.lazyBlob(src, m.Layers[i], cfg.RootFS.DiffIDs[i]); ok {
 			keys[i], lazyBlobs[i] = lazyKey(chainIDs[i], m.Layers[i].Digest), b
 		}
 	}

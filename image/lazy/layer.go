@@ -56,6 +56,9 @@ type Options struct {
 	// the node has cached, if any: a partial pull takes it from there
 	// rather than from the registry.
 	Find func(digest.Digest) (path string, ok bool)
+	// Broken is called once the complete layer failed its verification
+	// (ErrVerification): its reads fail from then on.
+	Broken func(error)
 }
 
 // Source fetches byte ranges of a blob (registry.Blobs, with the pull's
@@ -69,7 +72,8 @@ type Blob struct {
 	Digest    digest.Digest `json:"digest"`
 	Size      int64         `json:"size"`
 	TOCDigest digest.Digest `json:"tocDigest"`
-	TailStart int64         `json:"tailStart"` // where the saved tail (TOC and footer) starts in the blob
+	DiffID    digest.Digest `json:"diffID,omitempty"` // the image config's; empty: only the blob digest is checked
+	TailStart int64         `json:"tailStart"`        // where the saved tail (TOC and footer) starts in the blob
 }
 
 // Files in a layer's folder.
@@ -87,7 +91,9 @@ const groupBytes = 4 << 20
 // Prepare fetches the TOC of blob from src into dir (created), checks it
 // against blob.TOCDigest, and fetches the prioritised files: the chunks
 // before the format's prefetch landmark. It returns the layer's
-// uncompressed size and entry count.
+// uncompressed size and entry count. The compressed bytes it fetches are
+// kept until the complete layer is verified against blob.Digest and
+// blob.DiffID (Complete).
 func Prepare(ctx context.Context, dir string, src Source, blob Blob, opts Options) (size, inodes int64, err error) {
 	// The pull's own progress watch covers these requests.
 	foot, err := fetch(ctx, src, blob, registry.Span{Start: max(blob.Size-estargz.FooterSize, 0), End: blob.Size}, 0)
@@ -104,10 +110,15 @@ func Prepare(ctx context.Context, dir string, src Source, blob Blob, opts Option
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := os.MkdirAll(filepath.Join(dir, chunksDir), 0o700); err != nil {
-		return 0, 0, err
+	for _, d := range []string{chunksDir, rawDir} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return 0, 0, err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, tailFile), tail, 0o600); err != nil {
+		return 0, 0, err
+	}
+	if err := keepRaw(dir, registry.Span{Start: blob.TailStart, End: blob.Size}, tail); err != nil {
 		return 0, 0, err
 	}
 	meta, err := json.Marshal(blob)
@@ -207,6 +218,7 @@ type Layer struct {
 	have    map[int64]bool          // cached chunks, by offset in the blob
 	digests map[digest.Digest]int64 // the chunks' digests, to the offset of one chunk of each
 	flights map[int64]chan struct{} // on-demand fetches under way
+	broken  error                   // the complete layer failed its verification: every read fails
 
 	ctx        context.Context // cancelled by Close: stops fetches
 	cancel     context.CancelFunc
@@ -225,6 +237,9 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 	}
 	if opts.Find == nil {
 		opts.Find = func(digest.Digest) (string, bool) { return "", false }
+	}
+	if opts.Broken == nil {
+		opts.Broken = func(error) {}
 	}
 	var blob Blob
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))
@@ -253,7 +268,8 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Layer{dir: dir, blob: blob, toc: toc, verify: verify, src: src, opts: opts,
-		have: map[int64]bool{}, digests: map[digest.Digest]int64{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel}
+		have: map[int64]bool{}, digests: map[digest.Digest]int64{}, flights: map[int64]chan struct{}{}, ctx: ctx, cancel: cancel,
+		broken: Broken(dir)}
 	if err := l.index(); err != nil {
 		cancel()
 		return nil, err
@@ -373,7 +389,8 @@ func (l *Layer) fetchRun(ctx context.Context, run []chunk) error {
 		return errors.New("no registry to fetch from (berthd restarted before the layer was complete)")
 	}
 	base := run[0].ent.Offset
-	b, err := fetch(ctx, l.src, l.blob, registry.Span{Start: base, End: run[len(run)-1].end}, l.opts.StallTimeout)
+	span := registry.Span{Start: base, End: run[len(run)-1].end}
+	b, err := fetch(ctx, l.src, l.blob, span, l.opts.StallTimeout)
 	if err != nil {
 		return err
 	}
@@ -382,7 +399,7 @@ func (l *Layer) fetchRun(ctx context.Context, run []chunk) error {
 			return err
 		}
 	}
-	return nil
+	return keepRaw(l.dir, span, b)
 }
 
 // store decompresses one chunk, checks its digest and caches it.
@@ -459,6 +476,12 @@ func (l *Layer) ensure(c chunk) error {
 // not cached; a chunk that cannot be fetched or fails its digest fails the
 // read.
 func (l *Layer) readAt(e *estargz.TOCEntry, p []byte, off int64) (int, error) {
+	l.mu.Lock()
+	broken := l.broken
+	l.mu.Unlock()
+	if broken != nil {
+		return 0, broken
+	}
 	n := 0
 	for n < len(p) && off+int64(n) < e.Size {
 		at := off + int64(n)
@@ -490,7 +513,8 @@ func (l *Layer) readCached(c chunk, p []byte, off int64) (int, error) {
 
 // Complete fetches, in the background, every chunk not cached yet, at most
 // one request per slot of slots at a time across the node's layers, and
-// marks the layer complete when all are. Close stops it.
+// once all are, verifies the whole blob (finish): the layer is then marked
+// complete, or broken. Close stops it.
 func (l *Layer) Complete(slots *semaphore.Weighted) {
 	l.background.Go(func() {
 		var wg sync.WaitGroup
@@ -510,10 +534,7 @@ func (l *Layer) Complete(slots *semaphore.Weighted) {
 		}
 		wg.Wait()
 		if len(l.missing()) == 0 {
-			if err := os.WriteFile(filepath.Join(l.dir, completeFile), nil, 0o600); err != nil {
-				l.opts.Log.Warn("lazy layer: mark complete", "blob", l.blob.Digest, "err", err)
-			}
-			l.opts.Log.Info("lazy layer complete", "blob", l.blob.Digest)
+			l.finish(slots)
 		}
 	})
 }

@@ -10,6 +10,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/semaphore"
 )
 
 // tarOf makes a tar of regular files, in order.
@@ -263,5 +266,132 @@ func TestSharedGzipMembersAreNotLazy(t *testing.T) {
 	b.TOCDigest = esgz.TOCDigest()
 	if _, _, err := Prepare(context.Background(), t.TempDir(), src, b, Options{}); !errors.Is(err, ErrNotLazy) {
 		t.Fatalf("Prepare of a layer whose files share gzip members: %v, want ErrNotLazy (pulled whole)", err)
+	}
+}
+
+// serveAs is serve with a registry that answers the blob's GETs with
+// served instead: the bytes a lying registry (or a tampered store) gives
+// for the digest the manifest names.
+func serveAs(t *testing.T, blob, served []byte) (Source, Blob) {
+	t.Helper()
+	reg := registry.New()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/blobs/"+digest.FromBytes(blob).String()) && r.Method == http.MethodGet {
+			http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(served))
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	repo, err := name.NewRepository(strings.TrimPrefix(srv.URL, "http://")+"/lazy", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteLayer(repo, static.NewLayer(blob, types.OCILayer)); err != nil {
+		t.Fatal(err)
+	}
+	return berthreg.NewBlobs(http.DefaultTransport, repo), Blob{Digest: digest.FromBytes(blob), Size: int64(len(blob))}
+}
+
+// diffID is the digest of blob uncompressed.
+func diffID(t *testing.T, blob []byte) digest.Digest {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(blob))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := digest.Canonical.FromReader(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// completeLayer prepares the layer of blob (served as served), fetches the
+// rest in the background, and waits until it is complete or broken.
+func completeLayer(t *testing.T, blob, served []byte, toc, diff digest.Digest) (l *Layer, dir string, broken error) {
+	t.Helper()
+	src, b := serveAs(t, blob, served)
+	b.TOCDigest, b.DiffID = toc, diff
+	dir = t.TempDir()
+	if _, _, err := Prepare(context.Background(), dir, src, b, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	l, err := Load(dir, src, Options{Broken: func(err error) { done <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	l.Complete(semaphore.NewWeighted(2))
+	l.background.Wait()
+	select {
+	case broken = <-done:
+	default:
+	}
+	return l, dir, broken
+}
+
+func TestCompleteLayerIsVerified(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<10)
+	blob, toc := build(t, tarOf(t, [2]string{"prio", "first"}, [2]string{estargz.PrefetchLandmark, "\x0f"}, [2]string{"big", big}))
+	l, dir, broken := completeLayer(t, blob, blob, toc, diffID(t, blob))
+	if broken != nil || !IsComplete(dir) || Broken(dir) != nil {
+		t.Fatalf("a layer matching its digests: broken %v, complete %v", broken, IsComplete(dir))
+	}
+	if _, err := os.Stat(filepath.Join(dir, rawDir)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the compressed bytes kept for the verification are still there: %v", err)
+	}
+	if got, err := readAll(l, "big"); err != nil || string(got) != big {
+		t.Fatalf("read of the complete layer: %d bytes, %v", len(got), err)
+	}
+}
+
+// A registry serving other bytes than the manifest's digest names, whose
+// chunks still match the TOC (here: another gzip header time on a chunk's
+// member, which changes no uncompressed byte), or an image config whose
+// diff ID is not the layer's: the complete layer is broken, every read
+// fails, and it is never marked complete.
+func TestCompleteLayerFailingItsDigestsBreaks(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<10)
+	blob, toc := build(t, tarOf(t, [2]string{"prio", "first"}, [2]string{estargz.PrefetchLandmark, "\x0f"}, [2]string{"big", big}))
+	r, err := estargz.Open(io.NewSectionReader(bytes.NewReader(blob), 0, int64(len(blob))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ok := r.ChunkEntryForOffset("big", 8<<10)
+	if !ok {
+		t.Fatal("no chunk of big at 8 KiB")
+	}
+	tampered := bytes.Clone(blob)
+	tampered[c.Offset+4] ^= 0xff // the member's MTIME
+	for _, tc := range []struct {
+		name        string
+		served      []byte
+		diff        digest.Digest
+		wantMessage string
+	}{
+		{"blob digest", tampered, diffID(t, blob), "blob digest mismatch"},
+		{"diff ID", blob, digest.FromString("another layer"), "diff ID mismatch"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, dir, broken := completeLayer(t, blob, tc.served, toc, tc.diff)
+			if !errors.Is(broken, ErrVerification) || !strings.Contains(broken.Error(), tc.wantMessage) {
+				t.Fatalf("Broken called with %v, want ErrVerification: %s", broken, tc.wantMessage)
+			}
+			if IsComplete(dir) || !errors.Is(Broken(dir), ErrVerification) {
+				t.Errorf("after the failed verification: complete %v, broken %v", IsComplete(dir), Broken(dir))
+			}
+			if _, err := readAll(l, "prio"); !errors.Is(err, ErrVerification) {
+				t.Errorf("read of a broken layer's cached file: %v, want ErrVerification", err)
+			}
+			again, err := Load(dir, nil, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := readAll(again, "prio"); !errors.Is(err, ErrVerification) {
+				t.Errorf("read of a broken layer loaded again: %v, want ErrVerification", err)
+			}
+		})
 	}
 }

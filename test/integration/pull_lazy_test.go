@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -39,6 +40,7 @@ type stargzLayer struct {
 	tocOffset int64 // the TOC and footer are from here to the end
 	landmark  int64 // the prioritised files' chunks end here
 	bigChunk  int64 // the middle of the compressed bytes of a chunk of /data/big
+	bigMember int64 // where that chunk's gzip member starts
 	big       []byte
 }
 
@@ -120,6 +122,7 @@ func stargzImage(t *testing.T, big []byte) (v1.Image, *stargzLayer) {
 		t.Fatal("/data/big has no chunk at 512 KiB")
 	}
 	l.bigChunk = (c.Offset + c.NextOffset()) / 2
+	l.bigMember = c.Offset
 	if l.digest, err = v1.NewHash(digest.FromBytes(blob).String()); err != nil {
 		t.Fatal(err)
 	}
@@ -317,6 +320,63 @@ func TestPullLazyCorruptChunkFailsRead(t *testing.T) {
 	}
 }
 
+// A registry serving other bytes for the layer than its manifest digest
+// names, whose chunks still match the TOC (another time in the gzip header
+// of a chunk's member: no uncompressed byte changes), starts the container
+// and serves its reads; once the layer is complete (the registry holds the
+// rest back until the container runs) its blob fails the digest check: the
+// layer is broken (every read fails with EIO, logged and counted), its
+// image is removed, and a pull of it again fails naming the mismatch.
+// Removing the pod removes the layer.
+func TestPullLazyBlobDigestMismatch(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t, nil)
+	reg.Corrupt(l.digest, l.bigMember+4) // the member's MTIME
+	gateRest(reg, l)
+	p := reg.Push(t, "berth/lazy:1", img)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg) + metricsTOML})
+	mustPull(t, d, p.Name, p.ID)
+	e, ctr := runReader(t, d, reg, p.Name)
+	if got := e.exec(t, ctr, "cat", "/prio.txt"); got.code != 0 || got.stdout != "prioritised\n" {
+		t.Fatalf("cat /prio.txt: %+v, want the prioritised file", got)
+	}
+	reg.Ungate(l.digest)
+
+	if !eventually(time.Minute, func() bool {
+		broken, _ := filepath.Glob(filepath.Join(d.Root, harness.SnapshotsDir, "*", "lazy", "broken"))
+		return len(broken) == 1
+	}) {
+		t.Fatalf("the layer whose blob does not match its digest was not marked broken; logs:\n%s", d.Logs())
+	}
+	if done, _ := filepath.Glob(filepath.Join(d.Root, harness.SnapshotsDir, "*", "lazy", "complete")); len(done) != 0 {
+		t.Errorf("a layer that failed its digest is marked complete: %v", done)
+	}
+	if got := e.execWithin(t, ctr, 60, "cat", "/data/small.txt"); got.code == 0 || got.stdout != "" || !strings.Contains(got.stderr, "Input/output error") {
+		t.Errorf("cat /data/small.txt of the broken layer (its chunk cached): %+v, want EIO", got)
+	}
+	if !strings.Contains(d.Logs(), "blob digest mismatch") {
+		t.Errorf("berthd did not log the mismatch:\n%s", d.Logs())
+	}
+	m := scrape(t, metricsAddr(t, e))
+	if m["berth_image_lazy_layer_verification_failures_total"] != 1 || m["berth_image_lazy_read_failures_total"] < 1 {
+		t.Errorf("verification failures %v, read failures %v; want 1 and at least 1",
+			m["berth_image_lazy_layer_verification_failures_total"], m["berth_image_lazy_read_failures_total"])
+	}
+	assertAbsent(t, d, p.Name, p.ID)
+	_, err := pull(t, d, p.Name, nil)
+	assertCode(t, err, one(codes.Internal), "blob digest mismatch")
+
+	e.removePod(t, e.listPodIDs(t, nil)[0])
+	if !eventually(30*time.Second, func() bool {
+		return len(lazyMounts(t, d.Root)) == 0 && len(lazyFolders(t, d.Root)) == 0
+	}) {
+		t.Fatalf("after the pod's removal: lazy mounts %v, cache folders %v", lazyMounts(t, d.Root), lazyFolders(t, d.Root))
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+}
+
 func TestPullLazyRegistryGone(t *testing.T) {
 	reg, _, e, ctr := lazyPod(t, gateRest)
 
@@ -431,12 +491,19 @@ func TestPullLazyUserNamespacePod(t *testing.T) {
 		if ids := e.listContainerIDs(t, nil); len(ids) != 0 {
 			t.Errorf("the refused container is listed: %v", ids)
 		}
+		podsRoot := filepath.Join(d.State, "pods")
+		if mounts, _ := harness.MountPointsUnder(d.State); len(mounts) != 1 || mounts[0] != podsRoot {
+			t.Errorf("mounts under the state folder after the refusal: %v, want %s alone", mounts, podsRoot)
+		}
+		if left, _ := os.ReadDir(filepath.Join(podsRoot, pod, "containers")); len(left) != 0 {
+			t.Errorf("the refused container left %v", left)
+		}
 		e.removePod(t, pod)
 		removeImage(t, d, p.Name)
 		if !eventually(30*time.Second, func() bool { return len(lazyMounts(t, d.Root)) == 0 }) {
 			t.Fatalf("lazy mounts after the image's removal: %v", lazyMounts(t, d.Root))
 		}
-		e.assertNoLeaks(t)
+		harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
 		return
 	}
 	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("reader", sleeper...))
