@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/lazy"
@@ -26,8 +27,12 @@ const defaultLazyFetches = 4
 // never stands for a chain ID alone, which other images' fully unpacked
 // (and verified) layers are shared under.
 func lazyKey(chainID string, blob v1.Hash) string {
-	return "lazy " + chainID + " " + blob.String()
+	return lazyKeyPrefix + chainID + " " + blob.String()
 }
+
+const lazyKeyPrefix = "lazy "
+
+func isLazyKey(key string) bool { return strings.HasPrefix(key, lazyKeyPrefix) }
 
 // lazyBlob says whether the layer desc (of diff ID diffID) is pulled
 // lazily: lazy pulls are on, the pull has a registry, and the descriptor
@@ -83,21 +88,85 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 	if err != nil {
 		return fmt.Errorf("lazy layer %s: %w", blob.Digest, err)
 	}
+	if err := s.reserveLazy(key, size); err != nil {
+		return fmt.Errorf("lazy layer %s: %w", blob.Digest, err)
+	}
 	snap, err := s.snaps.Commit(key, dir, size, inodes)
 	if errors.Is(err, snapshot.ErrExists) {
 		s.metrics.layer("reused")
 		s.snaps.Abort(dir)
 		return nil
 	}
+	if err == nil {
+		crashpoint.Hit("pull", "lazy layer stored")
+		s.metrics.layer("lazy")
+		if err = s.mountLazy(snap, src); err != nil {
+			err = errors.Join(err, s.snaps.Remove(key))
+		}
+	}
 	if err != nil {
-		return err
+		s.releaseLazy(key)
 	}
-	crashpoint.Hit("pull", "lazy layer stored")
-	s.metrics.layer("lazy")
-	if err := s.mountLazy(snap, src); err != nil {
-		return errors.Join(err, s.snaps.Remove(key))
+	return err
+}
+
+// reserveLazy counts the lazy layer key of full size size against
+// [image] lazy_cache_max_bytes, or, past it, refuses it with ErrNotLazy:
+// the layer is then pulled whole. The bound counts every lazy layer at its
+// full size, what its cache holds once complete, so that the caches
+// together never grow past it however much the containers read.
+func (s *Service) reserveLazy(key string, size int64) error {
+	s.lazyMu.Lock()
+	defer s.lazyMu.Unlock()
+	if _, ok := s.lazySizes[key]; ok {
+		return nil // a concurrent pull of the same layer
 	}
+	var total int64
+	for _, n := range s.lazySizes {
+		total += n
+	}
+	if bound := s.opts.LazyCacheMaxBytes; bound > 0 && total+size > bound {
+		return fmt.Errorf("%w: its %d bytes would take the lazy layers to %d bytes, past [image] lazy_cache_max_bytes %d",
+			lazy.ErrNotLazy, size, total+size, bound)
+	}
+	s.lazySizes[key] = size
 	return nil
+}
+
+// releaseLazy stops counting the lazy layer key against the bound.
+func (s *Service) releaseLazy(key string) {
+	s.lazyMu.Lock()
+	delete(s.lazySizes, key)
+	s.lazyMu.Unlock()
+}
+
+// diskSize is what a snapshot takes on disk: a lazy layer's cache so far,
+// another layer's unpacked size.
+func (s *Service) diskSize(snap snapshot.Snapshot) int64 {
+	s.lazyMu.Lock()
+	l := s.lazyLayers[snap.ChainID]
+	s.lazyMu.Unlock()
+	if l != nil {
+		return l.DiskBytes()
+	}
+	return snap.Size
+}
+
+// sizeLazy sets the size of img, which has lazy layers, from what their
+// caches take now: the kubelet's image GC weighs images by it.
+func (s *Service) sizeLazy(img *Image) {
+	if !slices.ContainsFunc(img.ChainIDs, isLazyKey) {
+		return
+	}
+	var size uint64
+	for _, key := range img.ChainIDs {
+		snap, ok, err := s.snaps.Get(key)
+		if err != nil || !ok {
+			return // being removed: the stored size stands
+		}
+		size += uint64(s.diskSize(snap))
+	}
+	img.Size = size
 }
 
 // mountLazy serves a lazy snapshot at its fs folder and, with a source,
@@ -114,6 +183,7 @@ func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) error {
 	}
 	s.lazyMu.Lock()
 	s.lazyLayers[snap.ChainID] = l
+	s.lazySizes[snap.ChainID] = l.FullSize()
 	s.lazyMu.Unlock()
 	if src != nil && !lazy.IsComplete(lazyDir(fsDir)) {
 		l.Complete(s.lazySlots)
@@ -179,6 +249,7 @@ func (s *Service) removeSnapshot(key string) error {
 		}
 		s.lazyMu.Lock()
 		delete(s.lazyLayers, key)
+		delete(s.lazySizes, key)
 		s.lazyMu.Unlock()
 	}
 	return s.snaps.Remove(key)

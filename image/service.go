@@ -43,8 +43,11 @@ type Options struct {
 	// LazyFetches bounds the background requests of all lazy layers
 	// together (0: defaultLazyFetches).
 	LazyFetches int
-	Logger      *slog.Logger
-	Metrics     prometheus.Registerer // takes the pull and image series; nil: none
+	// LazyCacheMaxBytes bounds the lazy layers' full sizes together: a
+	// layer past it is pulled whole (0: no bound).
+	LazyCacheMaxBytes int64
+	Logger            *slog.Logger
+	Metrics           prometheus.Registerer // takes the pull and image series; nil: none
 }
 
 // Service stores images and answers for them.
@@ -76,6 +79,7 @@ type Service struct {
 	lazySlots  *semaphore.Weighted // the background fetches of lazy layers
 	lazyMu     sync.Mutex
 	lazyLayers map[string]*lazy.Layer // mounted, by snapshot key
+	lazySizes  map[string]int64       // full sizes of the lazy layers stored or being stored, by snapshot key
 
 	gcMu         sync.Mutex  // one collection at a time
 	freePartials atomic.Bool // the next collection removes every partial download no pull writes
@@ -153,7 +157,8 @@ func New(opts Options) (_ *Service, err error) {
 		inflight:  map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
 		held: map[string]int{}, removing: map[string]bool{},
 		lazySlots: semaphore.NewWeighted(int64(opts.LazyFetches)), lazyLayers: map[string]*lazy.Layer{},
-		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
+		lazySizes: map[string]int64{},
+		gcWake:    make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.resolver.Store(resolver)
 	s.holdCond = sync.NewCond(&s.holdMu)
@@ -216,16 +221,26 @@ func (s *Service) Get(ref string) (*Image, error) {
 	if err == nil && img == nil {
 		err = fmt.Errorf("%w: %s", ErrNotFound, ref)
 	}
+	if img != nil {
+		s.sizeLazy(img)
+	}
 	return img, err
 }
 
 // List returns the images filter names (see images.match), every stored
 // image when it is empty.
 func (s *Service) List(filter string) ([]*Image, error) {
+	var imgs []*Image
+	var err error
 	if filter == "" {
-		return s.images.all(nil), nil
+		imgs = s.images.all(nil)
+	} else {
+		imgs, err = s.images.match(filter)
 	}
-	return s.images.match(filter)
+	for _, img := range imgs {
+		s.sizeLazy(img)
+	}
+	return imgs, err
 }
 
 // Remove deletes what ref names: a tag of an image that has other names
@@ -268,7 +283,7 @@ func (s *Service) FsInfo() (FsUsage, error) {
 		return u, err
 	}
 	for _, snap := range snaps {
-		u.UsedBytes += uint64(snap.Size)
+		u.UsedBytes += uint64(s.diskSize(snap))
 		u.Inodes += uint64(snap.Inodes)
 	}
 	b, n, err := s.content.Usage()

@@ -108,6 +108,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		GzipDecoder:            cfg.Image.GzipDecoder,
 		Lazy:                   cfg.Image.Lazy,
 		LazyFetches:            cfg.Image.LazyFetchBound(),
+		LazyCacheMaxBytes:      cfg.Image.LazyCacheBound(),
 		Logger:                 log.With("component", "image"),
 		Metrics:                metrics.Registerer(),
 	})

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-runtime/berth/image/registry"
@@ -136,10 +137,7 @@ func Prepare(ctx context.Context, dir string, src Source, blob Blob, opts Option
 	if err := l.fetchChunks(ctx, l.prioritised()); err != nil {
 		return 0, 0, fmt.Errorf("prioritised files: %w", err)
 	}
-	for _, e := range l.entries {
-		size += max(e.Size, 0)
-	}
-	return size, int64(len(l.entries)), nil
+	return l.FullSize(), int64(len(l.entries)), nil
 }
 
 // fetch reads span of the blob whole, cancelled when no byte came for
@@ -219,6 +217,7 @@ type Layer struct {
 	digests map[digest.Digest]int64 // the chunks' digests, to the offset of one chunk of each
 	flights map[int64]chan struct{} // on-demand fetches under way
 	broken  error                   // the complete layer failed its verification: every read fails
+	disk    atomic.Int64            // bytes of the files in dir (DiskBytes)
 
 	ctx        context.Context // cancelled by Close: stops fetches
 	cancel     context.CancelFunc
@@ -284,7 +283,36 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 			l.have[off] = true
 		}
 	}
+	l.disk.Store(diskBytes(dir))
 	return l, nil
+}
+
+// diskBytes adds up the sizes of the files under dir.
+func diskBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// DiskBytes is what the layer takes on disk now: its TOC, the chunks
+// fetched so far and the compressed bytes kept for its verification. A
+// chunk linked from another layer's cache counts with that layer.
+func (l *Layer) DiskBytes() int64 { return l.disk.Load() }
+
+// FullSize is the layer's unpacked size: its cache's once every chunk is in.
+func (l *Layer) FullSize() int64 {
+	var size int64
+	for _, e := range l.entries {
+		size += max(e.Size, 0)
+	}
+	return size
 }
 
 // tailReader reads the saved tail of a blob: what estargz.Open asks for.
@@ -399,7 +427,7 @@ func (l *Layer) fetchRun(ctx context.Context, run []chunk) error {
 			return err
 		}
 	}
-	return keepRaw(l.dir, span, b)
+	return l.keepRaw(span, b)
 }
 
 // store decompresses one chunk, checks its digest and caches it.
@@ -436,6 +464,9 @@ func (l *Layer) store(c chunk, compressed []byte) error {
 		return err
 	}
 	l.mu.Lock()
+	if !l.have[c.ent.Offset] {
+		l.disk.Add(int64(len(data)))
+	}
 	l.have[c.ent.Offset] = true
 	l.mu.Unlock()
 	return nil

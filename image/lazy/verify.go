@@ -50,6 +50,15 @@ func keepRaw(dir string, span registry.Span, b []byte) error {
 	return err
 }
 
+// keepRaw keeps the bytes of span in the layer's folder, counting them.
+func (l *Layer) keepRaw(span registry.Span, b []byte) error {
+	if err := keepRaw(l.dir, span, b); err != nil {
+		return err
+	}
+	l.disk.Add(int64(len(b)))
+	return nil
+}
+
 // rawPiece is one kept request's bytes: where they are in the blob.
 type rawPiece struct {
 	span registry.Span
@@ -109,7 +118,7 @@ func (l *Layer) fetchGaps(ctx context.Context, slots *semaphore.Weighted) error 
 		b, err := fetch(ctx, l.src, l.blob, span, l.opts.StallTimeout)
 		slots.Release(1)
 		if err == nil {
-			err = keepRaw(l.dir, span, b)
+			err = l.keepRaw(span, b)
 		}
 		if err != nil {
 			return err
@@ -178,11 +187,13 @@ func (l *Layer) finish(slots *semaphore.Weighted) {
 	case err != nil:
 		l.opts.Log.Warn("lazy layer: could not verify the complete layer; reads keep working, its image is pulled again after a restart", "blob", l.blob.Digest, "err", err)
 	default:
+		// The kept bytes go first: a complete layer never holds them.
+		os.RemoveAll(filepath.Join(l.dir, rawDir))
+		l.disk.Store(diskBytes(l.dir))
 		if err := os.WriteFile(filepath.Join(l.dir, completeFile), nil, 0o600); err != nil {
 			l.opts.Log.Warn("lazy layer: mark complete", "blob", l.blob.Digest, "err", err)
 			return
 		}
-		os.RemoveAll(filepath.Join(l.dir, rawDir))
 		l.opts.Log.Info("lazy layer complete", "blob", l.blob.Digest)
 	}
 }

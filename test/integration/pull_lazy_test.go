@@ -368,13 +368,75 @@ func TestPullLazyBlobDigestMismatch(t *testing.T) {
 	_, err := pull(t, d, p.Name, nil)
 	assertCode(t, err, one(codes.Internal), "blob digest mismatch")
 
-	e.removePod(t, e.listPodIDs(t, nil)[0])
+	// The pod's processes can take a moment to go under load (its removal
+	// then answers that the cgroup is busy, as it does for any pod): the
+	// kubelet asks again, and so does the test.
+	pod := e.listPodIDs(t, nil)[0]
+	var rmErr error
+	if !eventually(time.Minute, func() bool {
+		_, rmErr = d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+		return rmErr == nil
+	}) {
+		t.Fatalf("RemovePodSandbox: %v", rmErr)
+	}
 	if !eventually(30*time.Second, func() bool {
 		return len(lazyMounts(t, d.Root)) == 0 && len(lazyFolders(t, d.Root)) == 0
 	}) {
 		t.Fatalf("after the pod's removal: lazy mounts %v, cache folders %v", lazyMounts(t, d.Root), lazyFolders(t, d.Root))
 	}
 	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+}
+
+// ImageFsInfo and the image's size count what a lazy layer's cache takes
+// on disk: before the registry lets the rest of the layer through, not its
+// 1 MiB /data/big; once it is complete, all of it (and no more: the
+// compressed bytes kept for the blob's check are gone). The slack allows
+// for the TOC and the kept compressed bytes, a few KiB here. A second eStargz
+// image whose layer would take the lazy layers past lazy_cache_max_bytes
+// is pulled whole.
+func TestPullLazyCacheFigures(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t, nil)
+	gateRest(reg, l)
+	p := reg.Push(t, "berth/lazy:1", img)
+	img2, _ := stargzImage(t, nil)
+	p2 := reg.Push(t, "berth/lazy:2", img2)
+	// Room for one layer with a 1 MiB file, not two.
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg) + "lazy_cache_max_bytes = 1572864\n"})
+	used := func() uint64 {
+		t.Helper()
+		resp, err := d.Images.ImageFsInfo(ctx(t), &runtimeapi.ImageFsInfoRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.ImageFilesystems[0].GetUsedBytes().GetValue()
+	}
+	base := used()
+	mustPull(t, d, p.Name, p.ID)
+	size, fs := mustStatus(t, d, p.Name).Size, used()-base
+	if m := lazyMounts(t, d.Root); len(m) != 1 {
+		t.Fatalf("lazy mounts after the pull: %v, want the eStargz layer's", m)
+	}
+
+	reg.Ungate(l.digest)
+	waitComplete(t, d.Root, 1)
+	big, slack := uint64(len(l.big)), uint64(64<<10)
+	if grew := mustStatus(t, d, p.Name).Size - size; grew < big-slack || grew > big+slack {
+		t.Errorf("the image's size grew by %d bytes as its lazy layer completed, want about /data/big's %d", grew, big)
+	}
+	if grew := used() - base - fs; grew < big-slack || grew > big+slack {
+		t.Errorf("ImageFsInfo grew by %d bytes as the lazy layer completed, want about /data/big's %d", grew, big)
+	}
+
+	mustPull(t, d, p2.Name, p2.ID)
+	if m := lazyMounts(t, d.Root); len(m) != 1 {
+		t.Errorf("lazy mounts after a pull past lazy_cache_max_bytes: %v, want the first image's alone", m)
+	}
+	if !strings.Contains(d.Logs(), "lazy_cache_max_bytes") {
+		t.Errorf("berthd did not log why it pulled the second eStargz layer whole:\n%s", d.Logs())
+	}
 }
 
 func TestPullLazyRegistryGone(t *testing.T) {

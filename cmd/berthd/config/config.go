@@ -196,6 +196,18 @@ type Image struct {
 	// MaxLazyFetches bounds the background requests that complete lazy
 	// layers, of all layers together. Unset: 4.
 	MaxLazyFetches *int `toml:"max_lazy_fetches"`
+	// LazyCacheMaxBytes bounds the disk the lazily pulled layers take
+	// together, each counted at its full unpacked size; a layer past it
+	// is pulled whole. Unset: no bound.
+	LazyCacheMaxBytes *int64 `toml:"lazy_cache_max_bytes"`
+}
+
+// LazyCacheBound is lazy_cache_max_bytes, 0 when unset (no bound).
+func (i Image) LazyCacheBound() int64 {
+	if i.LazyCacheMaxBytes == nil {
+		return 0
+	}
+	return *i.LazyCacheMaxBytes
 }
 
 // LazyFetchBound is max_lazy_fetches, 0 when unset (the image package's default).

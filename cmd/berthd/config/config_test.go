@@ -108,6 +108,7 @@ max_layer_entries = 1000
 max_concurrent_downloads = 3
 lazy = true
 max_lazy_fetches = 2
+lazy_cache_max_bytes = 10737418240
 gzip_decoder = "builtin"
 
 [stream]
@@ -150,11 +151,12 @@ skip_verify = false
 		t.Fatal(err)
 	}
 	three, two := 3, 2
+	tenGiB := int64(10 << 30)
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
 		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000, GzipDecoder: "builtin",
-			MaxConcurrentDownloads: &three, Lazy: true, MaxLazyFetches: &two},
+			MaxConcurrentDownloads: &three, Lazy: true, MaxLazyFetches: &two, LazyCacheMaxBytes: &tenGiB},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
 		Stream:  Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
@@ -240,6 +242,7 @@ func TestBadFiles(t *testing.T) {
 		{"zero concurrent downloads", "[image]\nmax_concurrent_downloads = 0", []string{`image.max_concurrent_downloads = "0"`, "greater than 0"}},
 		{"negative concurrent downloads", "[image]\nmax_concurrent_downloads = -1", []string{`image.max_concurrent_downloads = "-1"`, "greater than 0"}},
 		{"zero lazy fetches", "[image]\nmax_lazy_fetches = 0", []string{`image.max_lazy_fetches = "0"`, "greater than 0"}},
+		{"negative lazy cache bound", "[image]\nlazy_cache_max_bytes = -1", []string{`image.lazy_cache_max_bytes = "-1"`, "greater than 0"}},
 		{"lazy as a string", "[image]\nlazy = \"yes\"", []string{"lazy"}},
 		{"unknown gzip decoder", "[image]\ngzip_decoder = \"igzip\"", []string{`image.gzip_decoder = "igzip"`, "auto, isa-l, builtin"}},
 		{"layer bytes as a string", "[image]\nmax_layer_bytes = \"1GiB\"", []string{"max_layer_bytes"}},

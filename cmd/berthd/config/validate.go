@@ -120,6 +120,9 @@ func (c *Config) validate() error {
 	if n := c.Image.MaxLazyFetches; n != nil && *n <= 0 {
 		p.add(badValue("image.max_lazy_fetches", strconv.Itoa(*n), errors.New("must be greater than 0 (leave it out for 4)")))
 	}
+	if n := c.Image.LazyCacheMaxBytes; n != nil && *n <= 0 {
+		p.add(badValue("image.lazy_cache_max_bytes", strconv.FormatInt(*n, 10), errors.New("must be greater than 0 (leave it out for no bound)")))
+	}
 	// Sorted so that the same bad file always reports the same key first.
 	hosts := make([]string, 0, len(c.Registries))
 	for h := range c.Registries {
