@@ -447,20 +447,7 @@ func (l *Layer) store(c chunk, compressed []byte) error {
 	if _, err := v.Write(data); err != nil || !v.Verified() {
 		return fmt.Errorf("chunk at %d of blob %s: digest mismatch", c.ent.Offset, l.blob.Digest)
 	}
-	dst := filepath.Join(l.dir, chunksDir, c.name())
-	tmp, err := os.CreateTemp(filepath.Join(l.dir, chunksDir), "tmp-")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), dst)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
+	if err := writeByRename(filepath.Join(l.dir, chunksDir), c.name(), data); err != nil {
 		return err
 	}
 	l.mu.Lock()

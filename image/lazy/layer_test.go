@@ -114,13 +114,24 @@ func serve(t *testing.T, blob []byte) (Source, Blob) {
 // set, get no answer until the client gives up.
 func serveStalling(t *testing.T, blob []byte, stall *atomic.Bool) (Source, Blob) {
 	t.Helper()
-	reg := registry.New()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return serveThrough(t, blob, func(w http.ResponseWriter, r *http.Request) bool {
 		if stall.Load() && strings.Contains(r.URL.Path, "/blobs/sha256:") && r.Method == http.MethodGet {
 			<-r.Context().Done()
-			return
+			return true
 		}
-		reg.ServeHTTP(w, r)
+		return false
+	})
+}
+
+// serveThrough is serve with a registry whose requests go to answer
+// first; those it does not answer (false) go to the registry.
+func serveThrough(t *testing.T, blob []byte, answer func(http.ResponseWriter, *http.Request) bool) (Source, Blob) {
+	t.Helper()
+	reg := registry.New()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !answer(w, r) {
+			reg.ServeHTTP(w, r)
+		}
 	}))
 	t.Cleanup(srv.Close)
 	repo, err := name.NewRepository(strings.TrimPrefix(srv.URL, "http://")+"/lazy", name.Insecure)
@@ -274,23 +285,13 @@ func TestSharedGzipMembersAreNotLazy(t *testing.T) {
 // for the digest the manifest names.
 func serveAs(t *testing.T, blob, served []byte) (Source, Blob) {
 	t.Helper()
-	reg := registry.New()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return serveThrough(t, blob, func(w http.ResponseWriter, r *http.Request) bool {
 		if strings.HasSuffix(r.URL.Path, "/blobs/"+digest.FromBytes(blob).String()) && r.Method == http.MethodGet {
 			http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(served))
-			return
+			return true
 		}
-		reg.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	repo, err := name.NewRepository(strings.TrimPrefix(srv.URL, "http://")+"/lazy", name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.WriteLayer(repo, static.NewLayer(blob, types.OCILayer)); err != nil {
-		t.Fatal(err)
-	}
-	return berthreg.NewBlobs(http.DefaultTransport, repo), Blob{Digest: digest.FromBytes(blob), Size: int64(len(blob))}
+		return false
+	})
 }
 
 // diffID is the digest of blob uncompressed.

@@ -32,8 +32,13 @@ const (
 // keepRaw keeps the compressed bytes of span, which a request fetched, for
 // the verification of the whole blob once the layer is complete.
 func keepRaw(dir string, span registry.Span, b []byte) error {
-	raw := filepath.Join(dir, rawDir)
-	tmp, err := os.CreateTemp(raw, "tmp-")
+	return writeByRename(filepath.Join(dir, rawDir), fmt.Sprintf("%d-%d", span.Start, span.End), b)
+}
+
+// writeByRename writes b to dir/name through a temporary file, so that
+// the name only ever holds all of b: the cache's files are trusted by name.
+func writeByRename(dir, name string, b []byte) error {
+	tmp, err := os.CreateTemp(dir, "tmp-")
 	if err != nil {
 		return err
 	}
@@ -42,7 +47,7 @@ func keepRaw(dir string, span registry.Span, b []byte) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(raw, fmt.Sprintf("%d-%d", span.Start, span.End)))
+		err = os.Rename(tmp.Name(), filepath.Join(dir, name))
 	}
 	if err != nil {
 		os.Remove(tmp.Name())

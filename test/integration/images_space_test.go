@@ -18,19 +18,22 @@ import (
 // after the last removal of a burst; the rest is deleting the files.
 const spaceBackWithin = 5 * time.Second
 
+// imagesUsedBytes is the used bytes ImageFsInfo reports for the images.
+func imagesUsedBytes(t *testing.T, d *harness.Daemon) uint64 {
+	t.Helper()
+	resp, err := d.Images.ImageFsInfo(ctx(t), &runtimeapi.ImageFsInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.ImageFilesystems[0].GetUsedBytes().GetValue()
+}
+
 // TestImageRemovalFreesSpace checks that bound, and that a pull right after
 // a removal, while the collection may be under way, gets a whole image.
 func TestImageRemovalFreesSpace(t *testing.T) {
 	reg, d := start(t, "")
 	t.Parallel()
-	used := func() uint64 {
-		t.Helper()
-		resp, err := d.Images.ImageFsInfo(ctx(t), &runtimeapi.ImageFsInfoRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.ImageFilesystems[0].GetUsedBytes().GetValue()
-	}
+	used := func() uint64 { return imagesUsedBytes(t, d) }
 	base := used()
 	img := harness.BusyboxImage(t, harness.ImageSpec{Layers: [][]harness.File{{harness.Reg("data", strings.Repeat("x", 4<<20), 0o644)}}})
 	p := reg.Push(t, "berth/space:1", img)

@@ -405,14 +405,7 @@ func TestPullLazyCacheFigures(t *testing.T) {
 	p2 := reg.Push(t, "berth/lazy:2", img2)
 	// Room for one layer with a 1 MiB file, not two.
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg) + "lazy_cache_max_bytes = 1572864\n"})
-	used := func() uint64 {
-		t.Helper()
-		resp, err := d.Images.ImageFsInfo(ctx(t), &runtimeapi.ImageFsInfoRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.ImageFilesystems[0].GetUsedBytes().GetValue()
-	}
+	used := func() uint64 { return imagesUsedBytes(t, d) }
 	base := used()
 	mustPull(t, d, p.Name, p.ID)
 	size, fs := mustStatus(t, d, p.Name).Size, used()-base
