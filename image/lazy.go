@@ -174,7 +174,8 @@ func (s *Service) sizeLazy(img *Image) {
 func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) error {
 	fsDir := s.snaps.Dir(snap)
 	l, err := lazy.Load(lazyDir(fsDir), src, lazy.Options{Log: s.log, StallTimeout: s.opts.ProgressTimeout,
-		ReadFailed: s.metrics.lazyReadFailed, Find: s.findChunk, Broken: func(error) { s.forgetImagesOf(snap.ChainID) }})
+		ReadFailed: s.metrics.lazyReadFailed, Find: s.findChunk, Broken: func(error) { s.forgetImagesOf(snap.ChainID) },
+		Inflate: s.gzip.NewReader})
 	if err != nil {
 		return err
 	}

@@ -60,6 +60,9 @@ type Options struct {
 	// Broken is called once the complete layer failed its verification
 	// (ErrVerification): its reads fail from then on.
 	Broken func(error)
+	// Inflate decompresses the whole blob for its diff ID check (the
+	// node's gzip decoder, gunzip.Decoder.NewReader); nil: compress/gzip.
+	Inflate func(io.Reader) (io.ReadCloser, error)
 }
 
 // Source fetches byte ranges of a blob (registry.Blobs, with the pull's
@@ -239,6 +242,9 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 	}
 	if opts.Broken == nil {
 		opts.Broken = func(error) {}
+	}
+	if opts.Inflate == nil {
+		opts.Inflate = func(r io.Reader) (io.ReadCloser, error) { return gzip.NewReader(r) }
 	}
 	var blob Blob
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))

@@ -1,7 +1,6 @@
 package lazy
 
 import (
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -159,9 +158,10 @@ func (l *Layer) verifyBlob() error {
 	blobHash := digest.Canonical.Digester()
 	compressed := io.TeeReader(io.MultiReader(parts...), blobHash.Hash())
 	diffHash := digest.Canonical.Digester()
-	zr, err := gzip.NewReader(compressed)
+	zr, err := l.opts.Inflate(compressed)
 	if err == nil {
 		_, err = io.Copy(diffHash.Hash(), zr)
+		zr.Close()
 	}
 	if err != nil {
 		return fmt.Errorf("%w: blob %s does not inflate: %v", ErrVerification, l.blob.Digest, err)
