@@ -23,7 +23,8 @@ import (
 const defaultLazyFetches = 4
 
 // lazyKey is the snapshot key of a lazy layer: its chain ID with its blob.
-// A lazy layer's diff ID is only checked once all of it is fetched, so it
+// A lazy layer's diff ID is only checked once all of it is fetched, and
+// not at all for a partial pull (chunks linked from another layer), so it
 // never stands for a chain ID alone, which other images' fully unpacked
 // (and verified) layers are shared under.
 func lazyKey(chainID string, blob v1.Hash) string {

@@ -97,7 +97,7 @@ const groupBytes = 4 << 20
 // before the format's prefetch landmark. It returns the layer's
 // uncompressed size and entry count. The compressed bytes it fetches are
 // kept until the complete layer is verified against blob.Digest and
-// blob.DiffID (Complete).
+// blob.DiffID (Complete; not for a layer with chunks linked from another).
 func Prepare(ctx context.Context, dir string, src Source, blob Blob, opts Options) (size, inodes int64, err error) {
 	// The pull's own progress watch covers these requests.
 	foot, err := fetch(ctx, src, blob, registry.Span{Start: max(blob.Size-estargz.FooterSize, 0), End: blob.Size}, 0)
@@ -537,8 +537,9 @@ func (l *Layer) readCached(c chunk, p []byte, off int64) (int, error) {
 
 // Complete fetches, in the background, every chunk not cached yet, at most
 // one request per slot of slots at a time across the node's layers, and
-// once all are, verifies the whole blob (finish): the layer is then marked
-// complete, or broken. Close stops it.
+// once all are, verifies the whole blob unless chunks were linked from
+// another layer (finish): the layer is then marked complete, or broken.
+// Close stops it.
 func (l *Layer) Complete(slots *semaphore.Weighted) {
 	l.background.Go(func() {
 		var wg sync.WaitGroup
@@ -630,8 +631,15 @@ func (l *Layer) reuseChunk(c chunk) bool {
 		return false
 	}
 	dst := filepath.Join(l.dir, chunksDir, c.name())
-	if err := os.Link(src, dst); err != nil && !errors.Is(err, os.ErrExist) {
+	switch err := os.Link(src, dst); {
+	case errors.Is(err, os.ErrExist): // fetched or linked meanwhile
+	case err != nil:
 		return false // the other layer went meanwhile: fetch it
+	case os.WriteFile(filepath.Join(l.dir, linkedFile), nil, 0o600) != nil:
+		// Without the mark the complete layer would be checked as a
+		// whole blob, which needs this chunk's compressed bytes.
+		os.Remove(dst)
+		return false
 	}
 	l.mu.Lock()
 	l.have[c.ent.Offset] = true

@@ -5,14 +5,17 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -410,5 +413,72 @@ func TestCompleteLayerFailingItsDigestsBreaks(t *testing.T) {
 				t.Errorf("read of a broken layer loaded again: %v, want ErrVerification", err)
 			}
 		})
+	}
+}
+
+// A layer with chunks linked from another layer's cache (a partial pull)
+// completes on its chunk digests and TOC: the registry serves none of the
+// linked chunks' bytes, not even for the whole-blob check, which is not
+// made (the image config's diff ID here is wrong, and goes unnoticed).
+func TestLinkedLayerCompletesWithoutTheLinkedBytes(t *testing.T) {
+	// Random, so that what follows big compresses to more than the 1 KiB
+	// before the TOC that Prepare fetches with it.
+	random := make([]byte, 18<<10)
+	rand.Read(random)
+	big, small := string(random[:16<<10]), string(random[16<<10:])
+	first, firstTOC := build(t, tarOf(t, [2]string{"prio", "first"}, [2]string{estargz.PrefetchLandmark, "\x0f"}, [2]string{"big", big}))
+	lender, _, broken := completeLayer(t, first, first, firstTOC, diffID(t, first), nil)
+	if broken != nil {
+		t.Fatal(broken)
+	}
+	second, secondTOC := build(t, tarOf(t, [2]string{"prio", "second"}, [2]string{estargz.PrefetchLandmark, "\x0f"}, [2]string{"big", big}, [2]string{"small", small}))
+	var mu sync.Mutex
+	var ranges []string
+	src, b := serveThrough(t, second, func(_ http.ResponseWriter, r *http.Request) bool {
+		if strings.Contains(r.URL.Path, "/blobs/sha256:") && r.Method == http.MethodGet {
+			mu.Lock()
+			ranges = append(ranges, r.Header.Get("Range"))
+			mu.Unlock()
+		}
+		return false
+	})
+	b.TOCDigest, b.DiffID = secondTOC, digest.FromString("another layer")
+	dir := t.TempDir()
+	opts := Options{Find: lender.CachedChunk, Broken: func(err error) { t.Errorf("Broken: %v", err) }}
+	if _, _, err := Prepare(context.Background(), dir, src, b, opts); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Load(dir, src, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	l.Complete(semaphore.NewWeighted(2))
+	l.background.Wait()
+	if !IsComplete(dir) {
+		t.Fatal("the layer with linked chunks is not complete")
+	}
+
+	r, err := estargz.Open(io.NewSectionReader(bytes.NewReader(second), 0, int64(len(second))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstChunk, ok1 := r.ChunkEntryForOffset("big", 0)
+	lastChunk, ok2 := r.ChunkEntryForOffset("big", int64(len(big))-1)
+	if !ok1 || !ok2 {
+		t.Fatal("big has no first or last chunk")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, rg := range ranges {
+		var start, last int64
+		if _, err := fmt.Sscanf(rg, "bytes=%d-%d", &start, &last); err != nil || start < lastChunk.NextOffset() && last >= firstChunk.Offset {
+			t.Errorf("the registry served %q, over the linked chunks (bytes %d-%d); all: %v", rg, firstChunk.Offset, lastChunk.NextOffset()-1, ranges)
+		}
+	}
+	for name, want := range map[string]string{"big": big, "small": small, "prio": "second"} {
+		if got, err := readAll(l, name); err != nil || string(got) != want {
+			t.Errorf("read %s of the complete layer: %d bytes, %v", name, len(got), err)
+		}
 	}
 }

@@ -40,6 +40,8 @@ type stargzLayer struct {
 	landmark  int64 // the prioritised files' chunks end here
 	bigChunk  int64 // the middle of the compressed bytes of a chunk of /data/big
 	bigMember int64 // where that chunk's gzip member starts
+	bigStart  int64 // the compressed bytes of /data/big's chunks are from here
+	bigEnd    int64 // to here (exclusive)
 	big       []byte
 }
 
@@ -122,6 +124,12 @@ func stargzImage(t *testing.T, big []byte) (v1.Image, *stargzLayer) {
 	}
 	l.bigChunk = (c.Offset + c.NextOffset()) / 2
 	l.bigMember = c.Offset
+	first, ok1 := r.ChunkEntryForOffset("data/big", 0)
+	last, ok2 := r.ChunkEntryForOffset("data/big", int64(len(big))-1)
+	if !ok1 || !ok2 {
+		t.Fatal("/data/big has no first or last chunk")
+	}
+	l.bigStart, l.bigEnd = first.Offset, last.NextOffset()
 	if l.digest, err = v1.NewHash(digest.FromBytes(blob).String()); err != nil {
 		t.Fatal(err)
 	}
@@ -515,6 +523,22 @@ func TestPullLazySharesFetchedFiles(t *testing.T) {
 		t.Fatalf("cat /data/big, shared with the first image: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
 	}
 	assertPrioritisedOnly(t, x.reg, x.l2)
+
+	// The background fetch completes the layer without the linked chunks'
+	// bytes: a layer with linked chunks is verified by its chunk digests
+	// and TOC, not by its whole blob.
+	x.reg.Ungate(x.l2.digest)
+	waitComplete(t, x.d.Root, 2)
+	for _, r := range x.reg.Ranges(x.l2.digest) {
+		var start, last int64
+		if _, err := fmt.Sscanf(r, "bytes=%d-%d", &start, &last); err != nil || start < x.l2.bigEnd && last >= x.l2.bigStart {
+			t.Errorf("the registry served %q of the second layer, whose /data/big (bytes %d-%d) is linked from the first; all: %v",
+				r, x.l2.bigStart, x.l2.bigEnd-1, x.reg.Ranges(x.l2.digest))
+		}
+	}
+	if got := e.exec(t, ctr, "sh", "-c", "cat /data/big /data/small.txt"); got.code != 0 || got.stdout != string(x.l1.big)+"not prioritised\n" {
+		t.Fatalf("cat /data/big /data/small.txt of the complete layer: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
 }
 
 // A user-namespaced pod's overlay takes idmapped views of its lower
