@@ -218,10 +218,12 @@ bench: deps
 # both medians and the ratio per measure; it asserts nothing. Its rows at 250
 # pods make it long (half an hour on a quiet 2-core machine), its probe rows
 # (issue #36) about 5 minutes a counted round more; BERTH_BENCH_ROUNDS=1 and
-# BERTH_BENCH_ROWS=pods (or pull, or probes) shorten it.
+# BERTH_BENCH_ROWS=pods (or pull, or probes) shorten it. Its lazy rows (issue
+# #40, BERTH_BENCH_ROWS=lazy) pull a 2 GB eStargz image built once into
+# ~/.cache/berth-bench (BERTH_BENCH_LAZY_MB sets a smaller size).
 bench-compare: deps
 	test/deps.sh containerd runc
-	BERTH_BENCH=1 BERTH_BENCH_COMPARE=1 $(GO) test -count=1 -timeout 90m -v -run TestCompareContainerd ./test/bench/ | grep -E '^(compare|--- FAIL|ok|FAIL|\s+\S+_test.go)'
+	BERTH_BENCH=1 BERTH_BENCH_COMPARE=1 $(GO) test -count=1 -timeout 90m -v -run '^(TestCompareContainerd|TestCompareLazy)$$' ./test/bench/ | grep -E '^(compare|--- FAIL|ok|FAIL|\s+\S+_test.go)'
 
 install: build
 	install -d $(PREFIX)/bin /etc/berth

@@ -52,6 +52,7 @@ const (
 	podRows   = "pods"   // pod start, teardown, pods in flight, memory held
 	pullRows  = "pull"   // the cold pulls
 	probeRows = "probes" // exec probes: latency, CPU and memory under them (probes_test.go)
+	// lazyRows ("lazy", lazy_test.go) are TestCompareLazy's.
 )
 
 // measures are the rows of the comparison, in the order printed, with the
@@ -119,10 +120,14 @@ func measured(group string) bool {
 // and portmap), each on fresh folders, alternating, one warm-up round and
 // three counted ones (the 250 pods in the counted ones only), and prints each measure's medians and their ratio. It
 // asserts nothing: the numbers are for people and commit messages.
-// BERTH_BENCH_ROWS=pods, =pull or =probes runs one group of rows alone;
+// BERTH_BENCH_ROWS=pods, =pull or =probes runs one group of rows alone
+// (=lazy, TestCompareLazy's alone);
 // BERTH_BENCH_ROUNDS sets the counted rounds.
 func TestCompareContainerd(t *testing.T) {
 	harness.RequireEnv(t, "BERTH_BENCH_COMPARE")
+	if !measured(podRows) && !measured(pullRows) && !measured(probeRows) {
+		t.Skip("BERTH_BENCH_ROWS selects another row group")
+	}
 	reg := harness.NewRegistry(t)
 	busybox := reg.Push(t, "bench/busybox:1", harness.BusyboxImage(t, harness.ImageSpec{}))
 	// containerd needs a pause image; berth has its own and needs none.

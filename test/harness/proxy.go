@@ -31,6 +31,8 @@ type Proxy struct {
 	cut      map[string]int64 // next GET of the digest: drop the connection after n bytes
 	stall    map[string]int64 // GETs of the digest: stop sending after byte n until the client hangs up
 	rate     int64            // bytes per second of each blob body; 0: as fast as it goes
+	link     int64            // bytes per second of all blob bodies together; 0: as fast as they go
+	linkFree time.Time        // when the link has sent what was given it so far
 	fail     map[string]int   // next GET of the digest: answer this status instead
 }
 
@@ -89,6 +91,41 @@ func (p *Proxy) LimitRate(bytesPerSecond int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.rate = bytesPerSecond
+}
+
+// LimitLink slows all blob bodies together to bytesPerSecond, as a link
+// of that bandwidth between berthd and the registry would; 0 lifts the
+// limit.
+func (p *Proxy) LimitLink(bytesPerSecond int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.link = bytesPerSecond
+	p.linkFree = time.Time{}
+}
+
+// linkSlot books n bytes on the link and returns when they have passed it:
+// now if the link is not limited. A body that woke late may catch up
+// within linkBurst, so that timer slack does not lower the bandwidth.
+func (p *Proxy) linkSlot(n int) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if p.link == 0 {
+		return now
+	}
+	p.linkFree = later(p.linkFree, now.Add(-linkBurst)).Add(time.Duration(float64(n) / float64(p.link) * float64(time.Second)))
+	return p.linkFree
+}
+
+// linkBurst is how far a limited link may fall behind its schedule and
+// catch up.
+const linkBurst = 20 * time.Millisecond
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Heal lifts the cut and stall of d.
@@ -237,20 +274,33 @@ func (p *Proxy) sendBody(w http.ResponseWriter, req *http.Request, body io.Reade
 				return
 			}
 			_ = http.NewResponseController(w).Flush()
+			if !p.waitUntil(req, p.linkSlot(m)) {
+				return
+			}
 		}
 		if err != nil {
 			return
 		}
-		if tick > 0 {
-			select {
-			case <-time.After(tick):
-			case <-req.Context().Done():
-				return
-			case <-p.stop:
-				return
-			}
+		if tick > 0 && !p.waitUntil(req, time.Now().Add(tick)) {
+			return
 		}
 	}
+}
+
+// waitUntil waits until then, and says false if the client or the proxy
+// gave up meanwhile.
+func (p *Proxy) waitUntil(req *http.Request, then time.Time) bool {
+	d := time.Until(then)
+	if d <= 0 {
+		return true
+	}
+	select {
+	case <-time.After(d):
+		return true
+	case <-req.Context().Done():
+	case <-p.stop:
+	}
+	return false
 }
 
 func contentRangeStart(h string) int64 {
