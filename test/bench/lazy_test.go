@@ -77,11 +77,11 @@ var lazyLinks = []struct {
 // TestCompareLazy (make bench-compare; BERTH_BENCH_ROWS=lazy alone) prints
 // the lazy rows: time to running and to the entrypoint's first output of a
 // big eStargz image whose entrypoint reads 5 % of it, pulled lazily and in
-// full by berth through a proxy that limits the link's bandwidth (one run
-// each); the bytes a second image sharing 80 % of its files downloads
-// through the completion of its background fetch, over its size; and the
-// containerd + stargz snapshotter row, n/a with its reason. It asserts
-// nothing.
+// full by berth through a proxy that limits the link's bandwidth (medians
+// of BERTH_BENCH_ROUNDS runs, 3 unless set, each into a fresh root); the
+// bytes a second image sharing 80 % of its files downloads through the
+// completion of its background fetch, over its size; and the containerd +
+// stargz snapshotter row, n/a with its reason. It asserts nothing.
 func TestCompareLazy(t *testing.T) {
 	harness.RequireEnv(t, "BERTH_BENCH_COMPARE")
 	if !measured(lazyRows) {
@@ -104,23 +104,25 @@ func TestCompareLazy(t *testing.T) {
 	label := fmt.Sprintf("%.1f GB eStargz, %d layers, 5 %% read", float64(total)/1e9, lazyLayers)
 	type startRow struct{ name, link string }
 	var rows []startRow
-	full, lazy := map[startRow]float64{}, map[startRow]float64{}
 	for _, link := range lazyLinks {
-		running, output := startRow{"time to running", link.name}, startRow{"time to first output", link.name}
-		rows = append(rows, running, output)
-		for _, mode := range []string{"full", "lazy"} {
-			t.Run(fmt.Sprintf("%s/%s", link.name, mode), func(t *testing.T) {
-				px.LimitLink(link.rate)
-				syscall.Sync()
-				d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyTOML(px.Host(), mode == "lazy")})
-				r, o := timeStart(t, d, bigRef)
-				t.Logf("%s, %s, %s pull: running after %.2f s, first output after %.2f s", label, link.name, mode, r, o)
-				into := full
-				if mode == "lazy" {
-					into = lazy
-				}
-				into[running], into[output] = r, o
-			})
+		rows = append(rows, startRow{"time to running", link.name}, startRow{"time to first output", link.name})
+	}
+	taken := map[string]map[startRow][]float64{"full": {}, "lazy": {}} // mode → row → one value per round
+	rounds := countedRounds()
+	for round := 1; round <= rounds; round++ {
+		for _, link := range lazyLinks {
+			running, output := startRow{"time to running", link.name}, startRow{"time to first output", link.name}
+			for _, mode := range []string{"full", "lazy"} {
+				t.Run(fmt.Sprintf("%s/%s/round%d", link.name, mode, round), func(t *testing.T) {
+					px.LimitLink(link.rate)
+					syscall.Sync()
+					d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyTOML(px.Host(), mode == "lazy")})
+					r, o := timeStart(t, d, bigRef)
+					t.Logf("%s, %s, %s pull: running after %.2f s, first output after %.2f s", label, link.name, mode, r, o)
+					taken[mode][running] = append(taken[mode][running], r)
+					taken[mode][output] = append(taken[mode][output], o)
+				})
+			}
 		}
 	}
 	var served, size int64
@@ -137,9 +139,10 @@ func TestCompareLazy(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", "lazy pulls (one run each), "+label, "berth full", "berth lazy", "ratio", "target")
+	fmt.Printf("compare %-62s %12s %12s %7s %7s\n", fmt.Sprintf("lazy pulls (medians of %d runs), %s", rounds, label), "berth full", "berth lazy", "ratio", "target")
 	for _, r := range rows {
-		fmt.Printf("compare %-62s %9.2f s   %8.2f s   %s\n", r.name+", "+r.link, full[r], lazy[r], versus(lazy[r], full[r], 0.15))
+		full, lazy := median(taken["full"][r]), median(taken["lazy"][r])
+		fmt.Printf("compare %-62s %9.2f s   %8.2f s   %s\n", r.name+", "+r.link, full, lazy, versus(lazy, full, 0.15))
 	}
 	fmt.Printf("compare %-62s %9.0f MB  %8.0f MB  %s\n", fmt.Sprintf("second image, %d %% of files shared, %d MB: size, served", sharedPercent, size/1e6),
 		float64(size)/1e6, float64(served)/1e6, versus(float64(served), float64(size), 0.3))
