@@ -199,7 +199,9 @@ func timeStart(t *testing.T, d *harness.Daemon, ref string) (running, output flo
 	return running, output
 }
 
-// waitFor polls done until it holds, failing t after limit.
+// waitFor polls done every 5 ms until it holds, failing t after limit:
+// fine enough to time the first output by it (kubeenv.WaitFor polls every
+// half second).
 func waitFor(t *testing.T, limit time.Duration, what string, done func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
