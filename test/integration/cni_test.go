@@ -174,8 +174,7 @@ func natChainExists(t *testing.T, chain string) bool {
 func startCNIEnv(t *testing.T, c *cniNet) *podEnv {
 	t.Helper()
 	reg, d := start(t, c.toml())
-	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
-	t.Cleanup(func() { e.teardown(t) })
+	e := newPodEnv(t, d, reg)
 	e.image = e.pushImage(t, "berth/busybox:pods", v1.Config{})
 	return e
 }

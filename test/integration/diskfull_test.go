@@ -32,8 +32,7 @@ func TestDiskFull(t *testing.T) {
 	mountLoopExt4(t, root, 16<<20) // unmounted after the daemon stopped
 	reg := harness.NewRegistry(t)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host()), Root: root})
-	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
-	t.Cleanup(func() { e.teardown(t) })
+	e := newPodEnv(t, d, reg)
 	busybox := harness.BusyboxImage(t, harness.ImageSpec{})
 	e.image = e.pushImage(t, "berth/busybox:pods", v1.Config{})
 

@@ -47,10 +47,22 @@ func startPodEnvWith(t *testing.T, cfg v1.Config, o harness.Options) *podEnv {
 	reg := harness.NewRegistry(t)
 	o.ConfigTOML = harness.PlainHTTP(reg.Host()) + o.ConfigTOML
 	d := harness.StartDaemon(t, o)
+	e := newPodEnv(t, d, reg)
+	e.image = e.pushImage(t, "berth/busybox:pods", cfg)
+	return e
+}
+
+// newPodEnv is the env of berthd d and registry reg, with no image pulled
+// yet. Every env is made here, so that none lacks a cgroup parent of its
+// own: pods of envs without one shared /pod-NAME, and RemovePodSandbox of
+// one test's pod then found another test's container, still running, in
+// the pod cgroup's tree (TestPullLazyStartsBeforeFetched failed EBUSY
+// beside the other lazy pull tests, whose pods are all named "lazy").
+func newPodEnv(t *testing.T, d *harness.Daemon, reg *harness.Registry) *podEnv {
+	t.Helper()
 	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
 	// Registered after the daemon's own cleanups, so it runs before them.
 	t.Cleanup(func() { e.teardown(t) })
-	e.image = e.pushImage(t, "berth/busybox:pods", cfg)
 	return e
 }
 

@@ -192,8 +192,8 @@ func lazyPod(t *testing.T, arrange func(*harness.Registry, *stargzLayer)) (*harn
 // runReader runs a pod with a sleeping container of the pulled image ref.
 func runReader(t *testing.T, d *harness.Daemon, reg *harness.Registry, ref string) (*podEnv, string) {
 	t.Helper()
-	e := &podEnv{d: d, reg: reg, image: ref, logs: t.TempDir()}
-	t.Cleanup(func() { e.teardown(t) })
+	e := newPodEnv(t, d, reg)
+	e.image = ref
 	podCfg := e.podConfig("lazy")
 	return e, e.runContainer(t, e.runPod(t, podCfg), podCfg, e.ctrConfig("reader", sleeper...))
 }
@@ -555,8 +555,8 @@ func TestPullLazyUserNamespacePod(t *testing.T) {
 	p := reg.Push(t, "berth/lazy:1", img)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg), State: stateOnTmpfs(t)})
 	mustPull(t, d, p.Name, p.ID)
-	e := &podEnv{d: d, reg: reg, image: p.Name, logs: t.TempDir()}
-	t.Cleanup(func() { e.teardown(t) })
+	e := newPodEnv(t, d, reg)
+	e.image = p.Name
 	cfg := e.podConfig("userns")
 	m := rootMapping(usernsHost, 65536)
 	usernsPod(cfg, &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}, runtimeapi.NamespaceMode_POD)

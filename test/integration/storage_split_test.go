@@ -38,8 +38,7 @@ func TestStorageSplit(t *testing.T) {
 	reg := harness.NewRegistry(t)
 	split := fmt.Sprintf("\n[storage]\ncontainer_root = %q\n", ctrRoot)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(reg.Host()) + split, Root: imageRoot})
-	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
-	t.Cleanup(func() { e.teardown(t) })
+	e := newPodEnv(t, d, reg)
 
 	if got := verboseContainerRoot(t, d); got != ctrRoot {
 		t.Errorf("verbose Status: containerRoot %q, want %q", got, ctrRoot)

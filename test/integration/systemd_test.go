@@ -41,8 +41,7 @@ func TestSystemdDriver(t *testing.T) {
 	// Top-level keys go before the registry tables start() writes.
 	reg := harness.NewRegistry(t)
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: "cgroup_driver = \"systemd\"\n" + harness.PlainHTTP(reg.Host())})
-	e := &podEnv{d: d, reg: reg, logs: t.TempDir(), parent: "berth-itest/" + filepath.Base(d.State)}
-	t.Cleanup(func() { e.teardown(t) })
+	e := newPodEnv(t, d, reg)
 	// The QoS slices systemd made as the pod slice's parents.
 	t.Cleanup(func() { _ = exec.Command("systemctl", "stop", "kubepods-besteffort.slice", "kubepods.slice").Run() })
 	e.image = e.pushImage(t, "berth/busybox:systemd", v1.Config{})
