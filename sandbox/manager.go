@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/berth-runtime/berth/network"
 	"github.com/berth-runtime/berth/sandbox/apparmor"
@@ -16,6 +17,7 @@ import (
 	"github.com/berth-runtime/berth/sandbox/nri"
 	"github.com/berth-runtime/berth/sandbox/podns"
 	"github.com/berth-runtime/berth/sandbox/shim"
+	"github.com/berth-runtime/berth/sandbox/spec"
 	"github.com/berth-runtime/berth/sandbox/stats"
 	"github.com/berth-runtime/berth/sandbox/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,6 +50,9 @@ type Options struct {
 	CRIUConfig string
 	// NRI hosts the node's NRI plugins, started with the manager; nil: off.
 	NRI *nri.Host
+	// HostPathTimeout bounds each look at a volume's or device's host
+	// path (spec.SetHostPathTimeout); 0: spec's default.
+	HostPathTimeout time.Duration
 }
 
 // Manager runs pod sandboxes and their containers.
@@ -88,6 +93,9 @@ func New(opts Options) (*Manager, error) {
 	}
 	if opts.ContainerRoot == "" {
 		opts.ContainerRoot = opts.Root
+	}
+	if opts.HostPathTimeout > 0 {
+		spec.SetHostPathTimeout(opts.HostPathTimeout)
 	}
 	m := &Manager{opts: opts, log: opts.Logger, shims: map[string]*shim.Client{},
 		apparmor: apparmor.Setup(filepath.Join(opts.Root, "apparmor"), opts.Logger)}

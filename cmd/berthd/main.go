@@ -141,7 +141,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	pods, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, ContainerRoot: cfg.ContainerRoot(), State: cfg.State, DB: db, Images: images, Cgroups: cg, Network: podNet,
 		ShimBinary: shimBinary, PauseBinary: pauseBinary, Logger: log.With("component", "sandbox"), Metrics: metrics.Registerer(),
-		CDI: cdiRegistry, CRIUConfig: cfg.Checkpoint.CRIUConfig, NRI: nriHost,
+		CDI: cdiRegistry, CRIUConfig: cfg.Checkpoint.CRIUConfig, NRI: nriHost, HostPathTimeout: cfg.HostPathTimeout.Duration,
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)

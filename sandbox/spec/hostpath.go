@@ -14,8 +14,13 @@ import (
 // hostPathTimeout bounds the look at a volume's or device's host path: a
 // hung NFS server or FUSE daemon would otherwise hold CreateContainer (and
 // the pod's lock) until the kubelet's own timeout, and the next call after
-// it, for ever. A var for tests.
+// it, for ever. berthd's host_path_timeout (SetHostPathTimeout).
 var hostPathTimeout = 10 * time.Second
+
+// SetHostPathTimeout sets the bound on each look at a host path. It is the
+// node's, as the lookups under way are: set once, before any container is
+// created.
+func SetHostPathTimeout(d time.Duration) { hostPathTimeout = d }
 
 // maxHungLookupsPerPod bounds the lookups one pod has unanswered at
 // once. A lookup stuck in the kernel cannot be cancelled: its goroutine

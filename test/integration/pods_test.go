@@ -40,12 +40,13 @@ func startPodEnvTOML(t *testing.T, cfg v1.Config, extraTOML string) *podEnv {
 }
 
 // startPodEnvWith is startPodEnv with berthd started with o, its ConfigTOML
-// appended to the registry's settings.
+// put before the registry's settings (its top-level keys before their
+// tables).
 func startPodEnvWith(t *testing.T, cfg v1.Config, o harness.Options) *podEnv {
 	t.Helper()
 	harness.RequireIntegration(t)
 	reg := harness.NewRegistry(t)
-	o.ConfigTOML = harness.PlainHTTP(reg.Host()) + o.ConfigTOML
+	o.ConfigTOML += "\n" + harness.PlainHTTP(reg.Host())
 	d := harness.StartDaemon(t, o)
 	e := newPodEnv(t, d, reg)
 	e.image = e.pushImage(t, "berth/busybox:pods", cfg)

@@ -30,16 +30,19 @@ type Config struct {
 	CgroupDriver string `toml:"cgroup_driver"`
 	// ShimBinary is the berth-shim to run per pod; empty means the one
 	// installed beside berthd.
-	ShimBinary string     `toml:"shim_binary"`
-	Image      Image      `toml:"image"`
-	Network    Network    `toml:"network"`
-	Stream     Stream     `toml:"stream"`
-	Metrics    Metrics    `toml:"metrics"`
-	Tracing    Tracing    `toml:"tracing"`
-	CDI        CDI        `toml:"cdi"`
-	Storage    Storage    `toml:"storage"`
-	Checkpoint Checkpoint `toml:"checkpoint"`
-	NRI        NRI        `toml:"nri"`
+	ShimBinary string `toml:"shim_binary"`
+	// HostPathTimeout bounds the look at a volume's or device's host path
+	// (a hung NFS or FUSE mount); see sandbox/spec's hostPathTimeout.
+	HostPathTimeout Duration   `toml:"host_path_timeout"`
+	Image           Image      `toml:"image"`
+	Network         Network    `toml:"network"`
+	Stream          Stream     `toml:"stream"`
+	Metrics         Metrics    `toml:"metrics"`
+	Tracing         Tracing    `toml:"tracing"`
+	CDI             CDI        `toml:"cdi"`
+	Storage         Storage    `toml:"storage"`
+	Checkpoint      Checkpoint `toml:"checkpoint"`
+	NRI             NRI        `toml:"nri"`
 	// Registries is keyed by registry host ("docker.io", "127.0.0.1:5000"):
 	// the [registry."HOST"] tables over the hosts of RegistryConfigPath.
 	Registries map[string]registry.Host `toml:"-"`
@@ -254,12 +257,13 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 // Default returns the configuration used when neither file nor flags say otherwise.
 func Default() *Config {
 	return &Config{
-		Root:         "/var/lib/berth",
-		State:        "/run/berth",
-		Socket:       "/run/berth/berth.sock",
-		LogLevel:     "info",
-		LogFormat:    "text",
-		CgroupDriver: "cgroupfs",
+		Root:            "/var/lib/berth",
+		State:           "/run/berth",
+		Socket:          "/run/berth/berth.sock",
+		LogLevel:        "info",
+		LogFormat:       "text",
+		CgroupDriver:    "cgroupfs",
+		HostPathTimeout: Duration{10 * time.Second},
 		Image: Image{PullProgressTimeout: Duration{time.Minute},
 			MaxLayerBytes: DefaultMaxLayerBytes, MaxLayerEntries: DefaultMaxLayerEntries, GzipDecoder: gunzip.Auto},
 		Network: Network{Mode: NetworkBridge, Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,

@@ -62,7 +62,7 @@ func TestDefaults(t *testing.T) {
 	}
 	want := &Config{Path: absent,
 		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
-		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs",
+		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs", HostPathTimeout: Duration{10 * time.Second},
 		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000, GzipDecoder: "auto"},
 		Network: Network{Mode: "bridge", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
@@ -100,6 +100,7 @@ socket = "/run/b/b.sock"
 log_level = "debug"
 log_format = "json"
 cgroup_driver = "systemd"
+host_path_timeout = "3s"
 
 [image]
 pull_progress_timeout = "90s"
@@ -154,7 +155,7 @@ skip_verify = false
 	tenGiB := int64(10 << 30)
 	want := &Config{
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
-		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd",
+		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd", HostPathTimeout: Duration{3 * time.Second},
 		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000, GzipDecoder: "builtin",
 			MaxConcurrentDownloads: &three, Lazy: true, MaxLazyFetches: &two, LazyCacheMaxBytes: &tenGiB},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
@@ -234,6 +235,7 @@ func TestBadFiles(t *testing.T) {
 		{"integer duration", "[image]\npull_progress_timeout = 60", []string{"pull_progress_timeout"}},
 		{"zero duration", "[image]\npull_progress_timeout = \"0s\"", []string{`image.pull_progress_timeout = "0s"`, "greater than 0"}},
 		{"negative duration", "[image]\npull_progress_timeout = \"-1m\"", []string{`image.pull_progress_timeout = "-1m0s"`}},
+		{"zero host path timeout", `host_path_timeout = "0s"`, []string{`host_path_timeout = "0s"`, "greater than 0"}},
 		{"credentials over plain http", "[registry.\"reg.example\"]\nplain_http = true\nusername = \"u\"\npassword = \"p\"",
 			[]string{`registry."reg.example".username = "u"`, "never sent over plain HTTP"}},
 		{"ca file is a device", "[registry.\"r.example\"]\nca_file = \"/dev/zero\"", []string{`ca_file = "/dev/zero"`, "not a regular file"}},

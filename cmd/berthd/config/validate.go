@@ -102,6 +102,9 @@ func (c *Config) validate() error {
 			p.add(badValue("metrics.address", a, err))
 		}
 	}
+	if d := c.HostPathTimeout.Duration; d <= 0 {
+		p.add(badValue("host_path_timeout", d.String(), errors.New("must be greater than 0")))
+	}
 	if d := c.Image.PullProgressTimeout.Duration; d <= 0 {
 		p.add(badValue("image.pull_progress_timeout", d.String(), errors.New("must be greater than 0")))
 	}
