@@ -90,6 +90,10 @@ kernel_independent+='|TestImageFsInfoCountsReturnedPull'
 # or crash): 54 s in the VM. The NRI tests whose plugins adjust cgroups,
 # devices or mounts stay.
 kernel_independent+='|TestPodAttributesAndFilters|TestListContainersDuringCreate|TestBerthctlPodsTimelineInfo|TestNRIPluginFailures|TestNRIPluginPath'
+# The CRI log file's records and their rotation (the shim's writer, pipes
+# and renames), and a berthd that starts beside a shim that never answers
+# and a network state it cannot read: 24 s in the VM.
+kernel_independent+='|TestContainerLogFormat|TestContainerLogRotation|TestStartupIsNotAllOrNothing'
 kernel_independent+='|TestContainerdHostsDir|TestSIGHUPReloadsRegistries'
 kernel_independent+='|TestConfigErrorsNameTheKey|TestSocketIsRootOnly|TestStaleSocketIsReplaced|TestSecondDaemonOnSameSocketIsRefused|TestSignalsExitCleanly|TestFlagsOverrideConfigFile|TestLogFormatJSON'
 kernel_independent+='|TestTracingToOTLPCollector|TestNoTracingWithoutEndpoint|TestTracingSamplingFollowsCaller'
