@@ -14,6 +14,7 @@ import (
 // the pod (with a shared PID namespace: its pause too) and of each
 // container, and the daemon's setup.
 func TestBerthctlPodsTimelineInfo(t *testing.T) {
+	t.Parallel()
 	e := startPodEnvTOML(t, v1.Config{}, metricsTOML)
 	cfg := e.podConfig("chart")
 	cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{

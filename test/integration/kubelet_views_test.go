@@ -22,6 +22,7 @@ import (
 // spec named it with its repo digest (kubectl get pod -o yaml: image,
 // imageID), and the pod's network counters (the kubelet's /stats/summary).
 func TestKubeletViews(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	img := imageStatus(t, e.d, e.image)
 	if len(img.GetRepoDigests()) != 1 {

@@ -160,6 +160,7 @@ func (e *podEnv) leases(t *testing.T) []string {
 }
 
 func TestPodNetwork(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	_, subnet := e.network(t)
 	hostPort := freeHostPort(t)
@@ -338,6 +339,7 @@ func (e *podEnv) webPodAcrossRestart(t *testing.T, name string) (pod, ip string)
 }
 
 func TestPodNetworkSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	pod, _ := e.webPodAcrossRestart(t, "net-restart")
 	if l := e.leases(t); len(l) != 1 {

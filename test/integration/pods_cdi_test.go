@@ -95,6 +95,7 @@ func openScript(path string) string {
 // leaves nothing, and berthctl info lists the device. The spec is written
 // after berthd started: the spec folder is re-read.
 func TestCDIDevices(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	specDir := filepath.Join(dir, "cdi")
 	if err := os.Mkdir(specDir, 0o755); err != nil {

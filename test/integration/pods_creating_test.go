@@ -16,6 +16,7 @@ import (
 // exited counted a dead attempt and collected the real previous one, so
 // `kubectl logs --previous` lost it (found by the cluster tier).
 func TestListContainersDuringCreate(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	cfg := e.podConfig("creating")
 	pod := e.runPod(t, cfg)

@@ -17,6 +17,7 @@ import (
 // pod runs. berth must still report its pods (NOTREADY) and containers
 // (EXITED) and let the kubelet remove them without leaving anything.
 func TestPodsAfterReboot(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	cfg := e.podConfig("reboot")
 	cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER}}
@@ -58,6 +59,7 @@ func TestPodsAfterReboot(t *testing.T) {
 // A shim that dies while berthd runs makes its pod NOTREADY at once (the
 // kubelet then recreates it), with nothing of the pod left running.
 func TestShimDeathMakesPodNotReady(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	cfg := e.podConfig("shim-death") // POD-scoped PID namespace: a pause runs too
 	pod := e.runPod(t, cfg)

@@ -115,6 +115,7 @@ func TestContainerStop(t *testing.T) {
 // fail instead of reporting it stopped; once the FUSE connection is aborted,
 // the retry stops it and nothing is left over.
 func TestStopContainerStuck(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	// After the env: its cleanup (the connection's abort) then runs before
 	// the env's teardown, which could not remove a stuck container.

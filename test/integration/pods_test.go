@@ -356,6 +356,7 @@ func mountsMentioning(s string) []string {
 }
 
 func TestPodLifecycle(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	cfg := e.podConfig("lifecycle")
 	pod := e.runPod(t, cfg)

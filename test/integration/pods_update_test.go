@@ -33,6 +33,7 @@ func cgroupValue(t *testing.T, cgroup, v1Controller, v1File, v2File string) stri
 }
 
 func TestUpdateContainerResources(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	cfg := e.podConfig("update")
 	pod := e.runPod(t, cfg)
@@ -80,6 +81,7 @@ func TestUpdateContainerResources(t *testing.T) {
 // resize are kept in the pod's config, through a berthd restart; bad
 // resources and unknown pods are refused and change nothing.
 func TestUpdatePodSandboxResources(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	pod := e.runPod(t, e.podConfig("podres"))
 	update := func(id string, res *runtimeapi.LinuxContainerResources) error {
