@@ -42,7 +42,12 @@ func (l *Layer) Mount(dir string) error {
 			// permissions against the attributes served.
 			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NODEV,
 			Options:          []string{"default_permissions"},
-			MaxReadAhead:     1 << 20,
+			// Reads of up to 1 MiB (the kernel's most, max_pages 256):
+			// at go-fuse's default MaxWrite of 128 KiB each read of a
+			// cached file took one request per 128 KiB, and the kernel
+			// capped MaxReadAhead at MaxWrite.
+			MaxWrite:     1 << 20,
+			MaxReadAhead: 1 << 20,
 			// User-namespaced pods' overlays take idmapped views of their
 			// lower layers (Linux 6.12+ for FUSE); the layer's answers
 			// do not depend on the caller's IDs.

@@ -29,6 +29,7 @@ import (
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 )
 
@@ -91,6 +92,10 @@ const (
 // groupBytes is how many compressed bytes one background request asks for:
 // the chunks of a layer are fetched in runs of about this size.
 const groupBytes = 4 << 20
+
+// parallelRuns is how many runs one layer's prioritised files (or a read)
+// fetch at a time.
+const parallelRuns = 4
 
 // Prepare fetches the TOC of blob from src into dir (created), checks it
 // against blob.TOCDigest, and fetches the prioritised files: the chunks
@@ -392,14 +397,16 @@ func (l *Layer) prioritised() []chunk {
 }
 
 // fetchChunks fetches cs (in blob order) in runs of neighbours, one
-// request per run of up to groupBytes.
+// request per run of up to groupBytes, up to parallelRuns at a time: run
+// one after another, the link idled while each run was decompressed,
+// verified and written (issue #40's profile).
 func (l *Layer) fetchChunks(ctx context.Context, cs []chunk) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallelRuns)
 	for _, run := range runs(l.reuse(cs)) {
-		if err := l.fetchRun(ctx, run); err != nil {
-			return err
-		}
+		g.Go(func() error { return l.fetchRun(gctx, run) })
 	}
-	return nil
+	return g.Wait()
 }
 
 // runs splits cs into runs of chunks adjacent in the blob.

@@ -482,3 +482,52 @@ func TestLinkedLayerCompletesWithoutTheLinkedBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPrioritisedRunsAreFetchedInParallel checks that Prepare asks for the
+// runs of the prioritised files at the same time, not one after another:
+// each request for the prioritised bytes is held until another is in
+// flight (or 10 s passed, which fails the test).
+func TestPrioritisedRunsAreFetchedInParallel(t *testing.T) {
+	noise := make([]byte, 3*groupBytes) // incompressible: three runs
+	rand.Read(noise)
+	blob, toc := build(t, tarOf(t, [2]string{"prio", string(noise)}, [2]string{estargz.PrefetchLandmark, "\x0f"}))
+	tocOff, _, err := estargz.OpenFooter(io.NewSectionReader(bytes.NewReader(blob), 0, int64(len(blob))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inFlight atomic.Int32
+	together := make(chan struct{})
+	var once sync.Once
+	src, b := serveThrough(t, blob, func(w http.ResponseWriter, r *http.Request) bool {
+		var start int64
+		if _, err := fmt.Sscanf(r.Header.Get("Range"), "bytes=%d-", &start); err != nil || start >= tocOff {
+			return false // the footer and TOC, fetched one after the other
+		}
+		if inFlight.Add(1) >= 2 {
+			once.Do(func() { close(together) })
+		}
+		select {
+		case <-together:
+		case <-time.After(10 * time.Second):
+		}
+		inFlight.Add(-1)
+		return false
+	})
+	b.TOCDigest = toc
+	dir := t.TempDir()
+	if _, _, err := Prepare(context.Background(), dir, src, b, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-together:
+	default:
+		t.Fatal("no two requests for the prioritised files were in flight together")
+	}
+	cached, err := Load(dir, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(cached, "prio"); err != nil || !bytes.Equal(got, noise) {
+		t.Fatalf("prioritised file from the cache: %d bytes, %v", len(got), err)
+	}
+}
