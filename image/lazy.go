@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/lazy"
@@ -62,8 +63,9 @@ func lazyDir(fsDir string) string { return filepath.Join(filepath.Dir(fsDir), "l
 
 // ensureLazyLayer makes sure the lazy snapshot key exists and is mounted:
 // it fetches the layer's TOC and prioritised files into a new snapshot,
-// mounts it and starts the background fetch of the rest.
-func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blob, src lazy.Source, slots *semaphore.Weighted) (err error) {
+// mounts it and adds it to later, whose background fetch of the rest the
+// pull starts once its layers are in.
+func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blob, src lazy.Source, slots *semaphore.Weighted, later *laterFetches) (err error) {
 	if snap, ok, err := s.snaps.Get(key); ok || err != nil {
 		if err != nil {
 			return err
@@ -101,8 +103,11 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 	if err == nil {
 		crashpoint.Hit("pull", "lazy layer stored")
 		s.metrics.layer("lazy")
-		if err = s.mountLazy(snap, src); err != nil {
+		var l *lazy.Layer
+		if l, err = s.mountLazy(snap, src); err != nil {
 			err = errors.Join(err, s.snaps.Remove(key))
+		} else {
+			later.add(l)
 		}
 	}
 	if err != nil {
@@ -170,27 +175,48 @@ func (s *Service) sizeLazy(img *Image) {
 	img.Size = size
 }
 
-// mountLazy serves a lazy snapshot at its fs folder and, with a source,
-// completes it in the background.
-func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) error {
+// mountLazy serves a lazy snapshot at its fs folder.
+func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) (*lazy.Layer, error) {
 	fsDir := s.snaps.Dir(snap)
 	l, err := lazy.Load(lazyDir(fsDir), src, lazy.Options{Log: s.log, StallTimeout: s.opts.ProgressTimeout,
 		ReadFailed: s.metrics.lazyReadFailed, Find: s.findChunk, Broken: func(error) { s.forgetImagesOf(snap.ChainID) },
 		Inflate: s.gzip.NewReader})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := l.Mount(fsDir); err != nil {
-		return fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
+		return nil, fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
 	}
 	s.lazyMu.Lock()
 	s.lazyLayers[snap.ChainID] = l
 	s.lazySizes[snap.ChainID] = l.FullSize()
 	s.lazyMu.Unlock()
-	if src != nil && !lazy.IsComplete(lazyDir(fsDir)) {
-		l.Complete(s.lazySlots)
+	return l, nil
+}
+
+// laterFetches are the lazy layers a pull mounted, whose background
+// fetch of the rest waits until the pull's layers are all in (or it
+// failed): started at mount, it took the link, the disk and the CPU from
+// the prioritised files of the layers after it (issue #40's profile).
+type laterFetches struct {
+	mu     sync.Mutex
+	layers []*lazy.Layer
+}
+
+func (f *laterFetches) add(l *lazy.Layer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.layers = append(f.layers, l)
+}
+
+// start starts the background fetch of each layer added, sharing slots.
+func (f *laterFetches) start(slots *semaphore.Weighted) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, l := range f.layers {
+		l.Complete(slots)
 	}
-	return nil
+	f.layers = nil
 }
 
 // restoreLazy serves again the lazy layers a stopped berthd left: the
@@ -208,7 +234,8 @@ func (s *Service) restoreLazy() error {
 		switch {
 		case !lazy.IsLayer(dir):
 		case lazy.IsComplete(dir):
-			errs = append(errs, s.mountLazy(snap, nil))
+			_, err := s.mountLazy(snap, nil)
+			errs = append(errs, err)
 		default:
 			s.log.Warn("dropping a lazy layer berthd stopped before it was complete; its images are pulled again", "layer", snap.ChainID)
 			errs = append(errs, s.snaps.Remove(snap.ChainID))

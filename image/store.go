@@ -132,11 +132,12 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	// next one downloads and unpacks while this one's commit waits for its
 	// files to reach the disk.
 	slots := semaphore.NewWeighted(parallelLayers)
+	later := new(laterFetches)
 	g, gctx := errgroup.WithContext(ctx)
 	for i, l := range layers {
 		g.Go(func() error {
 			if keys[i] != chainIDs[i] {
-				err := s.ensureLazyLayer(gctx, keys[i], lazyBlobs[i], src.lazy, slots)
+				err := s.ensureLazyLayer(gctx, keys[i], lazyBlobs[i], src.lazy, slots, later)
 				if !errors.Is(err, lazy.ErrNotLazy) {
 					return err
 				}
@@ -146,7 +147,9 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 			return s.ensureLayer(gctx, l, chainIDs[i], cfg.RootFS.DiffIDs[i], src, slots, watch)
 		})
 	}
-	if err := g.Wait(); err != nil {
+	err = g.Wait()
+	later.start(s.lazySlots)
+	if err != nil {
 		return nil, err
 	}
 
