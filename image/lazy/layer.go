@@ -397,9 +397,8 @@ func (l *Layer) prioritised() []chunk {
 }
 
 // fetchChunks fetches cs (in blob order) in runs of neighbours, one
-// request per run of up to groupBytes, up to parallelRuns at a time: run
-// one after another, the link idled while each run was decompressed,
-// verified and written (issue #40's profile).
+// request per run of up to groupBytes, up to parallelRuns at a time, so
+// that the link is not idle while a run is inflated, verified and written.
 func (l *Layer) fetchChunks(ctx context.Context, cs []chunk) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(parallelRuns)
