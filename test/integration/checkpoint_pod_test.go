@@ -251,7 +251,9 @@ func TestCheckpointPodRefused(t *testing.T) {
 	podCfg := e.podConfig("ckpt-pod")
 	pod := e.runPod(t, podCfg)
 	counter := e.runContainer(t, pod, podCfg, e.ctrConfig("counter", "/bin/sh", "-c", podCounterScript))
-	exited := e.runContainer(t, pod, podCfg, e.ctrConfig("exited", "/bin/true"))
+	// Not runContainer: /bin/true can be gone before a wait for RUNNING.
+	exited := e.create(t, pod, podCfg, e.ctrConfig("exited", "/bin/true"))
+	e.start(t, exited)
 	e.waitState(t, exited, runtimeapi.ContainerState_CONTAINER_EXITED)
 	otherCfg := e.podConfig("other-pod")
 	other := e.runPod(t, otherCfg)
