@@ -168,9 +168,8 @@ func TestCompareContainerd(t *testing.T) {
 							return countEntries(filepath.Join(d.Root, "snapshots"), filepath.Join(d.Root, "content", "blobs", "sha256"))
 						}}
 				} else {
-					bridge := fmt.Sprintf("bcni%d", round)
-					subnet := fmt.Sprintf("10.196.%d.0/24", round)
-					c := startContainerd(t, reg.Host(), pause.Name, bridge, subnet)
+					c := startContainerd(t, containerdSetup{registryHost: reg.Host(), pauseImage: pause.Name,
+						bridge: fmt.Sprintf("bcni%d", round), subnet: fmt.Sprintf("10.196.%d.0/24", round)})
 					rt = criRuntime{name: name, runtime: c.runtime(), images: c.images(), overheadPIDs: c.runtimePIDs,
 						layersStored: c.layersStored, daemon: c.cmd.Process.Pid}
 				}

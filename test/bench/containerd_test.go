@@ -24,7 +24,9 @@ const cniBinDir = "/usr/lib/cni"
 // CRI plugin pulls from the bench's loopback registry over plain HTTP, uses
 // the bench's pause image (there is no outside registry), runc through the
 // runc v2 shim with the cgroupfs driver, and the CNI bridge + portmap
-// plugins, as the comparison in the issue was measured.
+// plugins, as the comparison in the issue was measured. Its snapshotter is
+// overlayfs, or the stargz snapshotter (stargzPlugin), which needs the
+// layers' annotations (the eStargz TOC digest) passed on to it.
 const containerdConfig = `version = 2
 root = %[1]q
 state = %[2]q
@@ -43,7 +45,8 @@ state = %[2]q
   # pause's oom_score_adj below containerd's own.
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+    snapshotter = %[9]q
+    disable_snapshot_annotations = %[10]t
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -63,6 +66,17 @@ const cniConfig = `{"cniVersion": "1.0.0", "name": "bench", "plugins": [
   {"type": "loopback"}]}
 `
 
+// containerdSetup is what startContainerd runs containerd with.
+type containerdSetup struct {
+	registryHost string // pulled from over plain HTTP
+	pauseImage   string
+	// The CNI bridge's name and subnet.
+	bridge, subnet string
+	// stargz runs containerd-stargz-grpc (startStargz) beside containerd,
+	// as its CRI plugin's snapshotter.
+	stargz bool
+}
+
 // containerd is one containerd started by startContainerd.
 type containerd struct {
 	cmd    *exec.Cmd
@@ -71,10 +85,10 @@ type containerd struct {
 	conn   *grpc.ClientConn
 }
 
-// startContainerd runs Debian's containerd on fresh folders, with pods on a
-// CNI bridge named bridge in subnet, and waits until its CRI answers. It is
-// stopped, and its bridge removed, when the test ends.
-func startContainerd(t *testing.T, registryHost, pauseImage, bridge, subnet string) *containerd {
+// startContainerd runs Debian's containerd on fresh folders as set up, and
+// waits until its CRI answers. It is stopped, and its bridge and folders
+// removed, when the test ends (before the stargz snapshotter).
+func startContainerd(t *testing.T, setup containerdSetup) *containerd {
 	t.Helper()
 	if _, err := exec.LookPath("containerd"); err != nil {
 		t.Fatal("containerd is not installed: run `make bench-compare`, which installs Debian's containerd and runc")
@@ -87,13 +101,19 @@ func startContainerd(t *testing.T, registryHost, pauseImage, bridge, subnet stri
 	if err := os.MkdirAll(cniDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	conf := fmt.Sprintf(cniConfig, bridge, subnet, filepath.Join(dir, "ipam"))
+	conf := fmt.Sprintf(cniConfig, setup.bridge, setup.subnet, filepath.Join(dir, "ipam"))
 	if err := os.WriteFile(filepath.Join(cniDir, "10-bench.conflist"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c := &containerd{root: filepath.Join(dir, "root"), socket: filepath.Join(dir, "containerd.sock")}
+	snapshotter := "overlayfs"
+	var plugins string
+	if setup.stargz {
+		snapshotter = "stargz"
+		plugins = fmt.Sprintf(stargzPlugin, startStargz(t, setup.registryHost))
+	}
 	cfg := fmt.Sprintf(containerdConfig, c.root, filepath.Join(dir, "state"), c.socket,
-		filepath.Join(dir, "opt"), pauseImage, cniBinDir, cniDir, registryHost)
+		filepath.Join(dir, "opt"), setup.pauseImage, cniBinDir, cniDir, setup.registryHost, snapshotter, !setup.stargz) + plugins
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -114,7 +134,7 @@ func startContainerd(t *testing.T, registryHost, pauseImage, bridge, subnet stri
 			b, _ := os.ReadFile(logs.Name())
 			t.Logf("containerd log:\n%s", tail(string(b), 40))
 		}
-		if link, err := netlink.LinkByName(bridge); err == nil {
+		if link, err := netlink.LinkByName(setup.bridge); err == nil {
 			netlink.LinkDel(link)
 		}
 		unmountUnder(dir)
@@ -166,22 +186,29 @@ func (c *containerd) stop() {
 		c.conn.Close()
 	}
 	shims := c.runtimePIDs()[1:]
-	c.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { c.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		c.cmd.Process.Kill()
-		<-done
-	}
+	stopProcess(c.cmd)
 	for _, pid := range shims {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
+// stopProcess ends cmd's process by its PID: SIGTERM, then SIGKILL after
+// 10 s.
+func stopProcess(cmd *exec.Cmd) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
 // unmountUnder detaches every mount below dir (containerd's overlay
-// snapshots and shm of pods that were not removed).
+// snapshots and shm of pods that were not removed, the stargz snapshotter's
+// FUSE mounts).
 func unmountUnder(dir string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {

@@ -1,0 +1,97 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// stargzVersion is the stargz snapshotter test/stargz pins: the newest
+// release whose containerd-stargz-grpc the module proxy serves (later ones
+// keep it in module github.com/containerd/stargz-snapshotter/cmd, which it
+// does not).
+const stargzVersion = "v0.6.4"
+
+// stargzPlugin is containerd's configuration of the stargz snapshotter at
+// a socket as the snapshot plugin "stargz".
+const stargzPlugin = `
+[proxy_plugins.stargz]
+  type = "snapshot"
+  address = %q
+`
+
+// stargzConfig is the snapshotter's own configuration: it fetches the
+// layers from the bench's loopback registry (a localhost address, which
+// it would ask over HTTP anyway) over plain HTTP, and is otherwise as
+// shipped: prefetch of the prioritised files and background fetch on.
+const stargzConfig = `
+[[resolver.host.%[1]q.mirrors]]
+  host = %[1]q
+  insecure = true
+`
+
+// stargzBin is containerd-stargz-grpc, the version test/stargz pins: the
+// binary BERTH_STARGZ_BIN names, else one built here (Go's build cache
+// keeps it after the first build, a few minutes).
+func stargzBin(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("BERTH_STARGZ_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "containerd-stargz-grpc")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/containerd/stargz-snapshotter/cmd/containerd-stargz-grpc")
+	build.Dir = filepath.Join("..", "stargz")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build containerd-stargz-grpc (test/stargz): %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startStargz runs the stargz snapshotter on a fresh folder, pulling from
+// registryHost, and returns its socket once it listens. When the test ends
+// (after containerd's cleanup) it is stopped by its PID, its FUSE mounts
+// detached and its folder removed.
+func startStargz(t *testing.T, registryHost string) (socket string) {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Fatalf("the stargz snapshotter needs FUSE: %v", err)
+	}
+	bin := stargzBin(t)
+	dir, err := os.MkdirTemp("", "bench-stargz-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(stargzConfig, registryHost)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs, err := os.Create(filepath.Join(dir, "stargz.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket = filepath.Join(dir, "stargz.sock")
+	cmd := exec.Command(bin, "--root", filepath.Join(dir, "root"), "--address", socket, "--config", config)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stopProcess(cmd)
+		logs.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logs.Name())
+			t.Logf("containerd-stargz-grpc log:\n%s", tail(string(b), 40))
+		}
+		unmountUnder(dir)
+		os.RemoveAll(dir)
+	})
+	waitFor(t, 30*time.Second, "containerd-stargz-grpc socket", func() bool {
+		_, err := os.Stat(socket)
+		return err == nil
+	})
+	return socket
+}
