@@ -220,7 +220,10 @@ bench: deps
 # (issue #36) about 5 minutes a counted round more; BERTH_BENCH_ROUNDS=1 and
 # BERTH_BENCH_ROWS=pods (or pull, or probes) shorten it. Its lazy rows (issue
 # #40, BERTH_BENCH_ROWS=lazy) pull a 2 GB eStargz image built once into
-# ~/.cache/berth-bench (BERTH_BENCH_LAZY_MB sets a smaller size).
+# ~/.cache/berth-bench (BERTH_BENCH_LAZY_MB sets a smaller size), with berth
+# and with containerd + the stargz snapshotter (/dev/fuse), whose
+# containerd-stargz-grpc the test builds from test/stargz (minutes the first
+# time, Go's build cache after; BERTH_STARGZ_BIN names a built one).
 bench-compare: deps
 	test/deps.sh containerd runc
 	BERTH_BENCH=1 BERTH_BENCH_COMPARE=1 $(GO) test -count=1 -timeout 90m -v -run '^(TestCompareContainerd|TestCompareLazy)$$' ./test/bench/ | grep -E '^(compare|--- FAIL|ok|FAIL|\s+\S+_test.go)'

@@ -186,16 +186,15 @@ func (c *containerd) stop() {
 		c.conn.Close()
 	}
 	shims := c.runtimePIDs()[1:]
-	stopProcess(c.cmd)
+	stopProcess(c.cmd, syscall.SIGTERM)
 	for _, pid := range shims {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
-// stopProcess ends cmd's process by its PID: SIGTERM, then SIGKILL after
-// 10 s.
-func stopProcess(cmd *exec.Cmd) {
-	cmd.Process.Signal(syscall.SIGTERM)
+// stopProcess ends cmd's process by its PID: sig, then SIGKILL after 10 s.
+func stopProcess(cmd *exec.Cmd, sig syscall.Signal) {
+	cmd.Process.Signal(sig)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	select {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -53,8 +54,8 @@ func stargzBin(t *testing.T) string {
 
 // startStargz runs the stargz snapshotter on a fresh folder, pulling from
 // registryHost, and returns its socket once it listens. When the test ends
-// (after containerd's cleanup) it is stopped by its PID, its FUSE mounts
-// detached and its folder removed.
+// (after containerd's cleanup) it is stopped by its PID, any FUSE mount it
+// left detached and its folder removed.
 func startStargz(t *testing.T, registryHost string) (socket string) {
 	t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
@@ -80,7 +81,8 @@ func startStargz(t *testing.T, registryHost string) (socket string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		stopProcess(cmd)
+		// On SIGINT (not SIGTERM) it unmounts its FUSE mounts itself.
+		stopProcess(cmd, syscall.SIGINT)
 		logs.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logs.Name())
