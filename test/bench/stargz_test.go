@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/berth-runtime/berth/test/harness"
 )
 
 // stargzVersion is the stargz snapshotter test/stargz pins: the newest
@@ -34,24 +36,6 @@ const stargzConfig = `
   insecure = true
 `
 
-// stargzBin is containerd-stargz-grpc, the version test/stargz pins: the
-// binary BERTH_STARGZ_BIN names, else one built here (Go's build cache
-// keeps it after the first build, a few minutes).
-func stargzBin(t *testing.T) string {
-	t.Helper()
-	if bin := os.Getenv("BERTH_STARGZ_BIN"); bin != "" {
-		return bin
-	}
-	bin := filepath.Join(t.TempDir(), "containerd-stargz-grpc")
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/containerd/stargz-snapshotter/cmd/containerd-stargz-grpc")
-	build.Dir = filepath.Join("..", "stargz")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build containerd-stargz-grpc (test/stargz): %v\n%s", err, out)
-	}
-	return bin
-}
-
 // startStargz runs the stargz snapshotter on a fresh folder, pulling from
 // registryHost, and returns its socket once it listens. When the test ends
 // (after containerd's cleanup) it is stopped by its PID, any FUSE mount it
@@ -61,7 +45,7 @@ func startStargz(t *testing.T, registryHost string) (socket string) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Fatalf("the stargz snapshotter needs FUSE: %v", err)
 	}
-	bin := stargzBin(t)
+	bin := harness.PinnedProgram(t, "BERTH_STARGZ_BIN", "stargz", "github.com/containerd/stargz-snapshotter/cmd/containerd-stargz-grpc")
 	dir, err := os.MkdirTemp("", "bench-stargz-")
 	if err != nil {
 		t.Fatal(err)

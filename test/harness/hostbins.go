@@ -89,3 +89,27 @@ func StaticGoProgram(t testing.TB, src string) []byte {
 	}
 	return b
 }
+
+// PinnedProgram is the program pkg at the version the module in test/module
+// pins (a module of its own, so that berth's go.mod does not carry its
+// dependencies): the binary the environment variable env names (built on
+// the host for the VM tier, which has no Go), else one built here, without
+// cgo (Go's build cache keeps the build after the first).
+func PinnedProgram(t testing.TB, env, module, pkg string) string {
+	t.Helper()
+	if bin := os.Getenv(env); bin != "" {
+		return bin
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), path.Base(pkg))
+	cmd := exec.Command(goTool(), "build", "-trimpath", "-o", bin, pkg)
+	cmd.Dir = filepath.Join(root, "test", module)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s (test/%s): %v\n%s", pkg, module, err, out)
+	}
+	return bin
+}

@@ -2,30 +2,18 @@ package integration
 
 import (
 	"encoding/json"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-runtime/berth/test/harness"
 )
 
-// checkpointctlBin is checkpointctl, the version test/checkpointctl pins:
-// the binary BERTH_CHECKPOINTCTL_BIN names (the VM tier's, built on the
-// host: the VM has no Go), else one built here.
+// checkpointctlBin is checkpointctl, the version test/checkpointctl pins
+// (BERTH_CHECKPOINTCTL_BIN in the VM tier).
 func checkpointctlBin(t *testing.T) string {
-	t.Helper()
-	if bin := os.Getenv("BERTH_CHECKPOINTCTL_BIN"); bin != "" {
-		return bin
-	}
-	bin := filepath.Join(t.TempDir(), "checkpointctl")
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/checkpoint-restore/checkpointctl")
-	build.Dir = filepath.Join("..", "checkpointctl")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build checkpointctl (test/checkpointctl): %v\n%s", err, out)
-	}
-	return bin
+	return harness.PinnedProgram(t, "BERTH_CHECKPOINTCTL_BIN", "checkpointctl", "github.com/checkpoint-restore/checkpointctl")
 }
 
 // checkpointctlView is what checkpointctl must read from an archive of
