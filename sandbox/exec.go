@@ -25,7 +25,8 @@ func (m *Manager) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	switch {
 	case errors.Is(err, shim.ErrNotRunning), shim.IsNotFound(err):
 		return res, errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
-	case errors.Is(err, shim.ErrOutputTooLarge): // a shim from before the excess was discarded
+	case errors.Is(err, shim.ErrOutputTooLarge), // a shim from before the excess was discarded
+		errors.Is(err, shim.ErrPidsLimit):
 		return res, errkind.Errorf(errkind.ResourceExhausted, "exec in container %s: %v", c.ID, err)
 	case err == nil && res.TimedOut:
 		return res, errkind.Errorf(errkind.DeadlineExceeded, "exec in container %s: command timed out after %s and was killed", c.ID, timeout)

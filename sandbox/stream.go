@@ -55,6 +55,8 @@ func (m *Manager) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	switch {
 	case errors.Is(err, shim.ErrNotRunning), shim.IsNotFound(err):
 		return 0, errkind.Errorf(errkind.FailedPrecondition, "container %s is not running", c.ID)
+	case errors.Is(err, shim.ErrPidsLimit):
+		return 0, errkind.Errorf(errkind.ResourceExhausted, "exec in container %s: %v", c.ID, err)
 	case err != nil:
 		return 0, err
 	}

@@ -61,6 +61,14 @@
 #define FD_CONFIG 5
 
 #define NO_VALUE (-1L)
+/*
+ * PIDS_LIMIT_REPORT begins the report of a fork the kernel refused with
+ * EAGAIN: the pids limit of the container's cgroup (or its pod's) is
+ * reached. On cgroup v1 this process moved itself in, which the limit does
+ * not stop, so its fork is the first step the limit refuses. The shim
+ * knows the prefix (shim.PidsLimitReport) and answers the exec with it.
+ */
+#define PIDS_LIMIT_REPORT "pids limit: "
 
 /* The settings, as the shim sends them. */
 struct config {
@@ -665,6 +673,8 @@ int main(void)
 	if (pipe2(errpipe, O_CLOEXEC) < 0)
 		fail("pipe: %m");
 	pid = fork();
+	if (pid < 0 && errno == EAGAIN)
+		fail(PIDS_LIMIT_REPORT "fork: %m");
 	if (pid < 0)
 		fail("fork: %m");
 	if (pid == 0) {

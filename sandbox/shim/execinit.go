@@ -22,6 +22,11 @@ const ExecInitBinary = "berth-exec-init"
 // the shim starts execs from (see SealedExecInit).
 const ExecInitFdEnv = "_BERTH_EXEC_INIT_FD"
 
+// PidsLimitReport begins berth-exec-init's report of a fork the kernel
+// refused with EAGAIN (PIDS_LIMIT_REPORT in cmd/berth-exec-init): the pids
+// limit of the container's cgroup is reached.
+const PidsLimitReport = "pids limit: "
+
 // Settings are berth-exec-init's settings: "key=value" records, each
 // ending in NUL. A value holding a NUL would end its record early and
 // could forge the next one, so it is refused.

@@ -58,11 +58,15 @@ var (
 	// ErrRestore: CRIU could not restore the container from its
 	// checkpoint; the message goes on with CRIU's reason, from its log.
 	ErrRestore = errors.New("criu could not restore the container")
+	// ErrPidsLimit: an exec's process could not start, the kernel refusing
+	// the fork into the container's cgroup (EAGAIN): its pids limit, or
+	// its pod's, is reached. The message goes on with the refused step.
+	ErrPidsLimit = errors.New("the container's pids limit is reached")
 )
 
 // remoteErrors are matched by prefix against a server error message.
 var remoteErrors = []error{ErrNotFound, ErrExists, ErrNotCreated, ErrNotRunning,
-	ErrNotStopped, ErrBusy, ErrOutputTooLarge, ErrCheckpoint, ErrCheckpointTimeout, ErrRestore}
+	ErrNotStopped, ErrBusy, ErrOutputTooLarge, ErrCheckpoint, ErrCheckpointTimeout, ErrRestore, ErrPidsLimit}
 
 // IsNotFound reports whether err says the container is unknown.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -132,7 +133,12 @@ func (s *Server) spawnExecInit(c *ctr, base []byte, req *shim.ExecRequest, tty b
 	}, func(e exit) { sp.exited <- e })
 	cfgR.Close()
 	repW.Close()
-	if err != nil {
+	switch {
+	case errors.Is(err, unix.EAGAIN) && c.execCgroup != "":
+		// The clone into the container's cgroup: its pids limit refuses
+		// it, as it refuses the container's own forks.
+		return nil, fmt.Errorf("%w: exec in %s: clone into its cgroup: %w", shim.ErrPidsLimit, c.id, err)
+	case err != nil:
 		return nil, fmt.Errorf("start %s: %w", shim.ExecInitBinary, err)
 	}
 	// Short of a pipe's buffer this never blocks; a longer one is read as it
@@ -141,6 +147,8 @@ func (s *Server) spawnExecInit(c *ctr, base []byte, req *shim.ExecRequest, tty b
 	cfgW.Close()
 	report, rerr := io.ReadAll(repR)
 	switch {
+	case bytes.HasPrefix(report, []byte(shim.PidsLimitReport)):
+		err = fmt.Errorf("%w: exec in %s: %s", shim.ErrPidsLimit, c.id, report[len(shim.PidsLimitReport):])
 	case len(report) > 0:
 		err = fmt.Errorf("exec in %s: %s", c.id, report)
 	case rerr != nil:
