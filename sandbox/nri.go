@@ -73,12 +73,6 @@ func cloneResources(r *specs.LinuxResources) *specs.LinuxResources {
 	return &out
 }
 
-// EvictContainer stops a container a plugin evicts, at once: the plugin
-// evicts it to free what it holds.
-func (r nriRuntime) EvictContainer(ctx context.Context, id, _ string) error {
-	return r.m.StopContainer(ctx, id, 0)
-}
-
 var nriState = map[runtimeapi.ContainerState]api.ContainerState{
 	runtimeapi.ContainerState_CONTAINER_CREATED: api.ContainerState_CONTAINER_CREATED,
 	runtimeapi.ContainerState_CONTAINER_RUNNING: api.ContainerState_CONTAINER_RUNNING,

@@ -2,7 +2,8 @@
 // manager, through the protocol's runtime library: it tells them of each
 // pod and container event, makes the adjustments they return to a
 // container's spec (or refuses them, naming the one it cannot make), and
-// carries out the updates and evictions they ask for through the Runtime.
+// carries out the updates they ask for through the Runtime. Evictions are
+// not: the library (v0.12.5) never passes a plugin's on.
 package nri
 
 import (
@@ -43,8 +44,6 @@ type Runtime interface {
 	Snapshot(ctx context.Context) ([]*api.PodSandbox, []*api.Container, error)
 	// UpdateContainer sets a container's cgroup limits.
 	UpdateContainer(ctx context.Context, id string, res *specs.LinuxResources) error
-	// EvictContainer stops a container a plugin evicts.
-	EvictContainer(ctx context.Context, id, reason string) error
 }
 
 // Host is berth's side of NRI. A nil Host is NRI off: its methods do
@@ -57,7 +56,7 @@ type Host struct {
 	log *slog.Logger
 }
 
-// followUpTimeout bounds the updates and evictions a plugin asked for
+// followUpTimeout bounds the updates a plugin asked for
 // while answering an event.
 const followUpTimeout = time.Minute
 
@@ -123,7 +122,7 @@ func (h *Host) synchronize(ctx context.Context, cb adaptation.SyncCB) error {
 	}
 	// Not under the sync: the updates take pod locks that an event blocked
 	// on the sync may hold.
-	h.followUp(updates, nil)
+	h.followUp(updates)
 	return nil
 }
 
@@ -147,11 +146,12 @@ func (h *Host) updateContainers(ctx context.Context, updates []*api.ContainerUpd
 	return failed, nil
 }
 
-// followUp carries out, in the background, the updates and evictions of
-// other containers a plugin asked for while answering an event: their
-// pods may be locked by the caller.
-func (h *Host) followUp(updates []*api.ContainerUpdate, evictions []*api.ContainerEviction) {
-	if len(updates) == 0 && len(evictions) == 0 {
+// followUp carries out, in the background, the updates of other
+// containers a plugin asked for while answering an event: their pods may
+// be locked by the caller. The evictions the protocol also defines never
+// come: the library (v0.12.5) leaves them out of its answers.
+func (h *Host) followUp(updates []*api.ContainerUpdate) {
+	if len(updates) == 0 {
 		return
 	}
 	go func() {
@@ -159,12 +159,6 @@ func (h *Host) followUp(updates []*api.ContainerUpdate, evictions []*api.Contain
 		defer cancel()
 		if _, err := h.updateContainers(ctx, updates); err != nil {
 			h.log.Warn("NRI: update containers", "err", err)
-		}
-		for _, e := range evictions {
-			h.log.Info("NRI: evict container", "container", e.ContainerId, "reason", e.Reason)
-			if err := h.rt.EvictContainer(ctx, e.ContainerId, e.Reason); err != nil {
-				h.log.Warn("NRI: evict container", "container", e.ContainerId, "err", err)
-			}
 		}
 	}()
 }
@@ -232,7 +226,7 @@ func (h *Host) CreateContainer(ctx context.Context, pod *store.Pod, c Container)
 	if err := Adjust(c.Spec, rpl.GetAdjust(), h.cdi, h.cg); err != nil {
 		return err
 	}
-	h.followUp(rpl.GetUpdate(), rpl.GetEvict())
+	h.followUp(rpl.GetUpdate())
 	return nil
 }
 
@@ -284,7 +278,7 @@ func (h *Host) UpdateContainer(ctx context.Context, pod *store.Pod, c Container,
 			others = append(others, u)
 		}
 	}
-	h.followUp(others, rpl.GetEvict())
+	h.followUp(others)
 	return res, nil
 }
 
@@ -303,7 +297,7 @@ func (h *Host) StopContainer(ctx context.Context, pod *store.Pod, c Container) {
 	}
 	rpl, err := h.a.StopContainer(ctx, &api.StopContainerRequest{Pod: PodOf(pod), Container: ContainerOf(c)})
 	h.logged("stop container", err)
-	h.followUp(rpl.GetUpdate(), nil)
+	h.followUp(rpl.GetUpdate())
 }
 
 // RemoveContainer tells plugins of a container removed.
