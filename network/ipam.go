@@ -15,6 +15,8 @@ import (
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/cri/atomicfile"
 )
 
 // lease is one pod's claim on an address and its host ports, stored as
@@ -316,15 +318,10 @@ func (s *leaseStore) write(l *lease) error {
 	return writeFileAtomic(filepath.Join(s.dir, l.Pod), b)
 }
 
-// writeFileAtomic replaces path whole through a temp file (a dot file,
-// which read skips) and a rename.
+// writeFileAtomic replaces path whole; its temp file is a dot file, which
+// read skips.
 func writeFileAtomic(path string, b []byte) error {
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("network: write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(path, b, 0o600); err != nil {
 		return fmt.Errorf("network: write %s: %w", path, err)
 	}
 	return nil

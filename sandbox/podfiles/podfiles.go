@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/berth-runtime/berth/cri/atomicfile"
 	"github.com/berth-runtime/berth/cri/errkind"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -119,7 +120,7 @@ func Remove(dir string) error {
 	for _, name := range []string{"hosts", "resolv.conf", "hostname"} {
 		errs = append(errs, removeFile(filepath.Join(dir, name)))
 	}
-	temps, _ := filepath.Glob(filepath.Join(dir, ".*"+tempMark+"*"))
+	temps, _ := filepath.Glob(filepath.Join(dir, ".*"+atomicfile.TempMark+"*"))
 	for _, p := range temps {
 		errs = append(errs, removeFile(p))
 	}

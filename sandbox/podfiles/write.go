@@ -7,35 +7,16 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-runtime/berth/cri/atomicfile"
 )
 
-// tempMark is in every temp file's name so that Remove finds leftovers.
-const tempMark = ".tmp-"
-
-// writeAtomic replaces path with data through a temp file and a rename, so
-// a reader sees the old or the new content, never a part, owned by uid and
-// gid. No fsync: the files live in volatile state that a reboot wipes anyway.
+// writeAtomic replaces path with data, owned by uid and gid, so that a
+// reader sees the old or the new content, never a part. No fsync: the files
+// live in volatile state that a reboot wipes anyway.
 func writeAtomic(path string, data []byte, uid, gid int) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+tempMark+"*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if err == nil {
-		// Containers may run as any user and must read these files.
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil && (uid != 0 || gid != 0) {
-		err = tmp.Chown(uid, gid)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
+	// Containers may run as any user and must read these files.
+	if err := atomicfile.WriteOwned(path, data, 0o644, uid, gid); err != nil {
 		return fmt.Errorf("podfiles: write %s: %w", path, err)
 	}
 	return nil

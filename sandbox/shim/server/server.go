@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-runtime/berth/cri/atomicfile"
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
@@ -115,7 +116,7 @@ func Run(dir string, ready *os.File) error {
 	}
 	defer os.Remove(shim.StreamPath(dir))
 	pidFile := filepath.Join(dir, shim.PidFile)
-	if err := writeFileAtomic(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n")); err != nil {
+	if err := atomicfile.Write(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 		l.Close()
 		sl.Close()
 		return err
@@ -209,12 +210,4 @@ func (s *Server) shutdown() error {
 	}
 	s.quitOnce.Do(func() { close(s.quit) })
 	return nil
-}
-
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
