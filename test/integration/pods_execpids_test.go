@@ -18,7 +18,7 @@ import (
 )
 
 // pidsFile is the path of a pids controller file of cgroup rel: in the pids
-// hierarchy on v1, in the unified tree on v2.
+// hierarchy on v1, in the unified tree on v2 (for writing; cgroupFile reads).
 func pidsFile(rel, name string) string {
 	if cgroupV2() {
 		return filepath.Join("/sys/fs/cgroup", rel, name)
@@ -29,11 +29,7 @@ func pidsFile(rel, name string) string {
 // pidsCount reads a number from a pids controller file of cgroup rel.
 func pidsCount(t *testing.T, rel, name string) int {
 	t.Helper()
-	b, err := os.ReadFile(pidsFile(rel, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	n, err := strconv.Atoi(cgroupFile(t, "pids", rel, name))
 	if err != nil {
 		t.Fatalf("%s of %s: %v", name, rel, err)
 	}
@@ -43,12 +39,8 @@ func pidsCount(t *testing.T, rel, name string) int {
 // cgroupProcs are the processes in cgroup rel (its pids hierarchy on v1).
 func cgroupProcs(t *testing.T, rel string) []int {
 	t.Helper()
-	b, err := os.ReadFile(pidsFile(rel, "cgroup.procs"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var pids []int
-	for f := range strings.FieldsSeq(string(b)) {
+	for f := range strings.FieldsSeq(cgroupFile(t, "pids", rel, "cgroup.procs")) {
 		pid, err := strconv.Atoi(f)
 		if err != nil {
 			t.Fatal(err)
