@@ -62,7 +62,8 @@ func cgroupProcs(t *testing.T, rel string) []int {
 // cgroup (CLONE_INTO_CGROUP), not moved there: the limit refuses a clone
 // into the cgroup, which the error names, while a move (a write to
 // cgroup.procs) is not refused and would take the pod above its limit; on
-// kernels with pids.peak (Linux 6.12), the pod's count never went above it.
+// kernels with pids.peak (Debian's 6.1 of the VM tier has it), the pod's
+// count never went above it.
 // On cgroup v1, which has no such clone, the exec init moves itself in and
 // its fork is what the limit refuses: for that moment the pod holds one
 // process more than its limit (pids.peak shows it), the exec init, which
@@ -96,7 +97,7 @@ func TestExecAtPidsLimit(t *testing.T) {
 			t.Fatalf("the pod's pids.peak is %d before the exec, want its count %d (a start took more for a moment)", peak, limit)
 		}
 	} else {
-		t.Logf("this kernel has no pids.peak (Linux 6.12 added it): the pod's count is checked after the exec only")
+		t.Logf("this kernel has no pids.peak: the pod's count is checked after the exec only")
 	}
 	before := cgroupProcs(t, ctrCg)
 
