@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -62,12 +64,21 @@ func TestExecConfinement(t *testing.T) {
 			"0\nwrote\nchown: f: Operation not permitted\nchown refused\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cc := e.ctrConfig(c.name, sleeper...)
+			// The command marks its start: StartContainer returns once
+			// the container's init has begun the execve of its command
+			// (the exec fifo's writer closes on exec), before the kernel
+			// commits the command's credentials, so for a moment PID 1
+			// still holds the capabilities a non-root command loses then.
+			cc := e.ctrConfig(c.name, "/bin/sh", "-c", "touch /tmp/started; exec sleep 100000")
 			cc.Envs = []*runtimeapi.KeyValue{{Key: "FROM_CRI", Value: []byte("cri")}}
 			// A PID namespace of its own: its process is PID 1 there.
 			c.sc.NamespaceOptions = &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER}
 			cc.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: c.sc}
 			id := e.runContainer(t, pod, cfg, cc)
+			started := fmt.Sprintf("/proc/%d/root/tmp/started", e.ctrPID(t, id))
+			if !eventually(10*time.Second, func() bool { _, err := os.Stat(started); return err == nil }) {
+				t.Fatalf("the container's command did not start (%s)", started)
+			}
 			bundle := filepath.Join(e.d.State, "pods", pod, shim.Containers, id)
 			for _, f := range []string{shim.ExecInitFile, shim.SeccompFile} {
 				if _, err := os.Stat(filepath.Join(bundle, f)); err != nil {
