@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/protobuf/proto"
@@ -103,8 +104,15 @@ func TestPodNamespaces(t *testing.T) {
 					}
 				}
 			}
-			// Each is PID 1 of its own PID namespace and sees no other.
-			if got, want := e.sh(t, ctrs[i], `/bin/busybox tr '\0' ' ' < /proc/1/cmdline`), fmt.Sprintf("/bin/sleep %d ", 100001+i); got != want {
+			// Each is PID 1 of its own PID namespace and sees no other. Its
+			// command line is waited for: StartContainer answers once the
+			// init's exec has begun, which it may not have finished.
+			want := fmt.Sprintf("/bin/sleep %d ", 100001+i)
+			var got string
+			if !eventually(10*time.Second, func() bool {
+				got = e.sh(t, ctrs[i], `/bin/busybox tr '\0' ' ' < /proc/1/cmdline`)
+				return got == want
+			}) {
 				t.Errorf("container %d: PID 1 is %q, want %q", i, got, want)
 			}
 			procs := e.cmdlines(t, ctrs[i])
