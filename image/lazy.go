@@ -12,6 +12,8 @@ import (
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/lazy"
+	"github.com/berth-runtime/berth/image/lazyd"
+	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/snapshot"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/opencontainers/go-digest"
@@ -61,11 +63,11 @@ func checkFUSE() error {
 // snapshot's fs folder (its mount point).
 func lazyDir(fsDir string) string { return filepath.Join(filepath.Dir(fsDir), "lazy") }
 
-// ensureLazyLayer makes sure the lazy snapshot key exists and is mounted:
+// ensureLazyLayer makes sure the lazy snapshot key exists and is served:
 // it fetches the layer's TOC and prioritised files into a new snapshot,
-// mounts it and adds it to later, whose background fetch of the rest the
-// pull starts once its layers are in.
-func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blob, src lazy.Source, slots *semaphore.Weighted, later *laterFetches) (err error) {
+// hands it to the lazy layer server and adds it to later, whose
+// background fetch of the rest the pull starts once its layers are in.
+func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blob, src layerSource, slots *semaphore.Weighted, later *laterFetches) (err error) {
 	if snap, ok, err := s.snaps.Get(key); ok || err != nil {
 		if err != nil {
 			return err
@@ -87,7 +89,7 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 		return err
 	}
 	defer func() { abort(err) }()
-	size, inodes, err := lazy.Prepare(ctx, lazyDir(dir), src, blob, lazy.Options{Log: s.log, Find: s.findChunk})
+	size, inodes, err := lazy.Prepare(ctx, lazyDir(dir), src.lazy, blob, lazy.Options{Log: s.log, Find: s.findChunk})
 	if err != nil {
 		return fmt.Errorf("lazy layer %s: %w", blob.Digest, err)
 	}
@@ -103,11 +105,11 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 	if err == nil {
 		crashpoint.Hit("pull", "lazy layer stored")
 		s.metrics.layer("lazy")
-		var l *lazy.Layer
-		if l, err = s.mountLazy(snap, src); err != nil {
+		if err = s.mountLazy(snap, src.lazySource); err != nil {
 			err = errors.Join(err, s.snaps.Remove(key))
 		} else {
-			later.add(l)
+			crashpoint.Hit("pull", "lazy layer handed to the server")
+			later.add(key)
 		}
 	}
 	if err != nil {
@@ -146,14 +148,27 @@ func (s *Service) releaseLazy(key string) {
 	s.lazyMu.Unlock()
 }
 
-// diskSize is what a snapshot takes on disk: a lazy layer's cache so far,
-// another layer's unpacked size.
-func (s *Service) diskSize(snap snapshot.Snapshot) int64 {
-	s.lazyMu.Lock()
-	l := s.lazyLayers[snap.ChainID]
-	s.lazyMu.Unlock()
-	if l != nil {
-		return l.DiskBytes()
+// lazyStatus is the lazy layer server's status; false when none serves.
+func (s *Service) lazyStatus() (lazyd.Status, bool) {
+	s.lazydMu.Lock()
+	c := s.lazyd
+	s.lazydMu.Unlock()
+	if c == nil {
+		return lazyd.Status{}, false
+	}
+	st, err := c.Status()
+	if err != nil {
+		s.log.Warn("lazy layer server status", "err", err)
+		return lazyd.Status{}, false
+	}
+	return st, true
+}
+
+// diskSize is what a snapshot takes on disk: a lazy layer's cache so far
+// (st: the server's status), another layer's unpacked size.
+func diskSize(snap snapshot.Snapshot, st lazyd.Status) int64 {
+	if l, ok := st.Layers[snap.ChainID]; ok {
+		return l.DiskBytes
 	}
 	return snap.Size
 }
@@ -164,34 +179,98 @@ func (s *Service) sizeLazy(img *Image) {
 	if !slices.ContainsFunc(img.ChainIDs, isLazyKey) {
 		return
 	}
+	st, _ := s.lazyStatus()
 	var size uint64
 	for _, key := range img.ChainIDs {
 		snap, ok, err := s.snaps.Get(key)
 		if err != nil || !ok {
 			return // being removed: the stored size stands
 		}
-		size += uint64(s.diskSize(snap))
+		size += uint64(diskSize(snap, st))
 	}
 	img.Size = size
 }
 
-// mountLazy serves a lazy snapshot at its fs folder.
-func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) (*lazy.Layer, error) {
-	fsDir := s.snaps.Dir(snap)
-	l, err := lazy.Load(lazyDir(fsDir), src, lazy.Options{Log: s.log, StallTimeout: s.opts.ProgressTimeout,
-		ReadFailed: s.metrics.lazyReadFailed, Find: s.findChunk, Broken: func(error) { s.forgetImagesOf(snap.ChainID) },
-		Inflate: s.gzip.NewReader})
+// lazyServer is the connection to the lazy layer server, which is started
+// if none serves.
+func (s *Service) lazyServer() (*lazyd.Client, error) {
+	s.lazydMu.Lock()
+	defer s.lazydMu.Unlock()
+	return s.lazyServerLocked()
+}
+
+func (s *Service) lazyServerLocked() (*lazyd.Client, error) {
+	if s.lazyd != nil {
+		return s.lazyd, nil
+	}
+	if len(s.opts.LazyServer) == 0 {
+		return nil, errors.New("no lazy layer server command (image.Options.LazyServer)")
+	}
+	c, err := lazyd.Dial(s.opts.LazyDir)
+	if errors.Is(err, lazyd.ErrNotServing) {
+		c, err = lazyd.Start(context.Background(), s.opts.LazyServer,
+			lazyd.ServeConfig{Dir: s.opts.LazyDir, Fetches: s.opts.LazyFetches, GzipDecoder: s.opts.GzipDecoder})
+	}
 	if err != nil {
 		return nil, err
 	}
-	if err := l.Mount(fsDir); err != nil {
-		return nil, fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
+	s.attachLazy(c)
+	return c, nil
+}
+
+// attachLazy makes c the connection to the server and watches it for
+// layers that fail their verification.
+func (s *Service) attachLazy(c *lazyd.Client) {
+	s.lazyd = c
+	go s.watchLazy(c)
+}
+
+// watchLazy forgets the images of each layer the server reports broken
+// (forgetImagesOf), also those that broke while no berthd ran, until the
+// connection closes.
+func (s *Service) watchLazy(c *lazyd.Client) {
+	forgotten := map[string]bool{}
+	var seen uint64
+	for wait := false; ; wait = true {
+		st, err := c.WaitStatus(wait, seen)
+		if err != nil {
+			s.lazydMu.Lock()
+			if s.lazyd == c {
+				s.log.Error("lost the lazy layer server; its layers' reads fail until berthd restarts", "err", err)
+				s.lazyd = nil
+			}
+			s.lazydMu.Unlock()
+			return
+		}
+		seen = st.Events
+		for key, l := range st.Layers {
+			if l.Broken != "" && !forgotten[key] {
+				forgotten[key] = true
+				s.log.Error("lazy layer failed its verification: its reads fail with EIO", "layer", key, "err", l.Broken)
+				s.forgetImagesOf(key)
+			}
+		}
+	}
+}
+
+// mountLazy has the server serve a lazy snapshot at its fs folder,
+// fetching what is missing from src (nil: a complete layer).
+func (s *Service) mountLazy(snap snapshot.Snapshot, src *registry.BlobSource) error {
+	s.lazydMu.Lock()
+	defer s.lazydMu.Unlock() // Mount and an idle server's Exit exclude each other
+	c, err := s.lazyServerLocked()
+	if err != nil {
+		return err
+	}
+	fsDir := s.snaps.Dir(snap)
+	err = c.Mount(lazyd.MountArgs{Key: snap.ChainID, Dir: lazyDir(fsDir), FSDir: fsDir, Source: src, StallTimeout: s.opts.ProgressTimeout})
+	if err != nil {
+		return fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
 	}
 	s.lazyMu.Lock()
-	s.lazyLayers[snap.ChainID] = l
-	s.lazySizes[snap.ChainID] = l.FullSize()
+	s.lazyServed[snap.ChainID] = true
 	s.lazyMu.Unlock()
-	return l, nil
+	return nil
 }
 
 // laterFetches are the lazy layers a pull mounted, whose background
@@ -199,58 +278,105 @@ func (s *Service) mountLazy(snap snapshot.Snapshot, src lazy.Source) (*lazy.Laye
 // failed): started at mount, it took the link, the disk and the CPU from
 // the prioritised files of the layers after it (issue #40's profile).
 type laterFetches struct {
-	mu     sync.Mutex
-	layers []*lazy.Layer
+	mu   sync.Mutex
+	keys []string
 }
 
-func (f *laterFetches) add(l *lazy.Layer) {
+func (f *laterFetches) add(key string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.layers = append(f.layers, l)
+	f.keys = append(f.keys, key)
 }
 
-// start starts the background fetch of each layer added, sharing slots.
-func (f *laterFetches) start(slots *semaphore.Weighted) {
+// start has the server start the background fetch of each layer added.
+func (s *Service) startFetches(f *laterFetches) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, l := range f.layers {
-		l.Complete(slots)
+	keys := f.keys
+	f.keys = nil
+	f.mu.Unlock()
+	if len(keys) == 0 {
+		return
 	}
-	f.layers = nil
+	c, err := s.lazyServer()
+	for _, key := range keys {
+		if err == nil {
+			err = c.Complete(key)
+		}
+		if err != nil {
+			s.log.Warn("start the background fetch of a lazy layer; reads fetch what they need", "layer", key, "err", err)
+		}
+	}
 }
 
-// restoreLazy serves again the lazy layers a stopped berthd left: the
-// complete ones from their cache. An incomplete one is dropped (its
-// images with it, pulled again on demand): the registry credentials of
-// its pull are not kept, so nothing could fetch the rest.
+// runningLazyServer connects to the lazy layer server a stopped or killed
+// berthd left serving, nil if none serves: then the mounts a dead one
+// left have no server and are detached. It runs before the snapshot
+// store looks at their folders.
+func runningLazyServer(opts Options) (*lazyd.Client, error) {
+	c, err := lazyd.Dial(opts.LazyDir)
+	if err == nil {
+		return c, nil
+	}
+	return nil, lazy.DetachStale(filepath.Join(opts.Root, "snapshots"))
+}
+
+// restoreLazy carries on with the lazy layers of the last berthd. Those
+// a running server serves stay as they are (their background fetch
+// started again if it was not); the server stops serving those whose
+// snapshot is gone. Without a running server, a new one serves the
+// complete layers from their cache, and an incomplete one is dropped
+// (its images with it, pulled again on demand): the registry source of
+// its pull, credentials included, was the old server's, in memory only.
 func (s *Service) restoreLazy() error {
 	snaps, err := s.snaps.List()
 	if err != nil {
 		return err
 	}
+	st, running := s.lazyStatus()
+	s.lazydMu.Lock()
+	c := s.lazyd
+	s.lazydMu.Unlock()
 	var errs []error
+	onDisk := map[string]bool{}
 	for _, snap := range snaps {
 		dir := lazyDir(s.snaps.Dir(snap))
-		switch {
-		case !lazy.IsLayer(dir):
-		case lazy.IsComplete(dir):
-			_, err := s.mountLazy(snap, nil)
-			errs = append(errs, err)
-		default:
-			s.log.Warn("dropping a lazy layer berthd stopped before it was complete; its images are pulled again", "layer", snap.ChainID)
-			errs = append(errs, s.snaps.Remove(snap.ChainID))
+		if !lazy.IsLayer(dir) {
+			continue
+		}
+		onDisk[snap.ChainID] = true
+		if l, ok := st.Layers[snap.ChainID]; ok {
+			s.lazyMu.Lock()
+			s.lazyServed[snap.ChainID], s.lazySizes[snap.ChainID] = true, l.FullSize
+			s.lazyMu.Unlock()
+			if !l.Complete && l.Broken == "" {
+				errs = append(errs, c.Complete(snap.ChainID))
+			}
+			continue
+		}
+		if lazy.IsComplete(dir) {
+			errs = append(errs, s.mountLazy(snap, nil))
+			continue
+		}
+		s.log.Warn("dropping a lazy layer whose server is gone before it was complete; its images are pulled again", "layer", snap.ChainID)
+		errs = append(errs, s.snaps.Remove(snap.ChainID))
+	}
+	if running {
+		for key := range st.Layers {
+			if !onDisk[key] {
+				errs = append(errs, c.Unmount(key))
+			}
 		}
 	}
+	errs = append(errs, s.exitIdleLazy())
 	return errors.Join(errs...)
 }
 
 // forgetImagesOf removes the images whose layers include the snapshot
 // key, which failed its verification: the kubelet pulls them again, and
 // that pull fails naming the mismatch (ensureLazyLayer) until the
-// snapshot is collected once no container uses it. Counted as a pull
-// failure would be.
+// snapshot is collected once no container uses it. The server counts it
+// (berth_image_lazy_layer_verification_failures_total).
 func (s *Service) forgetImagesOf(key string) {
-	s.metrics.lazyLayerBroken()
 	err := s.images.update(s.opts.DB, func(tx *bolt.Tx) error {
 		for _, img := range s.images.all(func(img *Image) bool { return slices.Contains(img.ChainIDs, key) }) {
 			s.log.Warn("forgetting an image whose lazy layer failed its verification", "image", img.ID, "layer", key)
@@ -266,48 +392,80 @@ func (s *Service) forgetImagesOf(key string) {
 	s.requestGC()
 }
 
-// removeSnapshot unmounts a lazy snapshot, then removes it. One still in
-// use stays for the next collection.
+// removeSnapshot has the server stop serving a lazy snapshot, then
+// removes it; the server exits with its last layer. One still in use
+// stays for the next collection.
 func (s *Service) removeSnapshot(key string) error {
 	s.lazyMu.Lock()
-	l := s.lazyLayers[key]
+	served := s.lazyServed[key]
 	s.lazyMu.Unlock()
-	if l != nil {
-		if err := l.Close(); err != nil {
+	if served {
+		c, err := s.lazyServer()
+		if err == nil {
+			err = c.Unmount(key)
+		}
+		if err != nil {
 			return fmt.Errorf("unmount lazy layer %s: %w", key, err)
 		}
 		s.lazyMu.Lock()
-		delete(s.lazyLayers, key)
+		delete(s.lazyServed, key)
 		delete(s.lazySizes, key)
 		s.lazyMu.Unlock()
 	}
-	return s.snaps.Remove(key)
+	if err := s.snaps.Remove(key); err != nil {
+		return err
+	}
+	if served {
+		return s.exitIdleLazy()
+	}
+	return nil
 }
 
-// closeLazy stops the background fetches and unmounts the lazy layers.
-// The layers are closed outside lazyMu: a read being served may be
-// looking for a chunk in the others (findChunk).
-func (s *Service) closeLazy() {
+// exitIdleLazy has a server that serves no layer exit: nothing of lazy
+// pulls stays on a node without lazy layers.
+func (s *Service) exitIdleLazy() error {
+	s.lazydMu.Lock()
+	defer s.lazydMu.Unlock()
 	s.lazyMu.Lock()
-	layers := s.lazyLayers
-	s.lazyLayers = map[string]*lazy.Layer{}
+	idle := len(s.lazyServed) == 0
 	s.lazyMu.Unlock()
-	for key, l := range layers {
-		if err := l.Close(); err != nil {
-			s.log.Warn("unmount lazy layer at shutdown", "layer", key, "err", err)
-		}
+	if s.lazyd == nil || !idle {
+		return nil
+	}
+	c := s.lazyd
+	s.lazyd = nil
+	err := c.Exit()
+	c.Close()
+	if err != nil {
+		return fmt.Errorf("stop the idle lazy layer server: %w", err)
+	}
+	return nil
+}
+
+// closeLazy lets go of the lazy layer server, which keeps serving the
+// layers for the containers on them and the next berthd; one that serves
+// none exits.
+func (s *Service) closeLazy() {
+	if err := s.exitIdleLazy(); err != nil {
+		s.log.Warn("lazy layer server at shutdown", "err", err)
+	}
+	s.lazydMu.Lock()
+	defer s.lazydMu.Unlock()
+	if s.lazyd != nil {
+		c := s.lazyd
+		s.lazyd = nil // watchLazy's call ends without a complaint
+		c.Close()
 	}
 }
 
-// findChunk names a cached chunk of digest d in one of the mounted lazy
+// findChunk names a cached chunk of digest d in one of the served lazy
 // layers: what a partial pull links rather than fetches.
 func (s *Service) findChunk(d digest.Digest) (string, bool) {
-	s.lazyMu.Lock()
-	defer s.lazyMu.Unlock()
-	for _, l := range s.lazyLayers {
-		if p, ok := l.CachedChunk(d); ok {
-			return p, true
-		}
+	s.lazydMu.Lock()
+	c := s.lazyd
+	s.lazydMu.Unlock()
+	if c == nil {
+		return "", false
 	}
-	return "", false
+	return c.FindChunk(d.String())
 }

@@ -13,10 +13,8 @@ type metrics struct {
 	pullBytes    prometheus.Counter
 	pullDuration *prometheus.HistogramVec
 	layers       *prometheus.CounterVec
-	lazyReadEIO  prometheus.Counter
-	lazyBroken   prometheus.Counter
 
-	images, imageBytes *prometheus.Desc
+	images, imageBytes, lazyReadEIO, lazyBroken *prometheus.Desc
 }
 
 var pullBuckets = prometheus.ExponentialBuckets(0.01, 3, 12) // 10 ms … ~30 min
@@ -39,18 +37,15 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 			Name: "berth_image_layers_total",
 			Help: "Layers pulls and imports needed, by whether they were unpacked, mounted lazily (eStargz, [image] lazy) or reused (already on disk, or unpacked by a concurrent pull).",
 		}, []string{"result"}),
-		lazyReadEIO: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "berth_image_lazy_read_failures_total",
-			Help: "Reads of lazily pulled layers that failed with EIO: a chunk the registry did not serve, or that failed its digest.",
-		}),
-		lazyBroken: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "berth_image_lazy_layer_verification_failures_total",
-			Help: "Lazily pulled layers whose whole blob, once fetched, did not match its manifest digest or its image config's diff ID: their reads fail with EIO and their images are removed.",
-		}),
+		// Counted by the lazy layer server (image/lazyd), since it started.
+		lazyReadEIO: prometheus.NewDesc("berth_image_lazy_read_failures_total",
+			"Reads of lazily pulled layers that failed with EIO: a chunk the registry did not serve, or that failed its digest. Counted by the lazy layer server since it started.", nil, nil),
+		lazyBroken: prometheus.NewDesc("berth_image_lazy_layer_verification_failures_total",
+			"Lazily pulled layers whose whole blob, once fetched, did not match its manifest digest or its image config's diff ID: their reads fail with EIO and their images are removed. Counted by the lazy layer server since it started.", nil, nil),
 		images:     prometheus.NewDesc("berth_images", "Images stored.", nil, nil),
 		imageBytes: prometheus.NewDesc("berth_images_size_bytes", "Unpacked size of all stored images (shared layers counted once per image).", nil, nil),
 	}
-	reg.MustRegister(x.pullBytes, x.pullDuration, x.layers, x.lazyReadEIO, x.lazyBroken, &imageCollector{s: s, x: x})
+	reg.MustRegister(x.pullBytes, x.pullDuration, x.layers, &imageCollector{s: s, x: x})
 	return x
 }
 
@@ -73,20 +68,6 @@ func (x *metrics) layer(result string) {
 	}
 }
 
-// lazyReadFailed counts a read of a lazy layer that failed with EIO.
-func (x *metrics) lazyReadFailed() {
-	if x != nil {
-		x.lazyReadEIO.Inc()
-	}
-}
-
-// lazyLayerBroken counts a lazy layer that failed its verification.
-func (x *metrics) lazyLayerBroken() {
-	if x != nil {
-		x.lazyBroken.Inc()
-	}
-}
-
 type imageCollector struct {
 	s *Service
 	x *metrics
@@ -95,6 +76,8 @@ type imageCollector struct {
 func (c *imageCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.x.images
 	ch <- c.x.imageBytes
+	ch <- c.x.lazyReadEIO
+	ch <- c.x.lazyBroken
 }
 
 func (c *imageCollector) Collect(ch chan<- prometheus.Metric) {
@@ -109,4 +92,7 @@ func (c *imageCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.x.images, prometheus.GaugeValue, float64(len(all)))
 	ch <- prometheus.MustNewConstMetric(c.x.imageBytes, prometheus.GaugeValue, float64(size))
+	st, _ := c.s.lazyStatus() // zeros when no server runs
+	ch <- prometheus.MustNewConstMetric(c.x.lazyReadEIO, prometheus.CounterValue, float64(st.ReadFailures))
+	ch <- prometheus.MustNewConstMetric(c.x.lazyBroken, prometheus.CounterValue, float64(st.VerificationFailures))
 }

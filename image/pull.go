@@ -126,7 +126,8 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 	defer watch.Close()
 	defer func() { s.metrics.pulled(start, watch.bytes.Load(), err) }()
 
-	endpoints, err := s.resolver.Load().Endpoints(r.Domain, auth.config())
+	resolver := s.resolver.Load() // one pull, one set of registry settings
+	endpoints, err := resolver.Endpoints(r.Domain, auth.config())
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +157,8 @@ func (s *Service) pull(ctx context.Context, r reference.Ref, auth *Auth) (_ *Ima
 		if err != nil {
 			return nil, err
 		}
-		stored, err := s.store(ctx, img, n, [][]byte{desc.Manifest, manifest}, s.remoteLayers(registry.NewBlobs(tr, repo), watch), watch)
+		stored, err := s.store(ctx, img, n, [][]byte{desc.Manifest, manifest}, s.remoteLayers(registry.NewBlobs(tr, repo), &registry.BlobSource{
+			Hosts: resolver.Hosts(), Domain: r.Domain, Endpoint: ep.Host, Path: r.Path, Creds: auth.config()}, watch), watch)
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil {
 				return nil, cause

@@ -15,14 +15,13 @@ import (
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/content"
 	"github.com/berth-runtime/berth/image/gunzip"
-	"github.com/berth-runtime/berth/image/lazy"
+	"github.com/berth-runtime/berth/image/lazyd"
 	"github.com/berth-runtime/berth/image/reference"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/berth-runtime/berth/image/snapshot"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sync/semaphore"
 )
 
 // Options configure the image service.
@@ -46,8 +45,13 @@ type Options struct {
 	// LazyCacheMaxBytes bounds the lazy layers' full sizes together: a
 	// layer past it is pulled whole (0: no bound).
 	LazyCacheMaxBytes int64
-	Logger            *slog.Logger
-	Metrics           prometheus.Registerer // takes the pull and image series; nil: none
+	// LazyServer is the command that starts the lazy layer server
+	// (image/lazyd), which serves in LazyDir (under berthd's state
+	// folder) and outlives berthd.
+	LazyServer []string
+	LazyDir    string
+	Logger     *slog.Logger
+	Metrics    prometheus.Registerer // takes the pull and image series; nil: none
 }
 
 // Service stores images and answers for them.
@@ -76,10 +80,11 @@ type Service struct {
 	held     map[string]int
 	removing map[string]bool
 
-	lazySlots  *semaphore.Weighted // the background fetches of lazy layers
+	lazydMu    sync.Mutex
+	lazyd      *lazyd.Client // the lazy layer server; nil: none started or found
 	lazyMu     sync.Mutex
-	lazyLayers map[string]*lazy.Layer // mounted, by snapshot key
-	lazySizes  map[string]int64       // full sizes of the lazy layers stored or being stored, by snapshot key
+	lazyServed map[string]bool  // the snapshot keys the server serves
+	lazySizes  map[string]int64 // full sizes of the lazy layers stored or being stored, by snapshot key
 
 	gcMu         sync.Mutex  // one collection at a time
 	freePartials atomic.Bool // the next collection removes every partial download no pull writes
@@ -126,9 +131,8 @@ func New(opts Options) (_ *Service, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// Lazy layers a stopped berthd left mounted have no server: they go
-	// before the snapshot store looks at their folders.
-	if err := lazy.DetachStale(filepath.Join(opts.Root, "snapshots")); err != nil {
+	running, err := runningLazyServer(opts)
+	if err != nil {
 		return nil, err
 	}
 	snaps, err := snapshot.Open(filepath.Join(opts.Root, "snapshots"), opts.DB, opts.Logger)
@@ -156,9 +160,8 @@ func New(opts Options) (_ *Service, err error) {
 		downloads: newDownloadSlots(opts.MaxConcurrentDownloads),
 		inflight:  map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
 		held: map[string]int{}, removing: map[string]bool{},
-		lazySlots: semaphore.NewWeighted(int64(opts.LazyFetches)), lazyLayers: map[string]*lazy.Layer{},
-		lazySizes: map[string]int64{},
-		gcWake:    make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
+		lazyServed: map[string]bool{}, lazySizes: map[string]int64{},
+		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.resolver.Store(resolver)
 	s.holdCond = sync.NewCond(&s.holdMu)
@@ -170,6 +173,9 @@ func New(opts Options) (_ *Service, err error) {
 		return nil, err
 	}
 	s.log.Info("gzip layers: "+s.gzip.Name()+" decoder", "decoder", s.gzip.Name(), "why", s.gzip.Why)
+	if running != nil {
+		s.attachLazy(running)
+	}
 	defer func() {
 		if err != nil {
 			s.closeLazy()
@@ -282,8 +288,9 @@ func (s *Service) FsInfo() (FsUsage, error) {
 	if err != nil {
 		return u, err
 	}
+	st, _ := s.lazyStatus()
 	for _, snap := range snaps {
-		u.UsedBytes += uint64(s.diskSize(snap))
+		u.UsedBytes += uint64(diskSize(snap, st))
 		u.Inodes += uint64(snap.Inodes)
 	}
 	b, n, err := s.content.Usage()

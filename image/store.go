@@ -50,6 +50,8 @@ type layerSource struct {
 	// lazy fetches byte ranges of eStargz layers that are pulled lazily
 	// (lazy.go); nil: every layer is unpacked whole.
 	lazy lazy.Source
+	// lazySource is where lazy fetches from, for the lazy layer server.
+	lazySource *registry.BlobSource
 }
 
 // store unpacks img's layers into snapshots and records the image under n.
@@ -137,7 +139,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 	for i, l := range layers {
 		g.Go(func() error {
 			if keys[i] != chainIDs[i] {
-				err := s.ensureLazyLayer(gctx, keys[i], lazyBlobs[i], src.lazy, slots, later)
+				err := s.ensureLazyLayer(gctx, keys[i], lazyBlobs[i], src, slots, later)
 				if !errors.Is(err, lazy.ErrNotLazy) {
 					return err
 				}
@@ -148,7 +150,7 @@ func (s *Service) storeHeld(ctx context.Context, img v1.Image, n names, keep [][
 		})
 	}
 	err = g.Wait()
-	later.start(s.lazySlots)
+	s.startFetches(later)
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +384,7 @@ func layerError(diffID digest.Digest, err error) error {
 // its partial file, resuming where an earlier attempt stopped
 // (download.go), and streams through the decompressor its first bytes call
 // for (gzip, zstd or none).
-func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) layerSource {
+func (s *Service) remoteLayers(blobs *registry.Blobs, where *registry.BlobSource, watch *progressWatch) layerSource {
 	open := func(ctx context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
 		d, err := l.Digest()
 		if err != nil {
@@ -404,7 +406,7 @@ func (s *Service) remoteLayers(blobs *registry.Blobs, watch *progressWatch) laye
 	}
 	src := layerSource{open: open, blob: blob}
 	if s.opts.Lazy {
-		src.lazy = blobs
+		src.lazy, src.lazySource = blobs, where
 	}
 	return src
 }

@@ -34,6 +34,9 @@ import (
 const stopTimeout = 10 * time.Second
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == lazyServeMode {
+		os.Exit(lazyServe(os.Args[2:]))
+	}
 	cfg, err := config.FromArgs(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -97,6 +100,10 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 	defer stopTracing()
 
+	lazyServer, err := lazyServeCommand()
+	if err != nil {
+		return err
+	}
 	images, err := image.New(image.Options{
 		Root:                   cfg.Root,
 		DB:                     db,
@@ -109,6 +116,8 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		Lazy:                   cfg.Image.Lazy,
 		LazyFetches:            cfg.Image.LazyFetchBound(),
 		LazyCacheMaxBytes:      cfg.Image.LazyCacheBound(),
+		LazyServer:             lazyServer,
+		LazyDir:                filepath.Join(cfg.State, "lazyd"),
 		Logger:                 log.With("component", "image"),
 		Metrics:                metrics.Registerer(),
 	})

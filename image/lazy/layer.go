@@ -652,3 +652,6 @@ func (l *Layer) reuseChunk(c chunk) bool {
 	l.mu.Unlock()
 	return true
 }
+
+// IsComplete says whether every chunk of the layer is cached and verified.
+func (l *Layer) IsComplete() bool { return IsComplete(l.dir) }

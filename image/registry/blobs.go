@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
@@ -136,4 +138,45 @@ func refuseRedirectToPrivate(req *http.Request, via []*http.Request) error {
 		return fmt.Errorf("redirect from %q to private or link-local host %q refused", from, to)
 	}
 	return nil
+}
+
+// BlobSource says where a pull fetched its blobs in terms another process
+// can act on: the registry settings of the pull, the domain of its
+// reference, the endpoint it used (a mirror or the host) and the
+// repository path, with the CRI request's credentials. The lazy layer
+// server (image/lazyd) gets it over its socket and fetches with Open the
+// chunks a container reads after berthd stopped. It holds credentials:
+// it is never written to disk.
+type BlobSource struct {
+	Hosts    map[string]Host
+	Domain   string
+	Endpoint string // Endpoint.Host
+	Path     string
+	Creds    *authn.AuthConfig
+}
+
+// Open makes the Blobs of s again: the endpoint's transport and
+// credentials as the pull's Resolver gave them, authorized once.
+func (s BlobSource) Open(ctx context.Context) (*Blobs, error) {
+	r, err := NewResolver(s.Hosts)
+	if err != nil {
+		return nil, err
+	}
+	eps, err := r.Endpoints(s.Domain, s.Creds)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(eps, func(e Endpoint) bool { return e.Host == s.Endpoint })
+	if i < 0 {
+		return nil, fmt.Errorf("registry %s: endpoint %s is not among its endpoints", s.Domain, s.Endpoint)
+	}
+	repo, err := eps[i].Repository(s.Path)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := eps[i].RepoTransport(ctx, repo, func(rt http.RoundTripper) http.RoundTripper { return rt })
+	if err != nil {
+		return nil, err
+	}
+	return NewBlobs(tr, repo), nil
 }

@@ -323,3 +323,6 @@ func IsUnauthorized(err error) bool {
 	}
 	return false
 }
+
+// Hosts are the registry settings r was made from (BlobSource).
+func (r *Resolver) Hosts() map[string]Host { return r.hosts }

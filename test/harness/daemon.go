@@ -288,6 +288,15 @@ func StartDaemon(t testing.TB, o Options) *Daemon {
 		}
 		if t.Failed() {
 			t.Logf("berthd output (%s):\n%s", d.Root, d.Logs())
+			if b, err := os.ReadFile(filepath.Join(d.State, "lazyd", "lazyd.log")); err == nil {
+				t.Logf("lazy layer server output:\n%s", b)
+			}
+		}
+		// The lazy layer server outlives berthd on purpose; a test that
+		// left lazy layers leaves it serving them.
+		if len(d.LazyServerPIDs()) > 0 {
+			d.KillLazyServer()
+			d.detachLazyMounts()
 		}
 	})
 	d.start()

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,7 +17,6 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/go-digest"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -149,17 +149,7 @@ func stargzImage(t *testing.T, big []byte) (v1.Image, *stargzLayer) {
 // lazyMounts lists the lazy layers mounted under root.
 func lazyMounts(t *testing.T, root string) []string {
 	t.Helper()
-	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("fuse.berth-lazy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, m := range ms {
-		if strings.HasPrefix(m.Mountpoint, root+"/") {
-			out = append(out, m.Mountpoint)
-		}
-	}
-	return out
+	return harness.LazyMounts(root)
 }
 
 // lazyFolders lists the lazy layers' cache folders under root.
@@ -445,18 +435,20 @@ func TestPullLazyRegistryGone(t *testing.T) {
 	}
 }
 
-// A berthd killed with lazy layers mounted leaves their mounts without a
-// server; the next one detaches them, serves the complete layer again from
-// its cache (with the registry gone) and drops the incomplete one, whose
-// image is then pulled again.
-func TestPullLazyBerthdKilled(t *testing.T) {
+// A lazy layer server killed with berthd (a crash of both, as a node's
+// reboot ends both) leaves its mounts without a server; the next berthd
+// detaches them, has a new server serve the complete layer again from its
+// cache (with the registry gone) and drops the incomplete one, whose image
+// is then pulled again.
+func TestPullLazyServerKilled(t *testing.T) {
 	x := newLazyPair(t, false)
 	d := x.d
 	mustPull(t, d, x.second.Name, x.second.ID)
 
 	d.Kill()
+	d.KillLazyServer()
 	if m := lazyMounts(t, d.Root); len(m) != 2 {
-		t.Fatalf("lazy mounts after berthd was killed: %v, want the two it left", m)
+		t.Fatalf("lazy mounts after berthd and its lazy layer server were killed: %v, want the two they left", m)
 	}
 	x.reg.Stop()
 	d.Restart()
@@ -597,5 +589,71 @@ func TestPullLazyUserNamespacePod(t *testing.T) {
 	}
 	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l.big) {
 		t.Fatalf("cat /data/big in a user-namespaced pod: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
+}
+
+// A container on a lazy layer whose chunks are not fetched yet keeps
+// reading correct bytes while berthd is down, stopped or killed: the lazy
+// layer server (image/lazyd) serves on, fetching with the pull's source it
+// holds in memory, and completes and verifies the layer meanwhile. The
+// next berthd carries on with the same server; removing the image then
+// ends the server and leaves no mount, process, socket or cache file.
+func TestPullLazyServesWhileBerthdDown(t *testing.T) {
+	for _, how := range []string{"stopped", "killed"} {
+		t.Run(how, func(t *testing.T) {
+			reg, l, e, ctr := lazyPod(t, gateRest)
+			d := e.d
+			assertPrioritisedOnly(t, reg, l) // /data/big not fetched yet
+			pid := e.ctrPID(t, ctr)
+			servers := d.LazyServerPIDs()
+			if len(servers) != 1 {
+				t.Fatalf("lazy layer servers: %v, want one", servers)
+			}
+			if how == "stopped" {
+				d.Stop()
+			} else {
+				d.Kill()
+			}
+			if got := d.LazyServerPIDs(); !slices.Equal(got, servers) {
+				t.Fatalf("lazy layer servers with berthd %s: %v, want %v still serving", how, got, servers)
+			}
+
+			// Read through the container's own root (its overlay over the
+			// lazy layer) while no berthd runs.
+			root := fmt.Sprintf("/proc/%d/root", pid)
+			if b, err := os.ReadFile(root + "/prio.txt"); err != nil || string(b) != "prioritised\n" {
+				t.Fatalf("read /prio.txt with berthd %s: %q, %v", how, b, err)
+			}
+			reg.Ungate(l.digest)
+			if b, err := os.ReadFile(root + "/data/big"); err != nil || !bytes.Equal(b, l.big) {
+				t.Fatalf("read /data/big (not fetched before) with berthd %s: %d bytes (equal: %v), %v", how, len(b), bytes.Equal(b, l.big), err)
+			}
+			waitComplete(t, d.Root, 1) // the background fetch and the verification went on
+
+			d.Restart()
+			if got := d.LazyServerPIDs(); !slices.Equal(got, servers) {
+				t.Fatalf("lazy layer servers after the restart: %v, want %v, the one that served on", got, servers)
+			}
+			mustStatus(t, d, e.image)
+			if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l.big) {
+				t.Fatalf("cat /data/big after the restart: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+			}
+
+			for _, p := range e.listPodIDs(t, nil) {
+				if _, err := d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			removeImage(t, d, e.image)
+			if !eventually(30*time.Second, func() bool {
+				return len(lazyMounts(t, d.Root)) == 0 && len(lazyFolders(t, d.Root)) == 0 && len(d.LazyServerPIDs()) == 0
+			}) {
+				t.Fatalf("after removal: lazy mounts %v, cache folders %v, servers %v", lazyMounts(t, d.Root), lazyFolders(t, d.Root), d.LazyServerPIDs())
+			}
+			if left, _ := filepath.Glob(filepath.Join(d.State, "lazyd", "lazyd.*")); slices.ContainsFunc(left, func(p string) bool { return !strings.HasSuffix(p, ".log") }) {
+				t.Errorf("lazy layer server files left: %v", left)
+			}
+			harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+		})
 	}
 }

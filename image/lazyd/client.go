@@ -1,0 +1,172 @@
+package lazyd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/rpc"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ReadyFdEnv names the fd on which the server writes "ok\n" once its
+// socket listens; it is closed without that on failure.
+const ReadyFdEnv = "_BERTH_LAZYD_READY_FD"
+
+// startTimeout bounds Start: the server is ready in milliseconds.
+const startTimeout = 30 * time.Second
+
+// ErrNotServing is Dial's error when no server answers in the folder.
+var ErrNotServing = errors.New("no lazy layer server is running")
+
+// Client is berthd's connection to the server.
+type Client struct {
+	c *rpc.Client
+}
+
+// Dial connects to the server serving in dir, ErrNotServing if none does.
+func Dial(dir string) (*Client, error) {
+	conn, err := net.Dial("unix", filepath.Join(dir, SocketFile))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotServing, err)
+	}
+	return &Client{c: rpc.NewClient(conn)}, nil
+}
+
+// Start starts the server, binary (berthd's lazy-serve mode) with cfg,
+// detached (its own session, so that berthd's stop or SIGKILL, or
+// one of its process group, leaves it serving), and connects to it. It
+// stays berthd's child, reaped when it exits, until berthd goes.
+func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, error) {
+	dir := cfg.Dir
+	argv := append(slices.Clone(binary), cfg.Args()...)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	logf, err := os.OpenFile(filepath.Join(dir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(serverEnv(os.Environ()), ReadyFdEnv+"=3")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	w.Close() // only the server holds the write end now: EOF if it dies
+	if err != nil {
+		return nil, fmt.Errorf("start lazy layer server: %w", err)
+	}
+	go cmd.Wait()
+	if err := waitReady(ctx, r); err != nil {
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("lazy layer server: %w (see %s)", err, filepath.Join(dir, LogFile))
+	}
+	return Dial(dir)
+}
+
+// serverEnv is berthd's environment without the crash points' settings:
+// a test that kills berthd at one of its points wants the server alive.
+func serverEnv(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "BERTH_CRASHPOINT") })
+}
+
+func waitReady(ctx context.Context, r *os.File) error {
+	stop := context.AfterFunc(ctx, func() { r.SetReadDeadline(time.Now()) })
+	defer stop()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if line == "ok\n" {
+		return nil
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("not ready: %w", ctx.Err())
+	}
+	return errors.New("exited before serving")
+}
+
+// Ready tells the process that started the server (Start) that it serves.
+func Ready() {
+	fd := os.Getenv(ReadyFdEnv)
+	if fd == "" {
+		return
+	}
+	var n int
+	if _, err := fmt.Sscan(fd, &n); err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(n), "ready")
+	f.WriteString("ok\n")
+	f.Close()
+}
+
+func (c *Client) call(method string, args, reply any) error {
+	return c.c.Call(service+"."+method, args, reply)
+}
+
+// Mount serves a prepared layer.
+func (c *Client) Mount(a MountArgs) error { return c.call("Mount", a, &Empty{}) }
+
+// Complete starts the layer's background fetch and verification (once).
+func (c *Client) Complete(key string) error { return c.call("Complete", key, &Empty{}) }
+
+// Unmount stops serving the layer; one still in use stays, and the error
+// says so.
+func (c *Client) Unmount(key string) error { return c.call("Unmount", key, &Empty{}) }
+
+// Status is the server's status now.
+func (c *Client) Status() (Status, error) {
+	var st Status
+	err := c.call("Status", StatusArgs{}, &st)
+	return st, err
+}
+
+// WaitStatus is the server's status, with wait once its event count
+// passed after, or after a while.
+func (c *Client) WaitStatus(wait bool, after uint64) (Status, error) {
+	var st Status
+	err := c.call("Status", StatusArgs{Wait: wait, After: after}, &st)
+	return st, err
+}
+
+// FindChunk names a cached chunk of the digest in a served layer.
+func (c *Client) FindChunk(d string) (string, bool) {
+	var r ChunkReply
+	if err := c.call("FindChunk", d, &r); err != nil {
+		return "", false
+	}
+	return r.Path, r.Found
+}
+
+// Exit stops the server if it serves no layer (else the error says how
+// many it serves).
+func (c *Client) Exit() error {
+	err := c.call("Exit", Empty{}, &Empty{})
+	if errors.Is(err, rpc.ErrShutdown) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil // it exited before its answer got out
+	}
+	return err
+}
+
+// Gone says whether err is a call's that found the server gone.
+func Gone(err error) bool {
+	return errors.Is(err, rpc.ErrShutdown) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, ErrNotServing)
+}
+
+// Close closes the connection; the server serves on.
+func (c *Client) Close() error { return c.c.Close() }

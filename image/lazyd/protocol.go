@@ -1,0 +1,104 @@
+// Package lazyd is the process boundary of lazy layers: the server that
+// serves them (FUSE mounts, on-demand and background fetches, the whole
+// blob's verification; the layer logic is image/lazy's) in a process of
+// its own, which outlives berthd as the pods' shims do, and berthd's
+// client of it. A stopped or killed berthd leaves the layers served: the
+// containers on them keep reading, chunks not fetched yet included (the
+// server holds the pull's registry source, credentials included, in
+// memory only), and the background fetch goes on. The next berthd finds
+// the server by its socket and carries on with it.
+//
+// The protocol is net/rpc (gob) over a unix socket that only root can
+// reach (its folder is 0700): both ends are the same berthd binary.
+package lazyd
+
+import (
+	"errors"
+	"flag"
+	"strconv"
+	"time"
+
+	"github.com/berth-runtime/berth/image/registry"
+)
+
+// Files in the server's folder (under berthd's state folder: a node
+// reboot, which ends the server, empties it).
+const (
+	SocketFile = "lazyd.sock"
+	PIDFile    = "lazyd.pid"
+	LogFile    = "lazyd.log"
+)
+
+// service is the name the server registers its methods under.
+const service = "Lazy"
+
+// MountArgs hand a prepared layer (lazy.Prepare) to the server.
+type MountArgs struct {
+	Key   string // the snapshot key, by which berthd names the layer
+	Dir   string // the layer's folder: TOC and cache
+	FSDir string // where it is mounted
+	// Source fetches the chunks not cached; nil: a complete layer, served
+	// from its cache alone.
+	Source       *registry.BlobSource
+	StallTimeout time.Duration
+}
+
+// StatusArgs ask for the server's status; with Wait, once its event count
+// has passed After (a layer broke), or after waitBound.
+type StatusArgs struct {
+	Wait  bool
+	After uint64
+}
+
+// ServeConfig is how berthd starts the server (its command line).
+type ServeConfig struct {
+	Dir         string // the folder of its socket, pid and log files
+	Fetches     int    // background requests of all layers together at a time
+	GzipDecoder string // gunzip's mode for the blob verification
+}
+
+// Args are c as the server's command line flags (ParseServeConfig).
+func (c ServeConfig) Args() []string {
+	return []string{"--dir", c.Dir, "--fetches", strconv.Itoa(c.Fetches), "--gzip-decoder", c.GzipDecoder}
+}
+
+// ParseServeConfig reads the server's command line flags (Args).
+func ParseServeConfig(args []string) (ServeConfig, error) {
+	fl := flag.NewFlagSet("lazy-serve", flag.ContinueOnError)
+	var c ServeConfig
+	fl.StringVar(&c.Dir, "dir", "", "folder of the server's socket")
+	fl.IntVar(&c.Fetches, "fetches", 4, "background requests at a time, all layers together")
+	fl.StringVar(&c.GzipDecoder, "gzip-decoder", "", "gzip decoder of the blob verification")
+	if err := fl.Parse(args); err != nil {
+		return c, err
+	}
+	if c.Dir == "" {
+		return c, errors.New("--dir is required")
+	}
+	return c, nil
+}
+
+// Status is what the server serves and what it counted since it started.
+type Status struct {
+	Events               uint64 // layers that failed their verification, a count that only grows
+	Layers               map[string]LayerStatus
+	ReadFailures         uint64 // reads that failed with EIO
+	VerificationFailures uint64 // layers that failed their verification
+}
+
+// LayerStatus is one served layer's.
+type LayerStatus struct {
+	DiskBytes int64 // its cache so far
+	FullSize  int64 // its cache once complete
+	Complete  bool
+	Broken    string // why it failed its verification; empty: it did not
+}
+
+// ChunkReply names a cached chunk.
+type ChunkReply struct {
+	Path  string
+	Found bool
+}
+
+// Empty is the argument or reply of a call that has none.
+type Empty struct{}

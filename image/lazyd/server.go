@@ -1,0 +1,273 @@
+package lazyd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/rpc"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/berth-runtime/berth/image/lazy"
+	"github.com/berth-runtime/berth/image/registry"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/semaphore"
+)
+
+// waitBound bounds a Status call that waits for an event, so that a
+// client whose server went away learns it.
+const waitBound = 30 * time.Second
+
+// ServeOptions configure the server.
+type ServeOptions struct {
+	Dir     string // the folder of its socket and pid file
+	Fetches int    // background requests of all layers together at a time
+	Inflate func(io.Reader) (io.ReadCloser, error)
+	Log     *slog.Logger
+}
+
+// Server serves lazy layers.
+type Server struct {
+	opts   ServeOptions
+	slots  *semaphore.Weighted
+	ln     net.Listener
+	closed chan struct{}
+
+	mu         sync.Mutex
+	layers     map[string]*lazy.Layer
+	completing map[string]bool // layers whose background fetch was started
+	broken     map[string]string
+	events     uint64
+	changed    chan struct{} // closed and replaced at every event
+
+	readFailures, verificationFailures atomic.Uint64
+}
+
+// Serve serves lazy layers on the socket in opts.Dir until asked to exit
+// (Exit) with no layer left. ready is called once the socket listens.
+func Serve(opts ServeOptions, ready func()) error {
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return err
+	}
+	sock := filepath.Join(opts.Dir, SocketFile)
+	os.Remove(sock) // a dead server's; a live one answered the caller's Dial
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(filepath.Join(opts.Dir, PIDFile))
+	defer os.Remove(sock)
+	if err := os.WriteFile(filepath.Join(opts.Dir, PIDFile), fmt.Appendf(nil, "%d\n", os.Getpid()), 0o600); err != nil {
+		ln.Close()
+		return err
+	}
+	s := &Server{opts: opts, slots: semaphore.NewWeighted(int64(max(opts.Fetches, 1))), ln: ln, closed: make(chan struct{}),
+		layers: map[string]*lazy.Layer{}, completing: map[string]bool{}, broken: map[string]string{}, changed: make(chan struct{})}
+	srv := rpc.NewServer()
+	if err := srv.RegisterName(service, &api{s}); err != nil {
+		ln.Close()
+		return err
+	}
+	ready()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			select {
+			case <-s.closed:
+				return nil
+			default:
+				return err
+			}
+		}
+		go srv.ServeConn(conn)
+	}
+}
+
+// source opens the registry source of a layer at its first request, so
+// that a registry away when the layer is handed over (a restart) fails
+// only the reads that need it.
+type source struct {
+	spec registry.BlobSource
+	mu   sync.Mutex
+	b    *registry.Blobs
+}
+
+func (s *source) Get(ctx context.Context, d string, size int64, want registry.Span, ranged bool) (*registry.BlobBody, error) {
+	s.mu.Lock()
+	if s.b == nil {
+		b, err := s.spec.Open(ctx)
+		if err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		s.b = b
+	}
+	b := s.b
+	s.mu.Unlock()
+	return b.Get(ctx, d, size, want, ranged)
+}
+
+func (s *Server) mount(a MountArgs) error {
+	s.mu.Lock()
+	_, ok := s.layers[a.Key]
+	s.mu.Unlock()
+	if ok {
+		return nil // a berthd that died after the mount hands it over again
+	}
+	var src lazy.Source
+	if a.Source != nil {
+		src = &source{spec: *a.Source}
+	}
+	l, err := lazy.Load(a.Dir, src, lazy.Options{Log: s.opts.Log.With("layer", a.Key), StallTimeout: a.StallTimeout,
+		ReadFailed: func() { s.readFailures.Add(1) }, Find: s.findChunk, Inflate: s.opts.Inflate,
+		Broken: func(err error) { s.markBroken(a.Key, err) }})
+	if err != nil {
+		return err
+	}
+	if err := l.Mount(a.FSDir); err != nil {
+		l.Close()
+		return fmt.Errorf("mount lazy layer %s: %w", a.Key, err)
+	}
+	s.mu.Lock()
+	s.layers[a.Key] = l
+	s.mu.Unlock()
+	s.opts.Log.Info("serving lazy layer", "layer", a.Key, "at", a.FSDir, "registry", a.Source != nil)
+	return nil
+}
+
+func (s *Server) markBroken(key string, err error) {
+	s.verificationFailures.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.broken[key] = err.Error()
+	s.events++
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *Server) layer(key string) (*lazy.Layer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.layers[key]
+	if !ok {
+		return nil, fmt.Errorf("lazy layer %s is not served", key)
+	}
+	return l, nil
+}
+
+// complete starts the background fetch of key, once: a berthd that
+// restarted asks again for the layers it finds incomplete.
+func (s *Server) complete(key string) error {
+	l, err := s.layer(key)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	started := s.completing[key]
+	s.completing[key] = true
+	s.mu.Unlock()
+	if !started && !l.IsComplete() {
+		l.Complete(s.slots)
+	}
+	return nil
+}
+
+// unmount stops serving key; a layer still mounted in an overlay stays.
+func (s *Server) unmount(key string) error {
+	l, err := s.layer(key)
+	if err != nil {
+		return nil // gone already
+	}
+	if err := l.Close(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.layers, key)
+	delete(s.broken, key)
+	delete(s.completing, key)
+	s.mu.Unlock()
+	s.opts.Log.Info("stopped serving lazy layer", "layer", key)
+	return nil
+}
+
+func (s *Server) status(a StatusArgs) Status {
+	s.mu.Lock()
+	if a.Wait && s.events <= a.After {
+		changed := s.changed
+		s.mu.Unlock()
+		select {
+		case <-changed:
+		case <-s.closed:
+		case <-time.After(waitBound):
+		}
+		s.mu.Lock()
+	}
+	defer s.mu.Unlock()
+	st := Status{Events: s.events, Layers: map[string]LayerStatus{},
+		ReadFailures: s.readFailures.Load(), VerificationFailures: s.verificationFailures.Load()}
+	for key, l := range s.layers {
+		st.Layers[key] = LayerStatus{DiskBytes: l.DiskBytes(), FullSize: l.FullSize(), Complete: l.IsComplete(), Broken: s.broken[key]}
+	}
+	return st
+}
+
+// findChunk names a cached chunk of digest d in one of the served layers:
+// what a partial pull links rather than fetches. The layers are asked
+// outside mu: a read being served may be looking here too.
+func (s *Server) findChunk(d digest.Digest) (string, bool) {
+	s.mu.Lock()
+	layers := make([]*lazy.Layer, 0, len(s.layers))
+	for _, l := range s.layers {
+		layers = append(layers, l)
+	}
+	s.mu.Unlock()
+	for _, l := range layers {
+		if p, ok := l.CachedChunk(d); ok {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// exit stops the server if it serves no layer.
+func (s *Server) exit() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.layers); n > 0 {
+		return fmt.Errorf("%d lazy layers are still served", n)
+	}
+	select {
+	case <-s.closed:
+	default:
+		close(s.closed)
+		s.ln.Close()
+		s.opts.Log.Info("no lazy layer left to serve: exiting")
+	}
+	return nil
+}
+
+// api is the server's methods as net/rpc calls them.
+type api struct{ s *Server }
+
+func (a *api) Mount(args MountArgs, _ *Empty) error { return a.s.mount(args) }
+
+func (a *api) Complete(key string, _ *Empty) error { return a.s.complete(key) }
+
+func (a *api) Unmount(key string, _ *Empty) error { return a.s.unmount(key) }
+
+func (a *api) Status(args StatusArgs, reply *Status) error {
+	*reply = a.s.status(args)
+	return nil
+}
+
+func (a *api) FindChunk(d string, reply *ChunkReply) error {
+	reply.Path, reply.Found = a.s.findChunk(digest.Digest(d))
+	return nil
+}
+
+func (a *api) Exit(_ Empty, _ *Empty) error { return a.s.exit() }
