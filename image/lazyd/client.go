@@ -1,7 +1,6 @@
 package lazyd
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/berth-runtime/berth/internal/readyfd"
 )
 
 // ReadyFdEnv names the fd on which the server writes "ok\n" once its
@@ -74,7 +75,7 @@ func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, erro
 		return nil, fmt.Errorf("start lazy layer server: %w", err)
 	}
 	go cmd.Wait()
-	if err := waitReady(ctx, r); err != nil {
+	if err := readyfd.Wait(ctx, r); err != nil {
 		cmd.Process.Kill()
 		return nil, fmt.Errorf("lazy layer server: %w (see %s)", err, filepath.Join(dir, LogFile))
 	}
@@ -85,19 +86,6 @@ func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, erro
 // a test that kills berthd at one of its points wants the server alive.
 func serverEnv(env []string) []string {
 	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "BERTH_CRASHPOINT") })
-}
-
-func waitReady(ctx context.Context, r *os.File) error {
-	stop := context.AfterFunc(ctx, func() { r.SetReadDeadline(time.Now()) })
-	defer stop()
-	line, err := bufio.NewReader(r).ReadString('\n')
-	if line == "ok\n" {
-		return nil
-	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("not ready: %w", ctx.Err())
-	}
-	return errors.New("exited before serving")
 }
 
 // Ready tells the process that started the server (Start) that it serves.

@@ -1,9 +1,7 @@
 package shim
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/berth-runtime/berth/internal/readyfd"
 )
 
 // ReadyFdEnv names the fd on which the shim writes "ok\n" once its socket
@@ -75,7 +75,7 @@ func Start(ctx context.Context, binary, podDir string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start shim: %w", err)
 	}
-	if err := waitReady(ctx, r); err != nil {
+	if err := readyfd.Wait(ctx, r); err != nil {
 		// One that is only slow would come up later, serving a pod folder
 		// the caller is about to remove: kill it.
 		killChild(pid)
@@ -87,19 +87,6 @@ func Start(ctx context.Context, binary, podDir string) (*Client, error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-func waitReady(ctx context.Context, r *os.File) error {
-	stop := context.AfterFunc(ctx, func() { r.SetReadDeadline(time.Now()) })
-	defer stop()
-	line, err := bufio.NewReader(r).ReadString('\n')
-	if line == "ok\n" {
-		return nil
-	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("not ready: %w", ctx.Err())
-	}
-	return errors.New("exited before serving")
 }
 
 // logTail gives the end of shim.log for error messages.
