@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -556,10 +557,14 @@ func (l *Layer) Complete(slots *semaphore.Weighted) {
 			}
 			wg.Go(func() {
 				defer slots.Release(1)
-				if err := l.fetchRun(l.ctx, run); err != nil && l.ctx.Err() == nil {
+				err := l.fetchRun(l.ctx, run)
+				if err != nil && l.ctx.Err() == nil {
 					failed.Do(func() {
 						l.opts.Log.Warn("lazy layer: background fetch failed; reads fetch what they need", "blob", l.blob.Digest, "err", err)
 					})
+				}
+				if err == nil {
+					crashpoint.Hit("lazy fetch", "chunks stored")
 				}
 			})
 		}

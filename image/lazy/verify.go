@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/semaphore"
@@ -203,9 +204,11 @@ func (l *Layer) finish(slots *semaphore.Weighted) {
 	case err != nil:
 		l.opts.Log.Warn("lazy layer: could not verify the complete layer; reads keep working, its image is pulled again after a restart", "blob", l.blob.Digest, "err", err)
 	default:
+		crashpoint.Hit("lazy fetch", "layer verified")
 		// The kept bytes go first: a complete layer never holds them.
 		os.RemoveAll(filepath.Join(l.dir, rawDir))
 		l.disk.Store(diskBytes(l.dir))
+		crashpoint.Hit("lazy fetch", "kept bytes dropped")
 		if err := os.WriteFile(filepath.Join(l.dir, completeFile), nil, 0o600); err != nil {
 			l.opts.Log.Warn("lazy layer: mark complete", "blob", l.blob.Digest, "err", err)
 			return

@@ -82,10 +82,25 @@ func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, erro
 	return Dial(dir)
 }
 
-// serverEnv is berthd's environment without the crash points' settings:
-// a test that kills berthd at one of its points wants the server alive.
+// CrashPointEnv names the crash point (cri/crashpoint) the server, not
+// berthd, dies at: berthd's own BERTH_CRASHPOINT is not passed on, since a
+// test that kills berthd at one of its points wants the server alive.
+// The crash point log is shared.
+const CrashPointEnv = "BERTH_LAZYD_CRASHPOINT"
+
+// serverEnv is berthd's environment for the server.
 func serverEnv(env []string) []string {
-	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "BERTH_CRASHPOINT") })
+	var out []string
+	for _, kv := range env {
+		switch {
+		case strings.HasPrefix(kv, "BERTH_CRASHPOINT="):
+		case strings.HasPrefix(kv, CrashPointEnv+"="):
+			out = append(out, "BERTH_CRASHPOINT="+strings.TrimPrefix(kv, CrashPointEnv+"="))
+		default:
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Ready tells the process that started the server (Start) that it serves.

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/lazy"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/opencontainers/go-digest"
@@ -133,6 +134,7 @@ func (s *Server) mount(a MountArgs) error {
 		l.Close()
 		return fmt.Errorf("mount lazy layer %s: %w", a.Key, err)
 	}
+	crashpoint.Hit("lazy serve", "layer mounted")
 	s.mu.Lock()
 	s.layers[a.Key] = l
 	s.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/image/lazyd"
 	"github.com/berth-runtime/berth/test/harness"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
@@ -237,4 +238,67 @@ func loggedPoints(t *testing.T, path string) []string {
 		}
 	}
 	return points
+}
+
+// TestCrashPointsLazyServer kills the lazy layer server (image/lazyd) at
+// each of its crash points (a layer mounted before berthd heard back, the
+// background fetch with chunks stored, the layer verified and its kept
+// bytes dropped but not marked complete), as a crash of the server alone
+// would. berthd, restarted, finds no server: it detaches the dead mount
+// and drops the incomplete layer with its image, never serving a layer
+// as complete that is not; the pull again (the kubelet's retry) starts a
+// new server, a container reads the right bytes, the layer completes, and
+// removing it all leaves no mount, server, cache or snapshot. (A berthd
+// killed during the background fetch is TestPullLazyServesWhileBerthdDown's:
+// the server fetches on without it.)
+func TestCrashPointsLazyServer(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img, l := stargzImage(t, nil)
+	p := reg.Push(t, "berth/lazy:server-crash", img)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg)})
+	// One pull, a container reading the layer, and removal of it all.
+	useAndRemove := func(point string) {
+		t.Helper()
+		mustPull(t, d, p.Name, p.ID)
+		e, ctr := runReader(t, d, reg, p.Name)
+		if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l.big) {
+			t.Fatalf("at %q: cat /data/big: exit %d, %d bytes, stderr %q", point, got.code, len(got.stdout), got.stderr)
+		}
+		waitComplete(t, d.Root, 1)
+		for _, pod := range e.listPodIDs(t, nil) {
+			if _, err := d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		removeImage(t, d, p.Name)
+		if !eventually(30*time.Second, func() bool {
+			return len(lazyMounts(t, d.Root)) == 0 && len(lazyFolders(t, d.Root)) == 0 && len(d.LazyServerPIDs()) == 0
+		}) {
+			t.Fatalf("at %q, after removal: lazy mounts %v, cache folders %v, servers %v", point, lazyMounts(t, d.Root), lazyFolders(t, d.Root), d.LazyServerPIDs())
+		}
+		harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+	}
+
+	log := filepath.Join(t.TempDir(), "points")
+	d.RestartEnv("BERTH_CRASHPOINT_LOG=" + log)
+	useAndRemove("none")
+	points := slices.DeleteFunc(loggedPoints(t, log), func(p string) bool { return !strings.HasPrefix(p, "lazy ") })
+	if len(points) < 4 {
+		t.Fatalf("the lazy layer server logged crash points %v, want its four", points)
+	}
+	for i, point := range points {
+		t.Logf("lazy layer server crash point %d/%d: %s", i+1, len(points), point)
+		d.RestartEnv(lazyd.CrashPointEnv + "=" + point)
+		pull(t, d, p.Name, nil) // fails at "lazy serve: layer mounted"
+		if !eventually(time.Minute, func() bool { return len(d.LazyServerPIDs()) == 0 }) {
+			t.Fatalf("the lazy layer server did not reach crash point %q", point)
+		}
+		d.RestartEnv()
+		if m, f := lazyMounts(t, d.Root), lazyFolders(t, d.Root); len(m) != 0 || len(f) != 0 {
+			t.Fatalf("at %q, after the restart: lazy mounts %v, cache folders %v; want the incomplete layer dropped", point, m, f)
+		}
+		useAndRemove(point)
+	}
 }
