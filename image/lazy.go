@@ -264,6 +264,10 @@ func (s *Service) mountLazy(snap snapshot.Snapshot, src *registry.BlobSource) er
 	}
 	fsDir := s.snaps.Dir(snap)
 	err = c.Mount(lazyd.MountArgs{Key: snap.ChainID, Dir: lazyDir(fsDir), FSDir: fsDir, Source: src, StallTimeout: s.opts.ProgressTimeout})
+	if lazyd.Gone(err) && s.lazyd == c {
+		s.lazyd = nil // the next layer starts a new server
+		c.Close()
+	}
 	if err != nil {
 		return fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
 	}
@@ -288,7 +292,8 @@ func (f *laterFetches) add(key string) {
 	f.keys = append(f.keys, key)
 }
 
-// start has the server start the background fetch of each layer added.
+// startFetches has the server start the background fetch of each layer
+// added to f.
 func (s *Service) startFetches(f *laterFetches) {
 	f.mu.Lock()
 	keys := f.keys
