@@ -267,18 +267,7 @@ func TestCrashPointsLazyServer(t *testing.T) {
 			t.Fatalf("at %q: cat /data/big: exit %d, %d bytes, stderr %q", point, got.code, len(got.stdout), got.stderr)
 		}
 		waitComplete(t, d.Root, 1)
-		for _, pod := range e.listPodIDs(t, nil) {
-			if _, err := d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		removeImage(t, d, p.Name)
-		if !eventually(30*time.Second, func() bool {
-			return len(lazyMounts(t, d.Root)) == 0 && len(lazyFolders(t, d.Root)) == 0 && len(d.LazyServerPIDs()) == 0
-		}) {
-			t.Fatalf("at %q, after removal: lazy mounts %v, cache folders %v, servers %v", point, lazyMounts(t, d.Root), lazyFolders(t, d.Root), d.LazyServerPIDs())
-		}
-		harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+		removeAllLazy(t, e)
 	}
 
 	log := filepath.Join(t.TempDir(), "points")

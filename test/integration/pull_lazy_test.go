@@ -638,22 +638,30 @@ func TestPullLazyServesWhileBerthdDown(t *testing.T) {
 			if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l.big) {
 				t.Fatalf("cat /data/big after the restart: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
 			}
-
-			for _, p := range e.listPodIDs(t, nil) {
-				if _, err := d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			removeImage(t, d, e.image)
-			if !eventually(30*time.Second, func() bool {
-				return len(lazyMounts(t, d.Root)) == 0 && len(lazyFolders(t, d.Root)) == 0 && len(d.LazyServerPIDs()) == 0
-			}) {
-				t.Fatalf("after removal: lazy mounts %v, cache folders %v, servers %v", lazyMounts(t, d.Root), lazyFolders(t, d.Root), d.LazyServerPIDs())
-			}
-			if left, _ := filepath.Glob(filepath.Join(d.State, "lazyd", "lazyd.*")); slices.ContainsFunc(left, func(p string) bool { return !strings.HasSuffix(p, ".log") }) {
-				t.Errorf("lazy layer server files left: %v", left)
-			}
-			harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+			removeAllLazy(t, e)
 		})
 	}
+}
+
+// removeAllLazy removes e's pods and its image, and checks that the lazy
+// layer server then exits leaving no mount, cache folder, socket, pid
+// file or snapshot.
+func removeAllLazy(t *testing.T, e *podEnv) {
+	t.Helper()
+	d := e.d
+	for _, p := range e.listPodIDs(t, nil) {
+		if _, err := d.Runtime.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removeImage(t, d, e.image)
+	if !eventually(30*time.Second, func() bool {
+		return len(lazyMounts(t, d.Root)) == 0 && len(lazyFolders(t, d.Root)) == 0 && len(d.LazyServerPIDs()) == 0
+	}) {
+		t.Fatalf("after removal: lazy mounts %v, cache folders %v, servers %v", lazyMounts(t, d.Root), lazyFolders(t, d.Root), d.LazyServerPIDs())
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.State, "lazyd", "lazyd.*")); slices.ContainsFunc(left, func(p string) bool { return !strings.HasSuffix(p, ".log") }) {
+		t.Errorf("lazy layer server files left: %v", left)
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
 }
