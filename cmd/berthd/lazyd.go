@@ -27,10 +27,10 @@ func lazyServeCommand() ([]string, error) {
 	return []string{self, lazyServeMode}, nil
 }
 
-// lazyServe runs the lazy layer server until it is asked to exit with no
-// layer left. SIGTERM and SIGINT are ignored: the layers are the
-// containers' root filesystems (berthctl lazy-stop or image removal ends
-// it; SIGKILL does, leaving its mounts to the next berthd).
+// lazyServe runs the lazy layer server until berthd asks it to exit with
+// no layer left (the last lazy image removed). SIGTERM, SIGINT and SIGHUP
+// are ignored: the layers are the containers' root filesystems; SIGKILL
+// ends it, leaving its mounts to the next berthd to detach.
 func lazyServe(args []string) int {
 	cfg, err := lazyd.ParseServeConfig(args)
 	if err != nil {
