@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/berth-runtime/berth/internal/readyfd"
+	"github.com/berth-runtime/berth/cri/readyfd"
 )
 
 // ReadyFdEnv names the fd on which the server writes "ok\n" once its

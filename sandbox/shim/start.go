@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/berth-runtime/berth/internal/readyfd"
+	"github.com/berth-runtime/berth/cri/readyfd"
 )
 
 // ReadyFdEnv names the fd on which the shim writes "ok\n" once its socket
