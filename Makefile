@@ -166,7 +166,8 @@ deps-e2e:
 # E2E_PROCS: the ginkgo processes of the parallel pass. The specs mostly
 # wait on timers (probes watched for minutes, restart back-offs): the 276 of
 # make test-e2e take 125 minutes of spec time, 33 minutes on 4 processes and
-# 10 on 16.
+# 10 on 16. The 16 longest (4 to 5 minutes each) run beside it in a pass of
+# their own, one process each, so that none starts late (test/cluster/README.md).
 E2E_PROCS ?= 16
 E2E_GO = cd test/cluster && BERTH_CONFORMANCE=$(1) BERTH_E2E_PROCS=$(E2E_PROCS) BERTH_CLUSTER=1 BERTH_BIN_DIR=$(CURDIR)/$(BIN) \
 	CLUSTER_BIN_DIR=$(CURDIR)/$(BIN)/cluster BERTH_E2E_REPORT=$(CURDIR)/$(BIN)/e2e-report \

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +24,30 @@ const conformanceEnv = "BERTH_CONFORMANCE"
 
 // The specs the tier runs: SIG Node's Conformance specs and the node
 // conformance ones, whatever their SIG.
-const conformanceFocus = `\[sig-node\].*\[Conformance\]|\[NodeConformance\]`
+const conformanceFocus = sigNode + `.*` + conformanceTag + `|` + nodeConformanceTag
+
+// The parts of conformanceFocus: a spec's text starts with its SIG and
+// ends with its tags.
+const (
+	sigNode            = `\[sig-node\]`
+	conformanceTag     = `\[Conformance\]`
+	nodeConformanceTag = `\[NodeConformance\]`
+)
+
+// conformanceFocusOf narrows conformanceFocus to the specs whose text
+// matches re too, between the SIG and the tags or beyond them. (Two
+// expressions joined as "(a).*(b)|(b).*(a)" would miss a match of re inside
+// one of the SIG's to its tags.)
+func conformanceFocusOf(re string) string {
+	r := "(" + re + ")"
+	return strings.Join([]string{
+		sigNode + ".*" + r + ".*" + conformanceTag,
+		r + ".*" + sigNode + ".*" + conformanceTag,
+		sigNode + ".*" + conformanceTag + ".*" + r,
+		r + ".*" + nodeConformanceTag,
+		nodeConformanceTag + ".*" + r,
+	}, "|")
+}
 
 // quickSkips are the kinds of spec make test leaves to make
 // test-conformance: Serial ones (they cannot share the cluster, so they
@@ -44,6 +68,21 @@ const flakeAttempts = 2
 // minutes), so many of them share the 2 cores well.
 const e2eProcs = 16
 
+// e2eLongSpecs are the specs of make test-e2e that wait on timers for
+// minutes whatever the runtime does: a probe watched for 4 minutes not to
+// restart its container (12 specs), restart counts watched for 2, the node
+// lease for 5, 500 pod updates for 4 and a half. They were 16 of the 276
+// specs and 3,700 s of their 6,500 s of spec time (2026-11-29); on one pass
+// they started wherever ginkgo's random order put them, the last ones 5
+// minutes in, and the pass ended 4 minutes after the others' last spec
+// (557 s). The long pass runs each on a process of its own from the start,
+// beside the parallel pass of the rest, so the two end together, about 5
+// minutes in. A spec renamed out of this list runs in the parallel pass.
+const e2eLongSpecs = `should \*not\* be restarted|should have monotonically increasing restart count|should report node status infrequently|issue 500 podspec updates`
+
+// e2eLongProcs is the long pass's ginkgo processes: one per long spec.
+const e2eLongProcs = 16
+
 // conformanceSkips is the one list of specs the tier skips, each with the
 // reason: what the spec needs that this machine lacks. A spec that fails
 // because of berth is never in it.
@@ -52,7 +91,8 @@ const conformanceSkips = "conformance-skips.txt"
 // TestConformance runs Kubernetes' own e2e suite (e2e.test, with ginkgo,
 // both of the release in go.mod) against the tier's cluster of two nodes,
 // with the suite's images built offline (e2eimages_test.go): the specs of
-// conformanceFocus not in the skip list, on e2eProcs ginkgo processes, then
+// conformanceFocus not in the skip list, the long ones (e2eLongSpecs) on
+// processes of their own beside the rest on e2eProcs ginkgo processes, then
 // (in the full run) the Serial ones one at a time. It prints what ran, passed,
 // failed and was skipped, and the time; any failure fails it. The suite's
 // reports (JUnit and ginkgo's JSON) and output are kept in a folder of
@@ -78,29 +118,46 @@ func TestConformance(t *testing.T) {
 
 	report := kubeenv.EnvOr("BERTH_E2E_REPORT", filepath.Join(os.TempDir(), "berth-e2e-"+time.Now().Format("20060102-150405")))
 	skip := strings.Join(skips, "|")
-	// BERTH_E2E_FOCUS narrows the run to some specs (a regular expression),
-	// as when looking into a failure; BERTH_E2E_PROCS sets the number of
-	// ginkgo processes of the parallel pass.
-	focus := conformanceFocus
-	if f := os.Getenv("BERTH_E2E_FOCUS"); f != "" {
-		focus = "(" + f + ").*(" + conformanceFocus + ")|(" + conformanceFocus + ").*(" + f + ")"
-	}
 	procs := e2eProcs
 	if n, err := strconv.Atoi(os.Getenv("BERTH_E2E_PROCS")); err == nil && n > 0 {
 		procs = n
 	}
-	passes := []e2ePass{{name: "parallel", procs: procs, focus: focus, labels: "!Serial", skip: skip}}
-	if mode == "1" {
-		passes[0].deferred = quickSkips
+	// BERTH_E2E_FOCUS narrows the run to some specs (a regular expression),
+	// as when looking into a failure; BERTH_E2E_PROCS sets the number of
+	// ginkgo processes of the parallel pass. The passes of a phase run at
+	// once, each of its own specs: the long ones beside the others, unless
+	// the run is narrowed.
+	focus := conformanceFocus
+	var first []e2ePass
+	if f := os.Getenv("BERTH_E2E_FOCUS"); f != "" {
+		focus = conformanceFocusOf(f)
+		first = []e2ePass{{name: "parallel", procs: procs, focus: focus, labels: "!Serial", skip: skip}}
 	} else {
-		passes = append(passes, e2ePass{name: "serial", procs: 1, focus: focus, labels: "Serial", skip: skip})
+		first = []e2ePass{
+			{name: "long", procs: e2eLongProcs, focus: conformanceFocusOf(e2eLongSpecs), labels: "!Serial", skip: skip},
+			{name: "parallel", procs: procs, focus: focus, labels: "!Serial", skip: skip, others: e2eLongSpecs},
+		}
+	}
+	phases := [][]e2ePass{first}
+	if mode == "1" {
+		for i := range first {
+			first[i].deferred = quickSkips
+		}
+	} else {
+		phases = append(phases, []e2ePass{{name: "serial", procs: 1, focus: focus, labels: "Serial", skip: skip}})
 	}
 	var total e2eCounts
-	for _, p := range passes {
+	for _, phase := range phases {
 		start := time.Now()
-		c := e.runE2E(t, p, filepath.Join(report, p.name), repoList)
-		t.Logf("e2e %s: %s in %s", p.name, c, time.Since(start).Round(time.Second))
-		total.add(c)
+		runs := make([]*e2eRun, len(phase))
+		for i, p := range phase {
+			runs[i] = e.startE2E(t, p, filepath.Join(report, p.name), repoList)
+		}
+		for _, r := range runs {
+			c := r.wait(t)
+			t.Logf("e2e %s: %s in %s", r.pass.name, c, time.Since(start).Round(time.Second))
+			total.add(c)
+		}
 	}
 	for _, s := range total.suiteSkips {
 		t.Logf("skipped by the suite: %s", s)
@@ -169,19 +226,27 @@ type e2ePass struct {
 	labels   string // ginkgo's label filter
 	skip     string // the skip list's specs (regular expressions)
 	deferred string // the kinds of spec left to make test-conformance, if any
+	others   string // the specs of focus that another pass runs, if any
 }
 
 // skips is every spec pass p leaves out, as one regular expression.
 func (p e2ePass) skips() string {
-	if p.deferred == "" {
-		return p.skip
-	}
-	return p.deferred + "|" + p.skip
+	return strings.Join(slices.DeleteFunc([]string{p.deferred, p.others, p.skip}, func(s string) bool { return s == "" }), "|")
 }
 
-// runE2E runs pass p of the suite with ginkgo against the cluster, its
-// reports and output in dir, and counts its specs.
-func (e *env) runE2E(t *testing.T, p e2ePass, dir, repoList string) e2eCounts {
+// e2eRun is a pass of the suite under way: ginkgo, its output and the
+// folder of its reports.
+type e2eRun struct {
+	pass   e2ePass
+	cmd    *exec.Cmd
+	out    *os.File
+	dir    string
+	output string
+}
+
+// startE2E starts pass p of the suite with ginkgo against the cluster, its
+// reports and output in dir.
+func (e *env) startE2E(t *testing.T, p e2ePass, dir, repoList string) *e2eRun {
 	t.Helper()
 	kubeenv.Mkdirs(t, dir)
 	output := filepath.Join(dir, "ginkgo.log")
@@ -189,7 +254,6 @@ func (e *env) runE2E(t *testing.T, p e2ePass, dir, repoList string) e2eCounts {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer out.Close()
 	cmd := exec.Command(e.bin("ginkgo"),
 		fmt.Sprintf("--procs=%d", p.procs), fmt.Sprintf("--flake-attempts=%d", flakeAttempts), "--focus="+p.focus, "--skip="+p.skips(), "--label-filter="+p.labels,
 		"--timeout=4h", "--no-color", "--output-dir="+dir, "--junit-report=junit.xml", "--json-report=report.json",
@@ -200,14 +264,37 @@ func (e *env) runE2E(t *testing.T, p e2ePass, dir, repoList string) e2eCounts {
 		"--container-runtime-endpoint=unix://"+e.nodes[0].berthd.Socket, "--container-runtime-process-name=berthd")
 	cmd.Env = append(os.Environ(), "KUBE_TEST_REPO_LIST="+repoList, "KUBECONFIG="+e.admin)
 	cmd.Stdout, cmd.Stderr = out, out
+	// A group of its own: a test that fails before waiting for the run
+	// ends ginkgo with its processes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	t.Logf("e2e %s: %s (output: %s)", p.name, strings.Join(cmd.Args, " "), output)
-	runErr := cmd.Run()
-	c, err := countE2E(filepath.Join(dir, "report.json"), p)
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		t.Fatalf("e2e %s: %v", p.name, err)
+	}
+	r := &e2eRun{pass: p, cmd: cmd, out: out, dir: dir, output: output}
+	t.Cleanup(func() {
+		if r.cmd.ProcessState == nil {
+			syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+			r.cmd.Wait()
+			r.out.Close()
+		}
+	})
+	return r
+}
+
+// wait waits for the run's ginkgo to end and counts its pass's specs.
+func (r *e2eRun) wait(t *testing.T) e2eCounts {
+	t.Helper()
+	runErr := r.cmd.Wait()
+	r.out.Close()
+	p := r.pass
+	c, err := countE2E(filepath.Join(r.dir, "report.json"), p)
 	if err != nil {
-		t.Fatalf("e2e %s: %v (ginkgo: %v); the end of its output:\n%s", p.name, err, runErr, tailFile(output, 60))
+		t.Fatalf("e2e %s: %v (ginkgo: %v); the end of its output:\n%s", p.name, err, runErr, tailFile(r.output, 60))
 	}
 	if runErr != nil && len(c.failed) == 0 {
-		t.Errorf("e2e %s: ginkgo: %v, with no spec failed; the end of its output:\n%s", p.name, runErr, tailFile(output, 60))
+		t.Errorf("e2e %s: ginkgo: %v, with no spec failed; the end of its output:\n%s", p.name, runErr, tailFile(r.output, 60))
 	}
 	return c
 }
@@ -286,6 +373,7 @@ func countE2E(path string, p e2ePass) (e2eCounts, error) {
 		return c, fmt.Errorf("%s: %v", path, err)
 	}
 	focus, skip, deferred := regexp.MustCompile(p.focus), regexp.MustCompile(p.skip), regexp.MustCompile(p.deferred)
+	others := regexp.MustCompile(p.others)
 	for _, suite := range r {
 		for _, s := range suite.SpecReports {
 			text := strings.Join(append(slices.Clone(s.ContainerHierarchyTexts), s.LeafNodeText), " ")
@@ -306,7 +394,8 @@ func countE2E(path string, p e2ePass) (e2eCounts, error) {
 				}
 			case "skipped", "pending":
 				labels := slices.Concat(append(slices.Clone(s.ContainerHierarchyLabels), s.LeafNodeLabels)...)
-				if !focus.MatchString(text) || slices.Contains(labels, "Serial") != (p.labels == "Serial") {
+				if !focus.MatchString(text) || slices.Contains(labels, "Serial") != (p.labels == "Serial") ||
+					p.others != "" && others.MatchString(text) {
 					continue // not of this pass
 				}
 				if s.Failure.Message != "" {
