@@ -102,6 +102,10 @@ kernel_independent+='|TestContainerLogFormat|TestContainerLogRotation|TestStartu
 # the VM (AppArmor is its LSM) as on the host: 77 s of the VM's
 # (2026-11-29, two runs' mean).
 kernel_independent+='|TestPodValidation|TestUsernsOptionsRefused|TestSELinuxOptions'
+# Likewise refused before the kernel: a CreateContainer whose image volume's
+# image is not pulled yet, and containers and a pod resize an NRI plugin
+# rejects (or whose sysctl adjustment berth refuses): 31 s of the VM's.
+kernel_independent+='|TestImageVolumePendingMakesNothing|TestNRIRefusals'
 # What berth makes of the image and the pod's config, set the same way on
 # every kernel: the user, group and supplementary groups a container runs
 # with (resolved from the image's /etc/passwd and /etc/group, set by
