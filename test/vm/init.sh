@@ -111,5 +111,10 @@ if [ -n "$left" ]; then
 	echo "$left" | sed 's/^/berth-vm:   /'
 	status=1
 fi
-echo "berth-vm: done at $(cut -d' ' -f1 /proc/uptime)s uptime"
+# How busy the emulated CPUs were since boot (/proc/stat's first line:
+# user nice system idle iowait ...): under TCG a vCPU that idles costs the
+# host nothing, so this says how much of the host's CPU the tier can leave
+# to the tiers beside it.
+busy=$(awk '/^cpu / {idle = $5 + $6; for (i = 2; i <= NF; i++) all += $i; printf "%.0f", 100 * (all - idle) / all}' /proc/stat)
+echo "berth-vm: done at $(cut -d' ' -f1 /proc/uptime)s uptime; CPUs busy $busy% of it"
 finish $status
