@@ -17,7 +17,7 @@ PREFIX    ?= /usr/local
 BERTH_GOFLAGS := -trimpath -tags=netgo,osusergo
 BERTH_GO  := GOFLAGS='$(BERTH_GOFLAGS)' $(GO)
 
-.PHONY: build cbins deps test test-host test-unit test-fuzz fuzz test-integration soak test-soak deps-vm test-vm test-vm-systemd test-vm-critest test-kubelet test-cluster test-e2e test-conformance deps-e2e k8s-bins kubelet-bins cluster-bins e2e-bins lint run bench bench-compare install start clean
+.PHONY: build cbins deps test test-host test-unit test-fuzz fuzz test-integration soak test-soak deps-vm test-vm test-vm-busybox test-vm-systemd test-vm-critest test-kubelet test-cluster test-e2e test-conformance deps-e2e k8s-bins kubelet-bins cluster-bins e2e-bins lint run bench bench-compare install start clean
 
 # The shim and its helper are linked statically: they need no libc on the
 # node (nor in the VM tier). The shim, one per pod for the pod's lifetime,
@@ -57,9 +57,10 @@ deps:
 # (CI's budget is 40 minutes on 2 cores).
 # test/tiers.sh builds the Kubernetes binaries (k8s-bins) in the background,
 # at the lowest priority, while the host and VM tiers run, and runs the VM
-# tier in the background beside the kubelet and cluster tiers. Every tier's
+# tier's busybox boot in the background beside the kubelet and cluster
+# tiers, its systemd boot after it beside the e2e tier. Every tier's
 # packages are installed first, so that no two tiers run apt at once.
-TEST_TIERS := test-host test-vm test-kubelet test-cluster test-e2e
+TEST_TIERS := test-host test-vm-busybox test-kubelet test-cluster test-vm-systemd test-e2e
 test: deps deps-vm deps-e2e
 	@MAKE="$(MAKE)" BIN=$(BIN) test/tiers.sh $(TEST_TIERS)
 
@@ -253,9 +254,12 @@ deps-vm:
 # for its knobs (BERTH_VM_RUN filters the integration suite). Two boots: with
 # busybox as init (the cgroupfs driver, the whole suite), then with Debian's
 # systemd as PID 1 (test-vm-systemd: the systemd driver's tests).
-test-vm: deps-vm
+# test-vm is both boots, one after the other; make test runs them as tiers of
+# their own (test/tiers.sh).
+test-vm: test-vm-busybox test-vm-systemd
+
+test-vm-busybox: deps-vm
 	GO=$(GO) test/vm/run.sh
-	GO=$(GO) BERTH_VM_INIT=systemd BERTH_VM_OUT=$(CURDIR)/$(BIN)/vm-systemd test/vm/run.sh
 
 test-vm-systemd: deps-vm
 	GO=$(GO) BERTH_VM_INIT=systemd BERTH_VM_OUT=$(CURDIR)/$(BIN)/vm-systemd test/vm/run.sh

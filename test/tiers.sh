@@ -8,10 +8,18 @@
 #   time the host tiers leave idle (tests waiting on processes). A tier that
 #   runs them waits only for its own (the kubelet tier's kubelet is built
 #   first), and from then on the build runs at normal priority.
-# - The VM tier runs in the background once the tiers before it are done,
-#   beside the tiers after it: the kubelet and cluster tiers mostly wait on
-#   the kubelet's and the control plane's loops, and the VM's emulated CPUs
-#   use that time. Its output goes to a log, printed whole when it ends.
+# - The VM tier's two boots run in the background, one at a time (two TCG
+#   guests would share the CPU each of them needs), each beside the tiers
+#   after it: the busybox boot (the privileged suite) once the host tiers are
+#   done, beside the kubelet and cluster tiers, which mostly wait on the
+#   kubelet's and the control plane's loops, and the VM's emulated CPUs use
+#   that time; the systemd boot (the systemd driver's tests, a minute of
+#   tests under TCG) after it, beside the e2e tier, whose specs mostly wait
+#   on timers. The e2e suite's processes starved the busybox boot's suite
+#   (its integration tests ran past 15 minutes, or timed out inside), so the
+#   e2e tier comes after the systemd boot in make test's order, and so after
+#   the busybox boot's end. A background tier's output goes to a log,
+#   printed whole when it ends.
 set -uo pipefail
 
 make=${MAKE:-make}
@@ -22,12 +30,7 @@ log=$bin/k8s-build.log
 # kubelet is built, beside the build of the cluster's binaries, and the
 # cluster tier beside the build of the e2e tier's (e2e.test, ginkgo, agnhost).
 declare -A k8s_target=([test-kubelet]=kubelet-bins [test-cluster]=cluster-bins [test-e2e]=e2e-bins)
-background_tiers=" test-vm "
-# Tiers that load the host too much to share it with the background tier:
-# the e2e suite's 16 processes starved the VM's emulated CPUs (its
-# integration tests ran past 15 minutes, or timed out inside), so it starts
-# once the background tier is done.
-alone_tiers=" test-e2e "
+background_tiers=" test-vm-busybox test-vm-systemd "
 
 mkdir -p "$bin"
 targets=()
@@ -123,6 +126,7 @@ args=("$@")
 for i in "${!args[@]}"; do
 	tier=${args[i]}
 	[[ -n ${k8s_target[$tier]:-} ]] && wait_for_build "${k8s_target[$tier]}"
+	[[ $background_tiers == *" $tier "* && -n $bg_pid ]] && wait_for_background
 	if [[ $background_tiers == *" $tier "* ]] && ((i + 1 < ${#args[@]})); then
 		bg_tier=$tier bg_log=$bin/$tier.log
 		echo "$tier runs in the background beside the tiers after it (log: $bg_log)"
@@ -132,7 +136,6 @@ for i in "${!args[@]}"; do
 		bg_pid=$!
 		continue
 	fi
-	[[ $alone_tiers == *" $tier "* && -n $bg_pid ]] && wait_for_background
 	start=$(date +%s)
 	"$make" --no-print-directory "$tier"
 	rc=$?
