@@ -106,6 +106,11 @@ kernel_independent+='|TestPodValidation|TestUsernsOptionsRefused|TestSELinuxOpti
 # image is not pulled yet, and containers and a pod resize an NRI plugin
 # rejects (or whose sysctl adjustment berth refuses): 31 s of the VM's.
 kernel_independent+='|TestImageVolumePendingMakesNothing|TestNRIRefusals'
+# And two of the checkpoint tests' refusals, decided from annotations and
+# the image's manifest before CRIU or any kernel call: a CRIU configuration
+# file named by a pod's annotation, and checkpoint images berth cannot
+# restore from (14 s of the VM's, in its serial part).
+kernel_independent+='|TestCRIUConfigAnnotationRefused|TestRestoreRefused'
 # What berth makes of the image and the pod's config, set the same way on
 # every kernel: the user, group and supplementary groups a container runs
 # with (resolved from the image's /etc/passwd and /etc/group, set by
