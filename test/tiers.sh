@@ -15,11 +15,8 @@
 #   kubelet's and the control plane's loops, and the VM's emulated CPUs use
 #   that time; the systemd boot (the systemd driver's tests, a minute of
 #   tests under TCG) after it, beside the e2e tier, whose specs mostly wait
-#   on timers. The e2e suite's processes starved the busybox boot's suite
-#   (its integration tests ran past 15 minutes, or timed out inside), so the
-#   e2e tier comes after the systemd boot in make test's order, and so after
-#   the busybox boot's end. A background tier's output goes to a log,
-#   printed whole when it ends.
+#   on timers. A background tier's output goes to a log, printed whole when
+#   it ends.
 set -uo pipefail
 
 make=${MAKE:-make}
@@ -31,6 +28,10 @@ log=$bin/k8s-build.log
 # cluster tier beside the build of the e2e tier's (e2e.test, ginkgo, agnhost).
 declare -A k8s_target=([test-kubelet]=kubelet-bins [test-cluster]=cluster-bins [test-e2e]=e2e-bins)
 background_tiers=" test-vm-busybox test-vm-systemd "
+# The background tier a tier waits for, should it still run, rather than
+# run beside it: the e2e suite's processes starved the busybox boot's suite
+# (its integration tests ran past 15 minutes, or timed out inside).
+declare -A not_beside=([test-e2e]=test-vm-busybox)
 
 mkdir -p "$bin"
 targets=()
@@ -127,6 +128,7 @@ for i in "${!args[@]}"; do
 	tier=${args[i]}
 	[[ -n ${k8s_target[$tier]:-} ]] && wait_for_build "${k8s_target[$tier]}"
 	[[ $background_tiers == *" $tier "* && -n $bg_pid ]] && wait_for_background
+	[[ -n $bg_pid && ${not_beside[$tier]:-} == "$bg_tier" ]] && wait_for_background
 	if [[ $background_tiers == *" $tier "* ]] && ((i + 1 < ${#args[@]})); then
 		bg_tier=$tier bg_log=$bin/$tier.log
 		echo "$tier runs in the background beside the tiers after it (log: $bg_log)"
