@@ -6,8 +6,9 @@
 package stats
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/image"
@@ -346,9 +348,9 @@ func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 		// (and escape eviction) by making one entry unreadable.
 		log.Warn("writable layer usage: entries not counted", "dir", upper, "skipped", du.skipped, "err", du.firstErr)
 	}
-	if du.stopped != nil {
-		// What was counted is reported: growing figures, not frozen ones.
-		log.Warn("writable layer usage: walk stopped early, the rest not counted", "dir", upper, "err", du.stopped)
+	if du.tooDeep > 0 {
+		log.Warn("writable layer usage: folders nested deeper than one walk holds, their content not counted; the figures do not go down meanwhile",
+			"dir", upper, "folders", du.tooDeep, "depth", layerWalkLimits.maxDepth())
 	}
 	if du.linkShares > 0 {
 		log.Warn("writable layer usage: more hard-linked files than one walk remembers; the rest counted by their share at each name",
@@ -359,6 +361,11 @@ func (l *layerUsages) walk(u *layerUsage, upper string, log *slog.Logger) {
 	u.walking = false
 	if err != nil {
 		return
+	}
+	if du.tooDeep > 0 {
+		// Part of the layer was not counted: a container must not lower its
+		// figures (and escape eviction) by nesting folders that deep.
+		du.bytes, du.inodes = max(du.bytes, u.bytes), max(du.inodes, u.inodes)
 	}
 	if du.bytes != u.bytes || du.inodes != u.inodes {
 		l.version.Add(1)
@@ -411,9 +418,12 @@ type layerFigures struct {
 	// remembered its limit of them: each counts its share of the file's
 	// size (see countFile).
 	linkShares int
-	// stopped says why the walk ended before the last entry: what it had
-	// counted is reported (see walkLimits.heldBytes).
-	stopped error
+	// shed counts the names the walk let go of past its limit of held
+	// bytes, and read again later (see layerWalk.shed): all counted.
+	shed int
+	// tooDeep counts the folders deeper than the walk's limit holds
+	// (walkLimits.maxDepth): counted, their content not.
+	tooDeep int
 }
 
 // maxWalkFDs bounds the folder descriptors one walk holds open: one per
@@ -428,15 +438,24 @@ type walkLimits struct {
 	linkedFiles int
 	// heldBytes bounds the folder levels and names the walk holds: each
 	// folder on its path keeps its place and at most one read of its
-	// names (namesBufSize). Past it, the walk stops where it is and
-	// reports what it counted, saying so.
+	// names (namesBufSize). Past it, the walk lets go of the names held
+	// by the highest folders, keeping where to read them again (see
+	// layerWalk.shed); the folders themselves bound how deep it goes (see
+	// maxDepth).
 	heldBytes int
 }
 
 // layerWalkLimits are the walks' limits: a few MiB of hard-link map, and
-// 16 MiB of path, which only a chain of folders some hundred thousand
-// deep reaches.
+// 16 MiB of path and names, whose folders alone only a chain some two
+// hundred thousand deep passes.
 var layerWalkLimits = walkLimits{linkedFiles: 1 << 16, heldBytes: 16 << 20}
+
+// maxDepth is how deep a walk goes within heldBytes: the folders on its
+// path, and the deepest one's names, all that is left once the others'
+// are shed. A folder deeper is counted, its content not.
+func (l walkLimits) maxDepth() int {
+	return max(1, (l.heldBytes-maxReadHeld)/frameBytes)
+}
 
 // namesBufSize is one getdents read: the most names a folder on the walk's
 // path holds at a time.
@@ -444,17 +463,32 @@ const namesBufSize = 32 << 10
 
 // frameBytes and nameOverhead are what the walk counts against its
 // heldBytes limit for a folder on its path and for a name, beside its
-// bytes: the size of walkFrame and of a string header, near enough.
-const frameBytes, nameOverhead = 80, 16
+// bytes: the size of walkFrame and of a dirName, near enough.
+const frameBytes, nameOverhead = 80, 24
+
+// maxReadHeld is the most one read of names counts against heldBytes: a
+// dirent takes at least 24 bytes of the buffer and more than its name, so
+// a name and its overhead take at most twice its dirent.
+const maxReadHeld = 2 * namesBufSize
 
 // walkFrame is a folder on the walk's path from the top to where it is.
 type walkFrame struct {
 	fd       int // -1 while closed (the walk is deeper than maxWalkFDs below)
 	dev, ino uint64
-	names    []string // read and not visited yet
-	held     int      // bytes of names counted against the heldBytes limit
-	read     bool     // every name read: nothing left to read from fd
-	pos      int64    // where the next read starts, kept while fd is closed
+	names    []dirName // read and not visited yet
+	held     int       // bytes of names counted against the heldBytes limit
+	pos      int64     // the folder offset the next read starts at
+	read     bool      // every name read: nothing left to read from fd
+	// moved says fd's offset is not pos: names read were shed, and are to
+	// be read again from pos.
+	moved bool
+}
+
+// dirName is a name read from a folder, and the folder offset a read
+// starts at to return it again.
+type dirName struct {
+	name  string
+	start int64
 }
 
 // diskUsage counts the space the files and folders under dir take (a
@@ -473,7 +507,7 @@ func diskUsage(dir string, limits walkLimits) (du layerFigures, err error) {
 	if err != nil {
 		return du, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	w := layerWalk{limits: limits, linked: map[fileID]struct{}{}, buf: make([]byte, namesBufSize)}
+	w := layerWalk{limits: limits, maxDepth: limits.maxDepth(), linked: map[fileID]struct{}{}, buf: make([]byte, namesBufSize)}
 	var st unix.Stat_t
 	if err := unix.Fstat(top, &st); err != nil {
 		unix.Close(top)
@@ -491,11 +525,16 @@ func diskUsage(dir string, limits walkLimits) (du layerFigures, err error) {
 type fileID struct{ dev, ino uint64 }
 
 type layerWalk struct {
-	limits walkLimits
-	du     layerFigures
-	path   []walkFrame
-	open   int // frames of path whose fd is open: the last ones
-	held   int // bytes of path and its names, against limits.heldBytes
+	limits   walkLimits
+	maxDepth int
+	du       layerFigures
+	path     []walkFrame
+	open     int // frames of path whose fd is open: the last ones
+	held     int // bytes of path and its names, against limits.heldBytes
+	// bare is how many frames at the top of path hold no names: shed
+	// starts below them, so that a deep path is not looked over at each
+	// step.
+	bare   int
 	linked map[fileID]struct{}
 	buf    []byte // getdents
 }
@@ -505,8 +544,7 @@ type layerWalk struct {
 // when it has none left.
 func (w *layerWalk) step() {
 	if w.held > w.limits.heldBytes {
-		w.stop()
-		return
+		w.shed()
 	}
 	cur := &w.path[len(w.path)-1]
 	if len(cur.names) == 0 && !cur.read {
@@ -516,7 +554,7 @@ func (w *layerWalk) step() {
 		w.pop()
 		return
 	}
-	name := cur.names[0]
+	name := cur.names[0].name
 	cur.names = cur.names[1:]
 	cost := len(name) + nameOverhead
 	cur.held -= cost
@@ -533,6 +571,10 @@ func (w *layerWalk) step() {
 		}
 	case unix.S_IFDIR:
 		w.countFolder(&st)
+		if len(w.path) >= w.maxDepth {
+			w.du.tooDeep++
+			return
+		}
 		w.enter(cur.fd, name)
 		return
 	default: // a symlink whose target is too long for its inode takes a block
@@ -600,16 +642,9 @@ func (w *layerWalk) push(fd int, st *unix.Stat_t) {
 	}
 }
 
-// close closes a folder above the deepest ones, keeping where its next
+// close closes a folder above the deepest ones; pos keeps where its next
 // read starts (a directory offset, which lseek takes back on a new open).
 func (w *layerWalk) close(f *walkFrame) {
-	if !f.read {
-		pos, err := unix.Seek(f.fd, 0, io.SeekCurrent)
-		if err != nil {
-			w.skipUnread(f, err)
-		}
-		f.pos = pos
-	}
 	unix.Close(f.fd)
 	f.fd = -1
 	w.open--
@@ -622,6 +657,7 @@ func (w *layerWalk) pop() {
 	done := w.path[len(w.path)-1]
 	w.path = w.path[:len(w.path)-1]
 	w.held -= frameBytes + done.held
+	w.bare = min(w.bare, len(w.path))
 	if len(w.path) > 0 {
 		if parent := &w.path[len(w.path)-1]; parent.fd < 0 {
 			w.reopen(parent, done.fd)
@@ -656,7 +692,7 @@ func (w *layerWalk) reopen(f *walkFrame, childFD int) {
 			return
 		}
 	}
-	f.fd = fd
+	f.fd, f.moved = fd, false
 	w.open++
 }
 
@@ -696,21 +732,36 @@ func (w *layerWalk) noteSkip(err error) {
 	}
 }
 
-// stop ends a walk whose path and names passed their limit: what it
-// counted so far is the figure, marked stopped.
-func (w *layerWalk) stop() {
-	w.du.stopped = fmt.Errorf("the walk stopped %d folders deep: the folders and names it holds passed %d bytes", len(w.path), w.limits.heldBytes)
-	for _, f := range w.path {
-		if f.fd >= 0 {
-			unix.Close(f.fd)
+// shed lets go of the names held by the highest folders on the path, down
+// to half the heldBytes limit (so that it runs seldom), keeping in each
+// folder the offset its first name not visited is read from: the walk
+// reads them again when it is back in that folder, and still counts
+// everything. The deepest folder keeps its names; within maxDepth, the
+// folders and those names are within the limit. A chain of folders each
+// full of long names costs one more read per folder shed, not memory.
+func (w *layerWalk) shed() {
+	for ; w.bare < len(w.path)-1 && w.held > w.limits.heldBytes/2; w.bare++ {
+		f := &w.path[w.bare]
+		if len(f.names) == 0 {
+			continue
 		}
+		w.du.shed += len(f.names)
+		w.held -= f.held
+		f.pos, f.moved = f.names[0].start, true
+		f.names, f.held = nil, 0
 	}
-	w.path, w.open, w.held = nil, 0, 0
 }
 
 // readNames reads the next names of the folder f, open; at the end (or on
 // an error, skipped) it is marked read.
 func (w *layerWalk) readNames(f *walkFrame) {
+	if f.moved {
+		if _, err := unix.Seek(f.fd, f.pos, io.SeekStart); err != nil {
+			w.skipUnread(f, err)
+			return
+		}
+		f.moved = false
+	}
 	for len(f.names) == 0 {
 		n, err := unix.Getdents(f.fd, w.buf)
 		if err == unix.EINTR {
@@ -724,12 +775,45 @@ func (w *layerWalk) readNames(f *walkFrame) {
 			f.read = true
 			return
 		}
-		_, _, f.names = unix.ParseDirent(w.buf[:n], -1, f.names) // without . and ..
+		f.names = appendNames(f.names, w.buf[:n], &f.pos)
 	}
-	for _, name := range f.names {
-		f.held += len(name) + nameOverhead
+	for _, n := range f.names {
+		f.held += len(n.name) + nameOverhead
 	}
 	w.held += f.held
+}
+
+// The layout of struct linux_dirent64, which getdents returns.
+var (
+	direntOff    = int(unsafe.Offsetof(unix.Dirent{}.Off))
+	direntReclen = int(unsafe.Offsetof(unix.Dirent{}.Reclen))
+	direntName   = int(unsafe.Offsetof(unix.Dirent{}.Name))
+)
+
+// appendNames appends to names those of the dirents in buf, read from
+// offset *pos of their folder, without "." and ".." and deleted entries,
+// each with the offset it is read again from; *pos becomes the offset
+// after them. (unix.ParseDirent drops the offsets.)
+func appendNames(names []dirName, buf []byte, pos *int64) []dirName {
+	for len(buf) > direntName {
+		reclen := int(binary.NativeEndian.Uint16(buf[direntReclen:]))
+		if reclen <= direntName || reclen > len(buf) {
+			break
+		}
+		ino := binary.NativeEndian.Uint64(buf)
+		name := buf[direntName:reclen]
+		if i := bytes.IndexByte(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		start := *pos
+		*pos = int64(binary.NativeEndian.Uint64(buf[direntOff:]))
+		buf = buf[reclen:]
+		if ino == 0 || string(name) == "." || string(name) == ".." {
+			continue
+		}
+		names = append(names, dirName{string(name), start})
+	}
+	return names
 }
 
 // PodNetworkUsage reads the counters of the pod's interfaces from inside its

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/berth-runtime/berth/cgroups"
 	"github.com/berth-runtime/berth/sandbox/shim"
@@ -271,9 +272,9 @@ func TestDiskUsageDeeperThanPathMax(t *testing.T) {
 		t.Errorf("%d descriptors open after the walk, %d before", after, before)
 	}
 	wantInodes := uint64(1 + levels + 3 + 2) // the top, the chain, "beside" thrice, f1 and f2 once
-	if want := 3 + 4096 + 8192 + folders; du.bytes != want || du.inodes != wantInodes || du.skipped != 0 || du.stopped != nil {
-		t.Errorf("diskUsage = %d bytes, %d inodes, %d skipped (%v), stopped %v; want %d, %d, 0, not stopped",
-			du.bytes, du.inodes, du.skipped, du.firstErr, du.stopped, want, wantInodes)
+	if want := 3 + 4096 + 8192 + folders; du.bytes != want || du.inodes != wantInodes || du.skipped != 0 || du.tooDeep != 0 {
+		t.Errorf("diskUsage = %d bytes, %d inodes, %d skipped (%v), %d folders too deep; want %d, %d, none skipped",
+			du.bytes, du.inodes, du.skipped, du.firstErr, du.tooDeep, want, wantInodes)
 	}
 }
 
@@ -348,9 +349,9 @@ func TestDiskUsageCountsFoldersAsDu(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := duBytes(t, dir); du.bytes != want || du.skipped != 0 || du.stopped != nil || du.linkShares != 0 {
-		t.Errorf("diskUsage = %d bytes (skipped %d, stopped %v, shares %d); du -s --block-size=1 says %d",
-			du.bytes, du.skipped, du.stopped, du.linkShares, want)
+	if want := duBytes(t, dir); du.bytes != want || du.skipped != 0 || du.tooDeep != 0 || du.linkShares != 0 {
+		t.Errorf("diskUsage = %d bytes (skipped %d, too deep %d, shares %d); du -s --block-size=1 says %d",
+			du.bytes, du.skipped, du.tooDeep, du.linkShares, want)
 	}
 	// The top, wide and its 2000, a, b, c, data, the linked files once.
 	if want := uint64(1 + 1 + 2000 + 3 + 1 + 3); du.inodes != want {
@@ -360,8 +361,9 @@ func TestDiskUsageCountsFoldersAsDu(t *testing.T) {
 
 // TestDiskUsageBounded: a walk remembers at most its limit of hard-linked
 // files; past it each further name counts its share, so that the bytes stay
-// du's. And a walk whose path passes its limit of held bytes stops there,
-// says so, reports what it counted and leaves no descriptor open.
+// du's. And a walk holds at most its limit of folders on its path: a folder
+// deeper is counted, not its content, which the walk says, and everything
+// beside the chain is still counted, with no descriptor left open.
 func TestDiskUsageBounded(t *testing.T) {
 	dir := t.TempDir()
 	const linked, remembered = 10, 4
@@ -370,9 +372,9 @@ func TestDiskUsageBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := duBytes(t, dir); du.bytes != want || du.linkShares != 2*(linked-remembered) || du.stopped != nil {
-		t.Errorf("diskUsage past %d linked files = %d bytes, %d names by share, stopped %v; want du's %d, %d, not stopped",
-			remembered, du.bytes, du.linkShares, du.stopped, want, 2*(linked-remembered))
+	if want := duBytes(t, dir); du.bytes != want || du.linkShares != 2*(linked-remembered) || du.tooDeep != 0 {
+		t.Errorf("diskUsage past %d linked files = %d bytes, %d names by share, %d folders too deep; want du's %d, %d, none",
+			remembered, du.bytes, du.linkShares, du.tooDeep, want, 2*(linked-remembered))
 	}
 
 	deep := t.TempDir()
@@ -386,17 +388,41 @@ func TestDiskUsageBounded(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(p, "bottom"), make([]byte, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(deep, "beside"), make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const depth = 10
+	limits := walkLimits{linkedFiles: remembered, heldBytes: depth*frameBytes + maxReadHeld}
+	if got := limits.maxDepth(); got != depth {
+		t.Fatalf("maxDepth = %d, want %d", got, depth)
+	}
 	before := openFDs(t)
-	du, err = diskUsage(deep, walkLimits{linkedFiles: remembered, heldBytes: 10 * frameBytes})
+	du, err = diskUsage(deep, limits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if after := openFDs(t); after != before {
-		t.Errorf("%d descriptors open after the stopped walk, %d before", after, before)
+		t.Errorf("%d descriptors open after the walk, %d before", after, before)
 	}
-	if du.stopped == nil || du.inodes == 0 || du.inodes >= 41 || du.bytes >= 1<<20 {
-		t.Errorf("a walk past its limit: %d bytes, %d inodes, stopped %v; want stopped, with what it counted before",
-			du.bytes, du.inodes, du.stopped)
+	// The top, the folders down to the one too deep, and beside.
+	var folders uint64
+	for i := range depth + 1 {
+		folders += folderBytes(t, filepath.Join(deep, strings.Repeat("d/", i)))
+	}
+	if du.tooDeep != 1 || du.inodes != depth+2 || du.bytes != folders+4096 {
+		t.Errorf("a walk past its depth: %d bytes, %d inodes, %d folders too deep; want %d, %d, 1",
+			du.bytes, du.inodes, du.tooDeep, folders+4096, depth+2)
+	}
+}
+
+// TestWalkFrameWithinItsCount: what the walk counts against its limit for a
+// folder on its path is at least what one takes.
+func TestWalkFrameWithinItsCount(t *testing.T) {
+	if size := unsafe.Sizeof(walkFrame{}); size > frameBytes {
+		t.Errorf("a walkFrame takes %d bytes, the walk counts %d", size, frameBytes)
+	}
+	if size := unsafe.Sizeof(dirName{}); size > nameOverhead {
+		t.Errorf("a dirName takes %d bytes, the walk counts %d", size, nameOverhead)
 	}
 }
 
@@ -407,4 +433,82 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(fds)
+}
+
+// writeHostileChain makes under dir a chain of levels folders, each holding
+// beside the next one as many 255-byte names as one read of a folder's
+// names returns, and at its bottom a file of bottom bytes (whole blocks, so
+// that du counts its size). A walk that holds each folder's unvisited names
+// while it is below it holds some 16 KiB a level here (the next folder is
+// anywhere among the names read): a few hundred levels pass 16 MiB.
+func writeHostileChain(t *testing.T, dir string, levels, bottom int) {
+	t.Helper()
+	const nameLen, direntLen = 255, 280 // a dirent of such a name, aligned
+	perLevel := namesBufSize/direntLen - 1
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { unix.Close(fd) }()
+	for range levels {
+		for i := range perLevel {
+			name := fmt.Sprintf("%05d%s", i, strings.Repeat("n", nameLen-5))
+			f, err := unix.Openat(fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			unix.Close(f)
+		}
+		next := strings.Repeat("d", nameLen)
+		if err := unix.Mkdirat(fd, next, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		nfd, err := unix.Openat(fd, next, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		fd = nfd
+	}
+	f, err := unix.Openat(fd, "bottom", unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(f)
+	if _, err := unix.Write(f, make([]byte, bottom)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDiskUsageHostileChainCounted: a chain of folders full of long names,
+// which a walk holding every unvisited name on its path cannot hold within
+// its bound, is counted whole, with the big file at its bottom and the one
+// beside its top: past the bound the walk sheds the names held by the
+// highest folders and reads them again on its way back up, so a container
+// cannot hide its disk use from eviction behind such a chain.
+func TestDiskUsageHostileChainCounted(t *testing.T) {
+	dir := t.TempDir()
+	const levels, heldBytes = 100, 512 << 10 // ~1.5 MiB of names held unshed
+	writeHostileChain(t, dir, levels, 4<<20)
+	if err := os.WriteFile(filepath.Join(dir, "beside"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := openFDs(t)
+	du, err := diskUsage(dir, walkLimits{linkedFiles: layerWalkLimits.linkedFiles, heldBytes: heldBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("%d descriptors open after the walk, %d before", after, before)
+	}
+	perLevel := uint64(namesBufSize/280 - 1)
+	wantInodes := 1 + levels*(perLevel+1) + 2 // the top, each level's names and folder, bottom and beside
+	if want := duBytes(t, dir); du.bytes != want || du.inodes != wantInodes || du.skipped != 0 || du.tooDeep != 0 {
+		t.Errorf("diskUsage = %d bytes, %d inodes, %d skipped (%v), %d folders too deep; du -s --block-size=1 says %d, want %d inodes, none skipped",
+			du.bytes, du.inodes, du.skipped, du.firstErr, du.tooDeep, want, wantInodes)
+	}
+	if du.shed == 0 {
+		t.Errorf("the walk shed no names: the chain never passed its bound of %d bytes", heldBytes)
+	}
+	t.Logf("%d bytes, %d inodes, %d names shed and read again", du.bytes, du.inodes, du.shed)
 }
