@@ -795,25 +795,44 @@ var (
 // each with the offset it is read again from; *pos becomes the offset
 // after them. (unix.ParseDirent drops the offsets.)
 func appendNames(names []dirName, buf []byte, pos *int64) []dirName {
-	for len(buf) > direntName {
-		reclen := int(binary.NativeEndian.Uint16(buf[direntReclen:]))
-		if reclen <= direntName || reclen > len(buf) {
-			break
-		}
-		ino := binary.NativeEndian.Uint64(buf)
-		name := buf[direntName:reclen]
+	if len(names) == 0 {
+		names = make([]dirName, 0, countDirents(buf)) // one allocation a read
+	}
+	for rec, rest := nextDirent(buf); rec != nil; rec, rest = nextDirent(rest) {
+		ino := binary.NativeEndian.Uint64(rec)
+		name := rec[direntName:]
 		if i := bytes.IndexByte(name, 0); i >= 0 {
 			name = name[:i]
 		}
 		start := *pos
-		*pos = int64(binary.NativeEndian.Uint64(buf[direntOff:]))
-		buf = buf[reclen:]
+		*pos = int64(binary.NativeEndian.Uint64(rec[direntOff:]))
 		if ino == 0 || string(name) == "." || string(name) == ".." {
 			continue
 		}
 		names = append(names, dirName{string(name), start})
 	}
 	return names
+}
+
+// countDirents is how many dirents buf holds.
+func countDirents(buf []byte) (n int) {
+	for rec, rest := nextDirent(buf); rec != nil; rec, rest = nextDirent(rest) {
+		n++
+	}
+	return n
+}
+
+// nextDirent splits the first dirent of buf from the rest; rec is nil when
+// buf holds no whole one.
+func nextDirent(buf []byte) (rec, rest []byte) {
+	if len(buf) <= direntName {
+		return nil, nil
+	}
+	reclen := int(binary.NativeEndian.Uint16(buf[direntReclen:]))
+	if reclen <= direntName || reclen > len(buf) {
+		return nil, nil
+	}
+	return buf[:reclen], buf[reclen:]
 }
 
 // PodNetworkUsage reads the counters of the pod's interfaces from inside its
