@@ -439,8 +439,9 @@ func openFDs(t *testing.T) int {
 // beside the next one as many 255-byte names as one read of a folder's
 // names returns, and at its bottom a file of bottom bytes (whole blocks, so
 // that du counts its size). A walk that holds each folder's unvisited names
-// while it is below it holds some 16 KiB a level here (the next folder is
-// anywhere among the names read): a few hundred levels pass 16 MiB.
+// while it is below it holds 16-32 KiB a level here (the next folder is
+// made first, is read first in creation order (tmpfs), anywhere among the
+// names in hash order (ext4)): a few hundred levels pass 16 MiB.
 func writeHostileChain(t *testing.T, dir string, levels, bottom int) {
 	t.Helper()
 	const nameLen, direntLen = 255, 280 // a dirent of such a name, aligned
@@ -451,6 +452,10 @@ func writeHostileChain(t *testing.T, dir string, levels, bottom int) {
 	}
 	defer func() { unix.Close(fd) }()
 	for range levels {
+		next := strings.Repeat("d", nameLen)
+		if err := unix.Mkdirat(fd, next, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		for i := range perLevel {
 			name := fmt.Sprintf("%05d%s", i, strings.Repeat("n", nameLen-5))
 			f, err := unix.Openat(fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
@@ -458,10 +463,6 @@ func writeHostileChain(t *testing.T, dir string, levels, bottom int) {
 				t.Fatal(err)
 			}
 			unix.Close(f)
-		}
-		next := strings.Repeat("d", nameLen)
-		if err := unix.Mkdirat(fd, next, 0o755); err != nil {
-			t.Fatal(err)
 		}
 		nfd, err := unix.Openat(fd, next, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 		if err != nil {
