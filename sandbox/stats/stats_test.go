@@ -306,7 +306,7 @@ func duBytes(t *testing.T, dir string) uint64 {
 // folder, several reads of its names), nested folders, files whose sizes
 // are whole blocks (so that their size is what du counts) and files with
 // two names each (linked of them).
-func writeTree(t *testing.T, dir string, linked int) {
+func writeTree(t testing.TB, dir string, linked int) {
 	t.Helper()
 	wide := filepath.Join(dir, "wide")
 	deep := filepath.Join(dir, "a", "b", "c")

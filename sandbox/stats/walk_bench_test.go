@@ -8,7 +8,8 @@ import (
 )
 
 // BenchmarkDiskUsage walks a layer like an ordinary one: 100 folders of 100
-// small files, and a folder of 2000 long names (several reads of names).
+// small files, and writeTree's folder of 2000 long names (several reads of
+// names), nested folders and hard-linked files.
 func BenchmarkDiskUsage(b *testing.B) {
 	dir := b.TempDir()
 	for d := range 100 {
@@ -22,16 +23,7 @@ func BenchmarkDiskUsage(b *testing.B) {
 			}
 		}
 	}
-	wide := filepath.Join(dir, "wide")
-	if err := os.MkdirAll(wide, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	for i := range 2000 {
-		name := fmt.Sprintf("an-entry-with-a-name-long-enough-to-fill-blocks-%04d", i)
-		if err := os.WriteFile(filepath.Join(wide, name), nil, 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
+	writeTree(b, dir, 3)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {

@@ -21,13 +21,7 @@ func TestWritableLayerUsageDeeperThanPathMax(t *testing.T) {
 	cfg := e.podConfig("deepusage")
 	pod := e.runPod(t, cfg)
 	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("deep", sleeper...))
-	usage := func() *runtimeapi.FilesystemUsage {
-		resp, err := e.d.Runtime.ContainerStats(t.Context(), &runtimeapi.ContainerStatsRequest{ContainerId: ctr})
-		if err != nil {
-			t.Fatalf("ContainerStats: %v", err)
-		}
-		return resp.Stats.WritableLayer
-	}
+	usage := func() *runtimeapi.FilesystemUsage { return e.writableLayer(t, ctr) }
 	// Figures of the layer before the chain: what a walk that fails keeps.
 	usage()
 
@@ -69,13 +63,7 @@ func TestWritableLayerUsageBehindLongNames(t *testing.T) {
 	cfg := e.podConfig("longnames")
 	pod := e.runPod(t, cfg)
 	ctr := e.runContainer(t, pod, cfg, e.ctrConfig("hostile", sleeper...))
-	usage := func() *runtimeapi.FilesystemUsage {
-		resp, err := e.d.Runtime.ContainerStats(t.Context(), &runtimeapi.ContainerStatsRequest{ContainerId: ctr})
-		if err != nil {
-			t.Fatalf("ContainerStats: %v", err)
-		}
-		return resp.Stats.WritableLayer
-	}
+	usage := func() *runtimeapi.FilesystemUsage { return e.writableLayer(t, ctr) }
 	usage()
 
 	// 116 names of 255 bytes fill one 32 KiB read of a folder's names; the
@@ -114,4 +102,14 @@ func TestWritableLayerUsageBehindLongNames(t *testing.T) {
 	t.Logf("writable layer = %d bytes, %d inodes; the chain's blocks %d bytes", got.GetUsedBytes().GetValue(), got.GetInodesUsed().GetValue(), chainBytes)
 	e.removePod(t, pod)
 	e.assertNoLeaks(t)
+}
+
+// writableLayer is the figures ContainerStats gives of ctr's writable layer.
+func (e *podEnv) writableLayer(t *testing.T, ctr string) *runtimeapi.FilesystemUsage {
+	t.Helper()
+	resp, err := e.d.Runtime.ContainerStats(t.Context(), &runtimeapi.ContainerStatsRequest{ContainerId: ctr})
+	if err != nil {
+		t.Fatalf("ContainerStats: %v", err)
+	}
+	return resp.Stats.WritableLayer
 }
