@@ -103,9 +103,10 @@ type partWritten struct {
 
 // fetchBlob starts the download of blob d (size bytes) and returns its
 // content as a stream that ends with the digest check of the whole blob.
-// While it waits for the blob's partial file, the bytes the download
-// holding it writes are the pull's progress: one that writes none stalls
-// this pull too. Waiting for a download slot is not a stall of the pull.
+// While it waits for the blob's partial file, held by a download from the
+// same source, that download's pull's progress is this pull's: one that
+// stalls stalls this pull too, and its wait for a download slot does not.
+// Waiting for a download slot is not a stall of the pull.
 func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest.Digest, size int64, watch *progressWatch) (io.ReadCloser, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("blob %s: its descriptor says %d bytes", d, size)
@@ -116,7 +117,7 @@ func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest
 	if max := s.opts.MaxLayerBytes; max > 0 && size > max {
 		return nil, fmt.Errorf("%w: blob %s: its descriptor says %d bytes, more than %d", unpack.ErrTooLarge, d, size, max)
 	}
-	file, err := s.content.OpenPartial(ctx, d, size, watch.touch)
+	file, err := s.content.OpenPartial(ctx, d, size, content.Downloader{Source: blobs.Source(), Clock: &watch.last, Progressed: watch.touch})
 	if err != nil {
 		return nil, err
 	}

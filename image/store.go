@@ -43,10 +43,15 @@ type layerSource struct {
 	// open returns a layer's uncompressed tar stream and a check to run
 	// once the stream has been read to its end.
 	open func(context.Context, v1.Layer) (io.ReadCloser, func() error, error)
-	// blob names the content open reads for a layer (its blob's digest):
-	// pulls that read the same blob share one unpack of it. Nil: never
-	// shared (an import's files, whose compressed digest is not at hand).
+	// blob names the content open reads for a layer: its source (the
+	// endpoint's host and repository) and its blob's digest. Pulls that
+	// read the same blob from the same source share one unpack of it; a
+	// pull from another source never waits on it (a registry serving the
+	// blob slowly holds only its own pulls). Nil: never shared (an
+	// import's files, whose compressed digest is not at hand).
 	blob func(v1.Layer) (string, error)
+	// digest is a layer's blob digest; nil where blob is.
+	digest func(v1.Layer) (digest.Digest, error)
 	// lazy fetches byte ranges of eStargz layers that are pulled lazily
 	// (lazy.go); nil: every layer is unpacked whole.
 	lazy lazy.Source
@@ -205,13 +210,15 @@ func decodeConfig(raw []byte, layers int) (ocispec.Image, []string, error) {
 }
 
 // ensureLayer makes sure the snapshot chainID exists, unpacking l if not.
-// Concurrent pulls that fetch the same blob for one chain ID share one
-// unpack: the first does it, the others wait for it (waitShared). A pull
-// whose blob differs (another registry's copy, or a hostile image that
+// Concurrent pulls that fetch the same blob from the same source for one
+// chain ID share one unpack: the first does it, the others wait for it
+// (waitShared). A pull whose blob or source differs (another registry's
+// copy, a registry that trickles a popular blob, or a hostile image that
 // names this layer's diff IDs) never waits on it: each unpacks its own,
 // and the first to pass its diff ID check is kept. When the shared unpack
-// fails, its waiters unpack their own blob rather than take another pull's
-// error.
+// fails because its pull ended (cancelled, or stalled), its waiters unpack
+// the blob themselves rather than take another pull's error; a failure
+// the blob decided (its digest, its diff ID, its size) is theirs too.
 func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted, watch *progressWatch) error {
 	key := ""
 	if src.blob != nil {
@@ -243,14 +250,21 @@ func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, d
 			s.metrics.layer("reused")
 			return nil
 		}
+		if !f.pullEnded {
+			return f.err
+		}
 		s.log.Info("another pull's unpack of a shared layer failed; this pull fetches it itself", "layer", diffID, "err", f.err)
 	}
 }
 
-// layerFlight is one unpack in progress; err is set before done closes.
+// layerFlight is one unpack in progress; err and pullEnded are set before
+// done closes.
 type layerFlight struct {
 	done chan struct{}
 	err  error
+	// pullEnded says err is the unpacking pull's end (its context's), not
+	// the blob's: the blob may still be good.
+	pullEnded bool
 	// progress is the progress clock of the pull doing the unpack (its
 	// watch's last): its bytes, and its waits for slots that its own watch
 	// excuses, such as this unpack's wait for one of its pull's slots.
@@ -273,6 +287,7 @@ func (s *Service) joinLayer(key string, watch *progressWatch) (f *layerFlight, f
 // runLayerFlight unpacks the layer for the pulls that joined f.
 func (s *Service) runLayerFlight(ctx context.Context, f *layerFlight, key string, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted) error {
 	f.err = s.unpackOwn(ctx, l, chainID, diffID, src, slots)
+	f.pullEnded = ctx.Err() != nil
 	s.inflightMu.Lock()
 	delete(s.inflight, key)
 	s.inflightMu.Unlock()
@@ -291,8 +306,30 @@ func (s *Service) unpackOwn(ctx context.Context, l v1.Layer, chainID string, dif
 		return nil
 	case err == nil:
 		s.metrics.layer("unpacked")
+	default:
+		s.dropUselessPartial(l, chainID, src)
 	}
 	return err
+}
+
+// dropUselessPartial deletes the partial download of l's blob, which a
+// failed unpack kept for its next attempt, when another pull committed the
+// layer meanwhile (from another source, while this one trickled): no
+// attempt will resume it.
+func (s *Service) dropUselessPartial(l v1.Layer, chainID string, src layerSource) {
+	if src.digest == nil {
+		return
+	}
+	if _, ok, err := s.snaps.Get(chainID); !ok || err != nil {
+		return
+	}
+	d, err := src.digest(l)
+	if err == nil {
+		err = s.content.DropPartial(d)
+	}
+	if err != nil {
+		s.log.Warn("removing the partial download of a layer on disk", "layer", chainID, "err", err)
+	}
 }
 
 // waitShared waits for f, another pull's unpack of a layer this pull
@@ -385,8 +422,12 @@ func layerError(diffID digest.Digest, err error) error {
 // (download.go), and streams through the decompressor its first bytes call
 // for (gzip, zstd or none).
 func (s *Service) remoteLayers(blobs *registry.Blobs, where *registry.BlobSource, watch *progressWatch) layerSource {
+	blobDigest := func(l v1.Layer) (digest.Digest, error) {
+		d, err := l.Digest() // the manifest's descriptor: nothing is fetched
+		return digest.Digest(d.String()), err
+	}
 	open := func(ctx context.Context, l v1.Layer) (io.ReadCloser, func() error, error) {
-		d, err := l.Digest()
+		d, err := blobDigest(l)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -394,17 +435,17 @@ func (s *Service) remoteLayers(blobs *registry.Blobs, where *registry.BlobSource
 		if err != nil {
 			return nil, nil, err
 		}
-		rc, err := s.fetchBlob(ctx, blobs, digest.Digest(d.String()), size, watch)
+		rc, err := s.fetchBlob(ctx, blobs, d, size, watch)
 		if err != nil {
 			return nil, nil, err
 		}
 		return decompressed(rc, s.gzip)
 	}
 	blob := func(l v1.Layer) (string, error) {
-		d, err := l.Digest() // the manifest's descriptor: nothing is fetched
-		return d.String(), err
+		d, err := blobDigest(l)
+		return blobs.Source() + "@" + d.String(), err
 	}
-	src := layerSource{open: open, blob: blob}
+	src := layerSource{open: open, blob: blob, digest: blobDigest}
 	if s.opts.Lazy {
 		src.lazy, src.lazySource = blobs, where
 	}

@@ -37,22 +37,44 @@ const offsetSuffix = ".offset"
 // Partial is the file a blob download writes into, kept across attempts
 // (within a pull, across pulls and across berthd restarts) so that the
 // next attempt asks only for the rest. One download of a digest uses it at
-// a time.
+// a time. A download from another source than the one holding it gets a
+// private file instead (Private), which goes when it closes.
 type Partial struct {
 	s      *Store
 	d      digest.Digest
 	f      *os.File
 	size   int64 // of the blob: no byte is written past it
 	offset int64
-	hold   *partialHold
 	unlock func()
+	// private is a file of this download alone, in ingest/ (which Open
+	// empties): never resumed, removed however the download ends.
+	private bool
 }
 
-// partialHold is a download holding a partial file: the others wait for
-// done, and count what it writes as their progress.
+// Downloader is who asks for a blob's partial file.
+type Downloader struct {
+	// Source is where it downloads from: the registry endpoint it fetches
+	// from (a mirror's host, not the image's registry) and the repository.
+	// Downloads from one source share the partial file, one after the
+	// other; one from another source never waits for it: a registry that
+	// serves a popular blob slowly must not hold every pull of it.
+	Source string
+	// Clock is its pull's progress clock (unix nanoseconds): moved by its
+	// bytes and by the waits its pull excuses (for a download slot). The
+	// downloads of its source waiting for the file count it as theirs.
+	Clock *atomic.Int64
+	// Progressed is called, while it waits for the file, each time the
+	// holder's clock moved (the waiter's progress watch: a holder that
+	// stalls stalls its waiters too).
+	Progressed func()
+}
+
+// partialHold is a download holding a partial file: the others of its
+// source wait for done, and follow its clock.
 type partialHold struct {
-	done    chan struct{}
-	written atomic.Int64
+	done   chan struct{}
+	source string
+	clock  *atomic.Int64
 }
 
 // followEvery is how often a wait on another's work (Follow) looks whether
@@ -60,24 +82,26 @@ type partialHold struct {
 const followEvery = 100 * time.Millisecond
 
 // OpenPartial opens (creating it if need be) the partial download of d, a
-// blob of size bytes, waiting while another download of d holds it; each
-// time that download wrote, the wait calls progressed (the waiter's
-// progress watch: a holder that writes nothing stalls its waiters too).
-// Offset says how much of it an earlier attempt completed.
-func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64, progressed func()) (*Partial, error) {
+// blob of size bytes, for by: waiting while another download from by's
+// source holds it, or opening a private file while one from another source
+// does. Offset says how much of it an earlier attempt completed.
+func (s *Store) OpenPartial(ctx context.Context, d digest.Digest, size int64, by Downloader) (*Partial, error) {
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("content: %w", err)
 	}
-	hold, unlock, err := s.lockPartial(ctx, d, progressed)
+	unlock, private, err := s.lockPartial(ctx, d, by)
 	if err != nil {
 		return nil, err
+	}
+	if private {
+		return s.openPrivate(d, size)
 	}
 	p, err := s.openPartialLocked(d, size)
 	if err != nil {
 		unlock()
 		return nil, err
 	}
-	p.hold, p.unlock = hold, unlock
+	p.unlock = unlock
 	return p, nil
 }
 
@@ -100,6 +124,17 @@ func (s *Store) openPartialLocked(d digest.Digest, size int64) (*Partial, error)
 	return &Partial{s: s, d: d, f: f, size: size, offset: min(saved, fi.Size(), size)}, nil
 }
 
+// openPrivate makes a download's own file for d, beside the blobs being
+// written (ingest/, which Open empties: a berthd killed during the
+// download leaves nothing behind either).
+func (s *Store) openPrivate(d digest.Digest, size int64) (*Partial, error) {
+	f, err := os.CreateTemp(s.ingest(), "private-"+d.Encoded()+"-")
+	if err != nil {
+		return nil, err
+	}
+	return &Partial{s: s, d: d, f: f, size: size, unlock: func() {}, private: true}, nil
+}
+
 func readOffset(path string) (int64, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -112,31 +147,36 @@ func readOffset(path string) (int64, error) {
 	return n, nil
 }
 
-// lockPartial makes the caller the one download of d, waiting for the
-// current one to finish, and calling progressed whenever it wrote.
-func (s *Store) lockPartial(ctx context.Context, d digest.Digest, progressed func()) (*partialHold, func(), error) {
+// lockPartial makes by the one download of d's partial file, waiting for
+// the current one from its source to finish (following its clock), or
+// says that by downloads into a private file: the holder's source is
+// another.
+func (s *Store) lockPartial(ctx context.Context, d digest.Digest, by Downloader) (unlock func(), private bool, err error) {
 	for {
-		hold, unlock, busy := s.tryLockPartial(d)
-		if busy == nil {
-			return hold, unlock, nil
+		unlock, busy := s.tryLockPartial(d, by)
+		switch {
+		case busy == nil:
+			return unlock, false, nil
+		case busy.source != by.Source:
+			return nil, true, nil
 		}
-		if err := Follow(ctx, busy.done, &busy.written, progressed); err != nil {
-			return nil, nil, err
+		if err := Follow(ctx, busy.done, busy.clock, by.Progressed); err != nil {
+			return nil, false, err
 		}
 	}
 }
 
-// tryLockPartial makes the caller the one user of d's partial file, or
-// returns the download that holds it (busy).
-func (s *Store) tryLockPartial(d digest.Digest) (hold *partialHold, unlock func(), busy *partialHold) {
+// tryLockPartial makes by the one user of d's partial file, or returns the
+// download that holds it (busy).
+func (s *Store) tryLockPartial(d digest.Digest, by Downloader) (unlock func(), busy *partialHold) {
 	s.partialMu.Lock()
 	defer s.partialMu.Unlock()
 	if busy, ok := s.partialBusy[d]; ok {
-		return nil, nil, busy
+		return nil, busy
 	}
-	hold = &partialHold{done: make(chan struct{})}
+	hold := &partialHold{done: make(chan struct{}), source: by.Source, clock: by.Clock}
 	s.partialBusy[d] = hold
-	return hold, func() {
+	return func() {
 		s.partialMu.Lock()
 		delete(s.partialBusy, d)
 		s.partialMu.Unlock()
@@ -145,10 +185,10 @@ func (s *Store) tryLockPartial(d digest.Digest) (hold *partialHold, unlock func(
 }
 
 // Follow waits until done is closed, or returns ctx's cause; every
-// followEvery it calls progressed if moved (the bytes another party's work
-// moved) changed since it last looked. A pull waiting on another's work
-// (its partial file here, its unpack in the image package) counts that
-// work's bytes as its own progress, and nothing else.
+// followEvery it calls progressed if moved (the progress clock of another
+// party's work) changed since it last looked. A pull waiting on another's
+// work (its partial file here, its unpack in the image package) counts
+// that work's progress as its own, and nothing else.
 func Follow(ctx context.Context, done <-chan struct{}, moved *atomic.Int64, progressed func()) error {
 	tick := time.NewTicker(followEvery)
 	defer tick.Stop()
@@ -180,22 +220,28 @@ func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(b)) > p.size {
 		return 0, fmt.Errorf("blob %s: %w: %d bytes at %d of %d", p.d, ErrPastSize, len(b), off, p.size)
 	}
-	n, err := p.f.WriteAt(b, off)
-	p.hold.written.Add(int64(n))
-	return n, err
+	return p.f.WriteAt(b, off)
 }
 
 // ReadAt reads bytes of the blob written earlier.
 func (p *Partial) ReadAt(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }
 
-// Checkpoint records that the first n bytes are complete.
+// Checkpoint records that the first n bytes are complete; a private file
+// is never resumed, and records nothing.
 func (p *Partial) Checkpoint(n int64) error {
 	p.offset = n
+	if p.private {
+		return nil
+	}
 	return os.WriteFile(p.f.Name()+offsetSuffix, []byte(strconv.FormatInt(n, 10)), 0o600)
 }
 
-// Close keeps the file for the next attempt, up to its last checkpoint.
+// Close keeps the file for the next attempt, up to its last checkpoint;
+// a private file goes.
 func (p *Partial) Close() error {
+	if p.private {
+		return p.Remove()
+	}
 	err := p.f.Close()
 	p.unlock()
 	return err
@@ -240,12 +286,27 @@ func (s *Store) RemoveStalePartials(maxAge time.Duration) error {
 		if err != nil || time.Since(info.ModTime()) <= maxAge {
 			continue
 		}
-		_, unlock, busy := s.tryLockPartial(digest.NewDigestFromEncoded(digest.Algorithm(alg), hex))
-		if busy != nil {
-			continue
-		}
-		errs = append(errs, removeIfExists(filepath.Join(s.partialDir(), e.Name())))
-		unlock()
+		errs = append(errs, s.removeIdlePartial(digest.NewDigestFromEncoded(digest.Algorithm(alg), hex), e.Name()))
 	}
 	return errors.Join(errs...)
+}
+
+// DropPartial deletes d's partial download unless a download holds it:
+// the blob's layer is on the disk, and the bytes of a pull that gave up
+// on it (cancelled, or another source's that stalled) would wait for
+// nothing but PartialMaxAge.
+func (s *Store) DropPartial(d digest.Digest) error {
+	name := filepath.Base(s.partialPath(d))
+	return errors.Join(s.removeIdlePartial(d, name), s.removeIdlePartial(d, name+offsetSuffix))
+}
+
+// removeIdlePartial removes file name (d's data or its offset) from the
+// partial downloads, unless a download holds d.
+func (s *Store) removeIdlePartial(d digest.Digest, name string) error {
+	unlock, busy := s.tryLockPartial(d, Downloader{})
+	if busy != nil {
+		return nil
+	}
+	defer unlock()
+	return removeIfExists(filepath.Join(s.partialDir(), name))
 }

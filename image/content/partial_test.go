@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ func TestPartialKeepsItsCheckpointAcrossOpens(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest.FromString("blob")
-	p, err := s.OpenPartial(context.Background(), d, 10, nothing)
+	p, err := s.OpenPartial(context.Background(), d, 10, nobody)
 	if err != nil || p.Offset() != 0 {
 		t.Fatalf("first open: offset %v, %v", p, err)
 	}
@@ -37,7 +38,7 @@ func TestPartialKeepsItsCheckpointAcrossOpens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = s.OpenPartial(context.Background(), d, 10, nothing)
+	p, err = s.OpenPartial(context.Background(), d, 10, nobody)
 	if err != nil || p.Offset() != 5 {
 		t.Fatalf("reopened: offset %d, %v; want 5", p.Offset(), err)
 	}
@@ -53,13 +54,13 @@ func TestPartialOffsetNeverPastTheData(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest.FromString("blob")
-	p, _ := s.OpenPartial(context.Background(), d, 100, nothing)
+	p, _ := s.OpenPartial(context.Background(), d, 100, nobody)
 	if _, err := p.WriteAt([]byte("abc"), 0); err != nil {
 		t.Fatal(err)
 	}
 	p.Checkpoint(50) // more than the file holds (a power cut lost the rest)
 	p.Close()
-	p, _ = s.OpenPartial(context.Background(), d, 100, nothing)
+	p, _ = s.OpenPartial(context.Background(), d, 100, nobody)
 	if p.Offset() != 3 {
 		t.Errorf("offset %d, want the 3 bytes the file holds", p.Offset())
 	}
@@ -67,7 +68,7 @@ func TestPartialOffsetNeverPastTheData(t *testing.T) {
 	if err := os.WriteFile(s.partialPath(d)+offsetSuffix, []byte("garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, _ = s.OpenPartial(context.Background(), d, 100, nothing)
+	p, _ = s.OpenPartial(context.Background(), d, 100, nobody)
 	if p.Offset() != 0 {
 		t.Errorf("offset %d from a torn offset file, want 0", p.Offset())
 	}
@@ -80,18 +81,18 @@ func TestPartialOneDownloadAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest.FromString("blob")
-	p, err := s.OpenPartial(context.Background(), d, 10, nothing)
+	p, err := s.OpenPartial(context.Background(), d, 10, nobody)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := s.OpenPartial(ctx, d, 10, nothing); err == nil {
+	if _, err := s.OpenPartial(ctx, d, 10, nobody); err == nil {
 		t.Fatal("a second download of the same blob opened its partial file")
 	}
 	got := make(chan error, 1)
 	go func() {
-		q, err := s.OpenPartial(context.Background(), d, 10, nothing)
+		q, err := s.OpenPartial(context.Background(), d, 10, nobody)
 		if err == nil {
 			q.Close()
 		}
@@ -103,12 +104,13 @@ func TestPartialOneDownloadAtATime(t *testing.T) {
 	}
 }
 
-// nothing is the progress callback of a wait whose progress the test ignores.
-func nothing() {}
+// nobody is a download whose waits' progress the test ignores; all of
+// them have one source.
+var nobody = Downloader{Source: "registry.test/repo", Clock: new(atomic.Int64), Progressed: func() {}}
 
 // TestPartialWaiterFollowsHolder: a download waiting for another's
-// partial file counts that download's writes as its progress, and only
-// them (a holder that writes nothing gives the waiter none, so the
+// partial file counts that download's progress clock as its own, and only
+// it (a holder whose clock stands gives the waiter none, so the
 // waiter's own progress timeout ends the wait); its own context ends the
 // wait too.
 func TestPartialWaiterFollowsHolder(t *testing.T) {
@@ -117,7 +119,8 @@ func TestPartialWaiterFollowsHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := digest.FromString("blob")
-	p, err := s.OpenPartial(context.Background(), d, 1<<20, nothing)
+	holder := Downloader{Source: nobody.Source, Clock: new(atomic.Int64)}
+	p, err := s.OpenPartial(context.Background(), d, 1<<20, holder)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,12 +129,12 @@ func TestPartialWaiterFollowsHolder(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	go func() {
-		_, err := s.OpenPartial(ctx, d, 1<<20, func() {
+		_, err := s.OpenPartial(ctx, d, 1<<20, Downloader{Source: nobody.Source, Clock: new(atomic.Int64), Progressed: func() {
 			select {
 			case progressed <- struct{}{}:
 			default:
 			}
-		})
+		}})
 		waited <- err
 	}()
 	select {
@@ -139,13 +142,11 @@ func TestPartialWaiterFollowsHolder(t *testing.T) {
 		t.Fatal("the waiter was told of progress while the holder wrote nothing")
 	case <-time.After(3 * followEvery):
 	}
-	if _, err := p.WriteAt([]byte("x"), 0); err != nil {
-		t.Fatal(err)
-	}
+	holder.Clock.Add(1)
 	select {
 	case <-progressed:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the holder wrote, and the waiter was not told of progress")
+		t.Fatal("the holder's clock moved, and the waiter was not told of progress")
 	}
 	cancel()
 	if err := <-waited; !errors.Is(err, context.Canceled) {
@@ -160,7 +161,7 @@ func TestRemoveStalePartials(t *testing.T) {
 	}
 	old, fresh, busy := digest.FromString("old"), digest.FromString("fresh"), digest.FromString("busy")
 	for _, d := range []digest.Digest{old, fresh, busy} {
-		p, err := s.OpenPartial(context.Background(), d, 10, nothing)
+		p, err := s.OpenPartial(context.Background(), d, 10, nobody)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +206,7 @@ func TestPartialBoundedBySize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), 10, nothing)
+	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), 10, nobody)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,14 +233,14 @@ func TestRemoveIdlePartials(t *testing.T) {
 		t.Fatal(err)
 	}
 	idle, busy := digest.FromString("idle"), digest.FromString("busy")
-	p, err := s.OpenPartial(context.Background(), idle, 10, nothing)
+	p, err := s.OpenPartial(context.Background(), idle, 10, nobody)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.WriteAt([]byte("x"), 0)
 	p.Checkpoint(1)
 	p.Close()
-	q, err := s.OpenPartial(context.Background(), busy, 10, nothing)
+	q, err := s.OpenPartial(context.Background(), busy, 10, nobody)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestUsageCountsPartials(t *testing.T) {
 		t.Fatal(err)
 	}
 	const size = 64 << 20
-	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), size, nothing)
+	p, err := s.OpenPartial(context.Background(), digest.FromString("blob"), size, nobody)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,5 +296,86 @@ func TestUsageCountsPartials(t *testing.T) {
 	}
 	if inodes <= inodesBefore {
 		t.Errorf("Usage counts %d files with the partial download, %d without", inodes, inodesBefore)
+	}
+}
+
+// TestPartialOtherSourceGetsPrivateFile: a download from another source
+// than the holder's does not wait: it writes into a file of its own, which
+// goes when it closes, and the holder's file stays as it was.
+func TestPartialOtherSourceGetsPrivateFile(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := digest.FromString("blob")
+	p, err := s.OpenPartial(context.Background(), d, 10, nobody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.WriteAt([]byte("held"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Checkpoint(4); err != nil {
+		t.Fatal(err)
+	}
+	other := Downloader{Source: "mirror.test/repo", Clock: new(atomic.Int64), Progressed: func() {}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q, err := s.OpenPartial(ctx, d, 10, other)
+	if err != nil {
+		t.Fatalf("another source's download waited for the held file: %v", err)
+	}
+	if q.Offset() != 0 || q.f.Name() == p.f.Name() {
+		t.Fatalf("another source's download got %s at offset %d, want a file of its own at 0", q.f.Name(), q.Offset())
+	}
+	if _, err := q.WriteAt([]byte("0123456789"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Checkpoint(10); err != nil {
+		t.Fatal(err)
+	}
+	private := q.f.Name()
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(private); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the private file outlived its download: %v", err)
+	}
+	if saved, err := readOffset(p.f.Name() + offsetSuffix); err != nil || saved != 4 {
+		t.Fatalf("the holder's offset is %d (%v), want 4", saved, err)
+	}
+}
+
+// TestDropPartial: a partial download no download holds goes, with its
+// offset; one a download holds stays.
+func TestDropPartial(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := digest.FromString("blob")
+	p, err := s.OpenPartial(context.Background(), d, 10, nobody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Checkpoint(0); err != nil {
+		t.Fatal(err)
+	}
+	path := p.f.Name()
+	if err := s.DropPartial(d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("a held partial file was dropped: %v", err)
+	}
+	p.Close()
+	if err := s.DropPartial(d); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{path, path + offsetSuffix} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s stayed: %v", f, err)
+		}
 	}
 }

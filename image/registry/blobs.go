@@ -40,6 +40,10 @@ func (e Endpoint) RepoTransport(ctx context.Context, repo name.Repository, wrap 
 	return transport.NewWithContext(ctx, repo.Registry, e.Auth, retrying, []string{repo.Scope(transport.PullScope)})
 }
 
+// Source names where b fetches from: the endpoint's host (a mirror's,
+// where the pull went to one) and the repository.
+func (b *Blobs) Source() string { return b.repo.Name() }
+
 // NewBlobs returns the blob fetcher of repo over tr, its RepoTransport.
 func NewBlobs(tr http.RoundTripper, repo name.Repository) *Blobs {
 	return &Blobs{client: &http.Client{Transport: tr, CheckRedirect: refuseRedirectToPrivate}, repo: repo}
