@@ -286,6 +286,8 @@ type fault struct {
 	every time.Duration
 	code  int   // status: the HTTP status
 	delta int64 // length: added to the true Content-Length
+	// release is closed by Heal: a trickle under way sends the rest at once.
+	release chan struct{}
 }
 
 func (r *Registry) setFault(d v1.Hash, f fault) {
@@ -310,12 +312,12 @@ func (r *Registry) Truncate(d v1.Hash, n int64) { r.setFault(d, fault{kind: faul
 func (r *Registry) Stall(d v1.Hash, n int64) { r.setFault(d, fault{kind: faultStall, at: n}) }
 
 // Trickle makes GETs of d slow but steady: chunk bytes, then a pause of every,
-// until the blob is sent.
+// until the blob is sent, or Heal.
 func (r *Registry) Trickle(d v1.Hash, chunk int, every time.Duration) {
 	if chunk < 1 {
 		chunk = 1
 	}
-	r.setFault(d, fault{kind: faultTrickle, chunk: chunk, every: every})
+	r.setFault(d, fault{kind: faultTrickle, chunk: chunk, every: every, release: make(chan struct{})})
 }
 
 // Fail makes GETs of d answer with the HTTP status code (a 5xx, say) and a
@@ -381,10 +383,14 @@ func (r *Registry) LieLength(d v1.Hash, delta int64) {
 	r.setFault(d, fault{kind: faultLength, delta: delta})
 }
 
-// Heal removes the fault on d.
+// Heal removes the fault on d; the trickles of d under way send the rest
+// of their bodies at once.
 func (r *Registry) Heal(d v1.Hash) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if f, ok := r.faults[d.String()]; ok && f.release != nil {
+		close(f.release)
+	}
 	delete(r.faults, d.String())
 }
 
@@ -691,6 +697,10 @@ func (w *faultWriter) Write(p []byte) (int, error) {
 			}
 			select {
 			case <-time.After(w.f.every):
+			case <-w.f.release:
+				w.f = fault{} // healed: this write and the next go at once
+				n, err := w.ResponseWriter.Write(p[written:])
+				return written + n, err
 			case <-w.req.Context().Done():
 				return written, w.req.Context().Err()
 			case <-w.stop:

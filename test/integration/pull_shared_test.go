@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -80,39 +82,132 @@ func TestPullNotHeldByHostileSharedLayer(t *testing.T) {
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, popular))
 }
 
-// TestPullRetriesFailedSharedLayer (#34, finding 3): a pull that waits on
-// another pull's unpack of the same layer (the same blob, from another
-// registry) fetches it itself when that unpack fails, rather than fail
-// with the other pull's error.
-func TestPullRetriesFailedSharedLayer(t *testing.T) {
+// TestPullNotHeldByTricklingSource (#34/3): a registry that serves the
+// real bytes of a popular layer slowly (never a stall) must not hold a
+// pull of the same layer from another registry: that pull neither waits
+// on the trickling pull's unpack nor on its partial download, and ends
+// while the trickle goes on. Cancelled, the trickling pull leaves nothing:
+// no private file, and no partial download of a layer that is on disk.
+func TestPullNotHeldByTricklingSource(t *testing.T) {
 	harness.RequireIntegration(t)
 	t.Parallel()
-	bad, good := harness.NewRegistry(t), harness.NewRegistry(t)
-	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(bad.Host(), good.Host())})
+	const timeout = 20 * time.Second
+	slow, honest := harness.NewRegistry(t), harness.NewRegistry(t)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: harness.PlainHTTP(slow.Host(), honest.Host()) + harness.ImageTOML(timeout.String())})
 	img := harness.BusyboxImage(t, harness.ImageSpec{})
-	pb, pg := bad.Push(t, "berth/shared:1", img), good.Push(t, "berth/shared:1", img)
+	ps, ph := slow.Push(t, "berth/shared:1", img), honest.Push(t, "berth/shared:1", img)
 	layer := baseLayer(t, img)
-	bad.Stall(layer, harness.BlobSize(t, img, layer)/2)
+	// 32 bytes every 100 ms: minutes for the layer, never a stall.
+	slow.Trickle(layer, 32, 100*time.Millisecond)
 
-	cancelBad, badDone := pullInBackground(t, d, pb.Name)
-	waitFetching(t, bad, layer)
-	_, goodDone := pullInBackground(t, d, pg.Name)
-	// The good pull joins the bad one's unpack (berthd says so in its log).
+	cancelSlow, slowDone := pullInBackground(t, d, ps.Name)
+	waitFetching(t, slow, layer)
+	if _, err := pullWithin(t, d, ph.Name, nil, timeout); err != nil {
+		t.Fatalf("the pull from the honest registry, while another trickles the same layer: %v", err)
+	}
+	select {
+	case err := <-slowDone:
+		t.Fatalf("the trickling pull ended (%v) before the honest one: the honest pull did not finish on its own", err)
+	default:
+	}
+	mustStatus(t, d, ph.Name)
+	if n := honest.Fetches(layer); n != 1 {
+		t.Errorf("the honest registry was asked for the layer %d times, want 1", n)
+	}
+
+	cancelSlow()
+	if err := <-slowDone; err == nil {
+		t.Error("the trickling pull succeeded after its client gave up")
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+	assertNoPartialDownloads(t, d)
+}
+
+// assertNoPartialDownloads checks that no partial download is kept (in
+// time: the cancelled pull removes its own as it ends).
+func assertNoPartialDownloads(t *testing.T, d *harness.Daemon) {
+	t.Helper()
+	dir := filepath.Join(d.Root, harness.IngestDir, harness.ResumableDir)
+	var left []os.DirEntry
+	if !eventually(10*time.Second, func() bool {
+		left, _ = os.ReadDir(dir)
+		return len(left) == 0
+	}) {
+		t.Errorf("partial downloads kept of a layer on disk: %v", left)
+	}
+}
+
+// TestPullRetriesSharedLayerAfterItsPullEnded (#34, finding 3): a pull
+// that waits on another pull's unpack of the same layer (the same blob,
+// from the same repository) fetches it itself when that unpack fails
+// because its pull gave up, rather than fail with the other pull's error;
+// it resumes the download that pull left.
+func TestPullRetriesSharedLayerAfterItsPullEnded(t *testing.T) {
+	reg, d := start(t, "")
+	t.Parallel()
+	img := harness.BusyboxImage(t, harness.ImageSpec{})
+	// Two tags: two pulls (the same reference would be one shared pull).
+	first, second := reg.Push(t, "berth/shared:1", img), reg.Push(t, "berth/shared:2", img)
+	layer := baseLayer(t, img)
+	reg.Stall(layer, harness.BlobSize(t, img, layer)/2)
+
+	cancelFirst, firstDone := pullInBackground(t, d, first.Name)
+	waitFetching(t, reg, layer)
+	_, secondDone := pullInBackground(t, d, second.Name)
+	waitJoined(t, d)
+	reg.Heal(layer)
+	cancelFirst() // the shared unpack fails: its pull gave up
+	if err := <-firstDone; err == nil {
+		t.Fatal("the stalled pull succeeded")
+	}
+	if err := <-secondDone; err != nil {
+		t.Fatalf("the pull that waited on the failed unpack: %v", err)
+	}
+	mustStatus(t, d, second.Name)
+	if n := reg.Fetches(layer); n != 2 {
+		t.Errorf("the registry was asked for the layer %d times, want 2 (the stalled GET, and the rest of it)", n)
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+}
+
+// TestPullSharedLayerBlobFailureNotRetried (#34/3): when a shared unpack
+// fails for what the blob is (here its diff ID), the pulls that waited on
+// it fail with that error too: each fetching the blob again from the same
+// repository would get the same bytes, once per waiter.
+func TestPullSharedLayerBlobFailureNotRetried(t *testing.T) {
+	reg, d := start(t, "")
+	t.Parallel()
+	img := harness.BusyboxImage(t, harness.ImageSpec{})
+	wrong := func(c *v1.ConfigFile) {
+		c.RootFS.DiffIDs[0] = v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("ab", 32)}
+	}
+	first, second := reg.PushWithConfig(t, "berth/wrong:1", img, wrong), reg.PushWithConfig(t, "berth/wrong:2", img, wrong)
+	layer := baseLayer(t, img)
+	reg.Trickle(layer, 32, 100*time.Millisecond) // until the second pull joins
+
+	_, firstDone := pullInBackground(t, d, first.Name)
+	waitFetching(t, reg, layer)
+	_, secondDone := pullInBackground(t, d, second.Name)
+	waitJoined(t, d)
+	reg.Heal(layer)
+	for _, done := range []<-chan error{firstDone, secondDone} {
+		if err := <-done; err == nil || !strings.Contains(err.Error(), "diff ID mismatch") {
+			t.Errorf("a pull of a layer with a wrong diff ID ended with %v, want its diff ID mismatch", err)
+		}
+	}
+	if n := reg.Fetches(layer); n != 1 {
+		t.Errorf("the registry was asked for the layer %d times, want 1: the waiter fetched a blob the shared unpack refused", n)
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t))
+}
+
+// waitJoined waits until a pull waits on another's unpack of a layer
+// (berthd says so in its log).
+func waitJoined(t *testing.T, d *harness.Daemon) {
+	t.Helper()
 	if !eventually(30*time.Second, func() bool {
 		return strings.Contains(d.Logs(), "waiting for another pull's unpack of a layer")
 	}) {
 		t.Fatal("the second pull never waited on the first one's unpack of the layer they share")
 	}
-	cancelBad() // the shared unpack fails: its only other caller gave up
-	if err := <-badDone; err == nil {
-		t.Fatal("the stalled pull succeeded")
-	}
-	if err := <-goodDone; err != nil {
-		t.Fatalf("the pull that waited on the failed unpack: %v", err)
-	}
-	mustStatus(t, d, pg.Name)
-	if n := good.Fetches(layer); n != 1 {
-		t.Errorf("the good registry was asked for the layer %d times, want 1", n)
-	}
-	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
 }
