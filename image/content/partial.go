@@ -157,7 +157,7 @@ func (s *Store) lockPartial(ctx context.Context, d digest.Digest, by Downloader)
 		switch {
 		case busy == nil:
 			return unlock, false, nil
-		case busy.source != by.Source:
+		case busy.source != by.Source && busy.source != removal.Source:
 			return nil, true, nil
 		}
 		if err := Follow(ctx, busy.done, busy.clock, by.Progressed); err != nil {
@@ -300,10 +300,14 @@ func (s *Store) DropPartial(d digest.Digest) error {
 	return errors.Join(s.removeIdlePartial(d, name), s.removeIdlePartial(d, name+offsetSuffix))
 }
 
+// removal holds a partial file while the clean-up removes it: a download
+// of any source waits for it (briefly), and then starts the file over.
+var removal = Downloader{Clock: new(atomic.Int64)}
+
 // removeIdlePartial removes file name (d's data or its offset) from the
 // partial downloads, unless a download holds d.
 func (s *Store) removeIdlePartial(d digest.Digest, name string) error {
-	unlock, busy := s.tryLockPartial(d, Downloader{})
+	unlock, busy := s.tryLockPartial(d, removal)
 	if busy != nil {
 		return nil
 	}
