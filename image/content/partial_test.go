@@ -299,10 +299,10 @@ func TestUsageCountsPartials(t *testing.T) {
 	}
 }
 
-// TestPartialOtherSourceGetsPrivateFile: a download from another source
-// than the holder's does not wait: it writes into a file of its own, which
-// goes when it closes, and the holder's file stays as it was.
-func TestPartialOtherSourceGetsPrivateFile(t *testing.T) {
+// heldPartial opens a store and the partial file of a 10-byte blob d,
+// held by nobody's download.
+func heldPartial(t *testing.T) (*Store, digest.Digest, *Partial) {
+	t.Helper()
 	s, err := Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -312,6 +312,14 @@ func TestPartialOtherSourceGetsPrivateFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, d, p
+}
+
+// TestPartialOtherSourceGetsPrivateFile: a download from another source
+// than the holder's does not wait: it writes into a file of its own, which
+// goes when it closes, and the holder's file stays as it was.
+func TestPartialOtherSourceGetsPrivateFile(t *testing.T) {
+	s, d, p := heldPartial(t)
 	defer p.Close()
 	if _, err := p.WriteAt([]byte("held"), 0); err != nil {
 		t.Fatal(err)
@@ -350,15 +358,7 @@ func TestPartialOtherSourceGetsPrivateFile(t *testing.T) {
 // TestDropPartial: a partial download no download holds goes, with its
 // offset; one a download holds stays.
 func TestDropPartial(t *testing.T) {
-	s, err := Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := digest.FromString("blob")
-	p, err := s.OpenPartial(context.Background(), d, 10, nobody)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, d, p := heldPartial(t)
 	if err := p.Checkpoint(0); err != nil {
 		t.Fatal(err)
 	}
