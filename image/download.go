@@ -121,9 +121,12 @@ func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest
 	if err != nil {
 		return nil, err
 	}
-	watch.waiting.Add(1)
-	err = s.downloads.acquire(ctx)
-	watch.waiting.Add(-1)
+	if s.downloads.tryAcquire(1) == 0 {
+		s.log.Debug("waiting for a download slot", "blob", d)
+		watch.waiting.Add(1)
+		err = s.downloads.acquire(ctx)
+		watch.waiting.Add(-1)
+	}
 	if err != nil {
 		file.Close()
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berth-runtime/berth/test/harness"
@@ -210,4 +212,61 @@ func waitJoined(t *testing.T, d *harness.Daemon) {
 	}) {
 		t.Fatal("the second pull never waited on the first one's unpack of the layer they share")
 	}
+}
+
+// TestPullWaitingOnSlotWaiterNotStalled (#34/3): with one download slot
+// on the node, a pull waiting for a blob's partial file, held by another
+// pull's download (same source) that itself waits for the slot, is not
+// stalled by that wait: the holder's excused wait is its waiters' too.
+// Both pulls end once the slot is free.
+func TestPullWaitingOnSlotWaiterNotStalled(t *testing.T) {
+	const timeout = 2 * time.Second
+	reg, d := start(t, fmt.Sprintf("[image]\nmax_concurrent_downloads = 1\npull_progress_timeout = %q\n", timeout))
+	t.Parallel()
+	layerImage := func(file string) v1.Image {
+		noise := make([]byte, 32<<10)
+		rand.Read(noise)
+		return harness.NewImage(t, harness.ImageSpec{Layers: [][]harness.File{{harness.Reg(file, hex.EncodeToString(noise), 0o644)}}})
+	}
+	hog, base, alone := layerImage("hog"), layerImage("base"), layerImage("shared")
+	shared, err := alone.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The shared blob under another chain ID: each pull downloads it
+	// itself, the second waiting for the first's partial file.
+	stacked, err := mutate.AppendLayers(base, shared[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph, pb := reg.Push(t, "berth/hog:1", hog), reg.Push(t, "berth/base:1", base)
+	pa, ps := reg.Push(t, "berth/shared:1", alone), reg.Push(t, "berth/shared:2", stacked)
+	mustPull(t, d, pb.Name, pb.ID)
+	hogLayer, sharedLayer := baseLayer(t, hog), baseLayer(t, alone)
+	reg.Trickle(hogLayer, 32, 100*time.Millisecond) // holds the slot, never stalls
+
+	_, hogDone := pullInBackground(t, d, ph.Name)
+	waitFetching(t, reg, hogLayer)
+	_, aloneDone := pullInBackground(t, d, pa.Name)
+	if !eventually(30*time.Second, func() bool { return strings.Contains(d.Logs(), "waiting for a download slot") }) {
+		t.Fatal("the pull of the shared layer never waited for the download slot")
+	}
+	_, stackedDone := pullInBackground(t, d, ps.Name)
+	// Three progress timeouts: a waiter that took the holder's slot wait
+	// for a stall would have been cancelled by now.
+	select {
+	case err := <-stackedDone:
+		t.Fatalf("the pull waiting for the shared partial file ended (%v) while its holder waited for the slot", err)
+	case <-time.After(3 * timeout):
+	}
+	reg.Heal(hogLayer)
+	for name, done := range map[string]<-chan error{ph.Name: hogDone, pa.Name: aloneDone, ps.Name: stackedDone} {
+		if err := <-done; err != nil {
+			t.Errorf("pull %s: %v", name, err)
+		}
+	}
+	if n := reg.Fetches(sharedLayer); n != 2 {
+		t.Errorf("the shared layer was fetched %d times, want 2 (once per chain ID)", n)
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, hog, base, alone, stacked))
 }

@@ -706,7 +706,9 @@ func TestConcurrentPullsFetchOnce(t *testing.T) {
 			for i := range c.images {
 				img := harness.BusyboxImage(t, harness.ImageSpec{Layers: [][]harness.File{{harness.Reg("which", fmt.Sprint(i), 0o644)}}})
 				imgs = append(imgs, img)
-				pushed = append(pushed, reg.Push(t, fmt.Sprintf("berth/concurrent%d:1", i), img))
+				// One repository: pulls share a blob's download within a
+				// source (registry and repository) only.
+				pushed = append(pushed, reg.Push(t, fmt.Sprintf("berth/concurrent:%d", i), img))
 			}
 			base := baseLayer(t, imgs[0])
 			// Slow the shared layer down (about 1 s) so that the pulls overlap.
