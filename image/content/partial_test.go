@@ -76,15 +76,7 @@ func TestPartialOffsetNeverPastTheData(t *testing.T) {
 }
 
 func TestPartialOneDownloadAtATime(t *testing.T) {
-	s, err := Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := digest.FromString("blob")
-	p, err := s.OpenPartial(context.Background(), d, 10, nobody)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, d, p := heldPartial(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if _, err := s.OpenPartial(ctx, d, 10, nobody); err == nil {
