@@ -209,7 +209,7 @@ func (s *Service) lazyServerLocked() (*lazyd.Client, error) {
 	c, err := lazyd.Dial(s.opts.LazyDir)
 	if errors.Is(err, lazyd.ErrNotServing) {
 		c, err = lazyd.Start(context.Background(), s.opts.LazyServer,
-			lazyd.ServeConfig{Dir: s.opts.LazyDir, Fetches: s.opts.LazyFetches, GzipDecoder: s.opts.GzipDecoder})
+			lazyd.ServeConfig{Dir: s.opts.LazyDir, Fetches: s.opts.LazyFetches, FetchQuiet: s.opts.LazyFetchQuiet, GzipDecoder: s.opts.GzipDecoder})
 	}
 	if err != nil {
 		return nil, err

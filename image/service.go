@@ -42,6 +42,9 @@ type Options struct {
 	// LazyFetches bounds the background requests of all lazy layers
 	// together (0: defaultLazyFetches).
 	LazyFetches int
+	// LazyFetchQuiet holds the background requests until on-demand
+	// fetches have been quiet this long (lazy.Fetches); 0: no hold.
+	LazyFetchQuiet time.Duration
 	// LazyCacheMaxBytes bounds the lazy layers' full sizes together: a
 	// layer past it is pulled whole (0: no bound).
 	LazyCacheMaxBytes int64

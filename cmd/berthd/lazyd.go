@@ -44,7 +44,7 @@ func lazyServe(args []string) int {
 		return 1
 	}
 	signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	err = lazyd.Serve(lazyd.ServeOptions{Dir: cfg.Dir, Fetches: cfg.Fetches, Inflate: dec.NewReader, Log: log}, lazyd.Ready)
+	err = lazyd.Serve(lazyd.ServeOptions{Dir: cfg.Dir, Fetches: cfg.Fetches, FetchQuiet: cfg.FetchQuiet, Inflate: dec.NewReader, Log: log}, lazyd.Ready)
 	if err != nil {
 		log.Error("lazy layer server", "err", err)
 		return 1

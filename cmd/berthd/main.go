@@ -115,6 +115,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		GzipDecoder:            cfg.Image.GzipDecoder,
 		Lazy:                   cfg.Image.Lazy,
 		LazyFetches:            cfg.Image.LazyFetchBound(),
+		LazyFetchQuiet:         cfg.Image.LazyFetchQuiet.Duration,
 		LazyCacheMaxBytes:      cfg.Image.LazyCacheBound(),
 		LazyServer:             lazyServer,
 		LazyDir:                filepath.Join(cfg.State, "lazyd"),

@@ -31,7 +31,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sync/semaphore"
 )
 
 // TOCDigestAnnotation is the layer descriptor's annotation that marks an
@@ -65,6 +64,10 @@ type Options struct {
 	// Inflate decompresses the whole blob for its diff ID check (the
 	// node's gzip decoder, gunzip.Decoder.NewReader); nil: compress/gzip.
 	Inflate func(io.Reader) (io.ReadCloser, error)
+	// Fetches are the node's background fetches, which Complete goes
+	// through and this layer's reads hold back; nil: one request at a
+	// time, no hold.
+	Fetches *Fetches
 }
 
 // Source fetches byte ranges of a blob (registry.Blobs, with the pull's
@@ -251,6 +254,9 @@ func Load(dir string, src Source, opts Options) (*Layer, error) {
 	}
 	if opts.Inflate == nil {
 		opts.Inflate = func(r io.Reader) (io.ReadCloser, error) { return gzip.NewReader(r) }
+	}
+	if opts.Fetches == nil {
+		opts.Fetches = NewFetches(1, 0)
 	}
 	var blob Blob
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))
@@ -494,7 +500,9 @@ func (l *Layer) ensure(c chunk) error {
 				return l.ctx.Err()
 			}
 		}
+		done := l.opts.Fetches.Demand()
 		err := l.fetchChunks(l.ctx, []chunk{c})
+		done()
 		l.mu.Lock()
 		delete(l.flights, c.ent.Offset)
 		l.mu.Unlock()
@@ -542,21 +550,22 @@ func (l *Layer) readCached(c chunk, p []byte, off int64) (int, error) {
 	return f.ReadAt(p, off)
 }
 
-// Complete fetches, in the background, every chunk not cached yet, at most
-// one request per slot of slots at a time across the node's layers, and
-// once all are, verifies the whole blob unless chunks were linked from
+// Complete fetches, in the background, every chunk not cached yet, through
+// the node's Fetches (Options): a bounded number of requests at a time
+// across the node's layers, each once on-demand fetches are quiet. Once
+// all are in, it verifies the whole blob unless chunks were linked from
 // another layer (finish): the layer is then marked complete, or broken.
 // Close stops it.
-func (l *Layer) Complete(slots *semaphore.Weighted) {
+func (l *Layer) Complete() {
 	l.background.Go(func() {
 		var wg sync.WaitGroup
 		var failed sync.Once
 		for _, run := range runs(l.reuse(l.missing())) {
-			if slots.Acquire(l.ctx, 1) != nil {
+			if l.opts.Fetches.acquire(l.ctx) != nil {
 				break
 			}
 			wg.Go(func() {
-				defer slots.Release(1)
+				defer l.opts.Fetches.release()
 				err := l.fetchRun(l.ctx, run)
 				if err != nil && l.ctx.Err() == nil {
 					failed.Do(func() {
@@ -570,7 +579,7 @@ func (l *Layer) Complete(slots *semaphore.Weighted) {
 		}
 		wg.Wait()
 		if len(l.missing()) == 0 {
-			l.finish(slots)
+			l.finish()
 		}
 	})
 }

@@ -29,7 +29,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sync/semaphore"
 )
 
 // tarOf makes a tar of regular files, in order.
@@ -328,7 +327,7 @@ func completeLayer(t *testing.T, blob, served []byte, toc, diff digest.Digest, i
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	l.Complete(semaphore.NewWeighted(2))
+	l.Complete()
 	l.background.Wait()
 	select {
 	case broken = <-done:
@@ -453,7 +452,7 @@ func TestLinkedLayerCompletesWithoutTheLinkedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	l.Complete(semaphore.NewWeighted(2))
+	l.Complete()
 	l.background.Wait()
 	if !IsComplete(dir) {
 		t.Fatal("the layer with linked chunks is not complete")

@@ -14,7 +14,6 @@ import (
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sync/semaphore"
 )
 
 // ErrVerification is wrapped by the error of a layer whose whole blob, once
@@ -110,17 +109,17 @@ func gaps(pieces []rawPiece, size int64) []registry.Span {
 
 // fetchGaps fetches and keeps what the blob's verification needs beyond
 // what reads and the background fetched.
-func (l *Layer) fetchGaps(ctx context.Context, slots *semaphore.Weighted) error {
+func (l *Layer) fetchGaps(ctx context.Context) error {
 	pieces, err := l.rawPieces()
 	if err != nil {
 		return err
 	}
 	for _, span := range gaps(pieces, l.blob.Size) {
-		if err := slots.Acquire(ctx, 1); err != nil {
+		if err := l.opts.Fetches.acquire(ctx); err != nil {
 			return err
 		}
 		b, err := fetch(ctx, l.src, l.blob, span, l.opts.StallTimeout)
-		slots.Release(1)
+		l.opts.Fetches.release()
 		if err == nil {
 			err = l.keepRaw(span, b)
 		}
@@ -180,7 +179,7 @@ func (l *Layer) verifyBlob() error {
 
 // finish verifies the complete layer and marks it complete, dropping the
 // kept compressed bytes, or broken: then every read of it fails.
-func (l *Layer) finish(slots *semaphore.Weighted) {
+func (l *Layer) finish() {
 	// A layer with chunks linked from another layer's cache (a partial
 	// pull) is not checked against its blob digest and diff ID: that check
 	// needs every compressed byte, and would download again the linked
@@ -192,7 +191,7 @@ func (l *Layer) finish(slots *semaphore.Weighted) {
 	var err error
 	if !l.linked() {
 		checked = "blob digest and diff ID"
-		err = l.fetchGaps(l.ctx, slots)
+		err = l.fetchGaps(l.ctx)
 		if err == nil {
 			err = l.verifyBlob()
 		}

@@ -52,14 +52,15 @@ type StatusArgs struct {
 
 // ServeConfig is how berthd starts the server (its command line).
 type ServeConfig struct {
-	Dir         string // the folder of its socket, pid and log files
-	Fetches     int    // background requests of all layers together at a time
-	GzipDecoder string // gunzip's mode for the blob verification
+	Dir         string        // the folder of its socket, pid and log files
+	Fetches     int           // background requests of all layers together at a time
+	FetchQuiet  time.Duration // their hold after on-demand fetches (lazy.Fetches)
+	GzipDecoder string        // gunzip's mode for the blob verification
 }
 
 // Args are c as the server's command line flags (ParseServeConfig).
 func (c ServeConfig) Args() []string {
-	return []string{"--dir", c.Dir, "--fetches", strconv.Itoa(c.Fetches), "--gzip-decoder", c.GzipDecoder}
+	return []string{"--dir", c.Dir, "--fetches", strconv.Itoa(c.Fetches), "--fetch-quiet", c.FetchQuiet.String(), "--gzip-decoder", c.GzipDecoder}
 }
 
 // ParseServeConfig reads the server's command line flags (Args).
@@ -68,6 +69,7 @@ func ParseServeConfig(args []string) (ServeConfig, error) {
 	var c ServeConfig
 	fl.StringVar(&c.Dir, "dir", "", "folder of the server's socket")
 	fl.IntVar(&c.Fetches, "fetches", 4, "background requests at a time, all layers together")
+	fl.DurationVar(&c.FetchQuiet, "fetch-quiet", 0, "hold of the background requests after on-demand fetches")
 	fl.StringVar(&c.GzipDecoder, "gzip-decoder", "", "gzip decoder of the blob verification")
 	if err := fl.Parse(args); err != nil {
 		return c, err

@@ -17,7 +17,6 @@ import (
 	"github.com/berth-runtime/berth/image/lazy"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sync/semaphore"
 )
 
 // waitBound bounds a Status call that waits for an event, so that a
@@ -26,18 +25,19 @@ const waitBound = 30 * time.Second
 
 // ServeOptions configure the server.
 type ServeOptions struct {
-	Dir     string // the folder of its socket and pid file
-	Fetches int    // background requests of all layers together at a time
-	Inflate func(io.Reader) (io.ReadCloser, error)
-	Log     *slog.Logger
+	Dir        string        // the folder of its socket and pid file
+	Fetches    int           // background requests of all layers together at a time
+	FetchQuiet time.Duration // their hold after on-demand fetches (lazy.Fetches)
+	Inflate    func(io.Reader) (io.ReadCloser, error)
+	Log        *slog.Logger
 }
 
 // Server serves lazy layers.
 type Server struct {
-	opts   ServeOptions
-	slots  *semaphore.Weighted
-	ln     net.Listener
-	closed chan struct{}
+	opts    ServeOptions
+	fetches *lazy.Fetches
+	ln      net.Listener
+	closed  chan struct{}
 
 	mu         sync.Mutex
 	layers     map[string]*lazy.Layer
@@ -67,7 +67,7 @@ func Serve(opts ServeOptions, ready func()) error {
 		ln.Close()
 		return err
 	}
-	s := &Server{opts: opts, slots: semaphore.NewWeighted(int64(max(opts.Fetches, 1))), ln: ln, closed: make(chan struct{}),
+	s := &Server{opts: opts, fetches: lazy.NewFetches(opts.Fetches, opts.FetchQuiet), ln: ln, closed: make(chan struct{}),
 		layers: map[string]*lazy.Layer{}, completing: map[string]bool{}, broken: map[string]string{}, changed: make(chan struct{})}
 	srv := rpc.NewServer()
 	if err := srv.RegisterName(service, &api{s}); err != nil {
@@ -125,7 +125,7 @@ func (s *Server) mount(a MountArgs) error {
 		src = &source{spec: *a.Source}
 	}
 	l, err := lazy.Load(a.Dir, src, lazy.Options{Log: s.opts.Log.With("layer", a.Key), StallTimeout: a.StallTimeout,
-		ReadFailed: func() { s.readFailures.Add(1) }, Find: s.findChunk, Inflate: s.opts.Inflate,
+		ReadFailed: func() { s.readFailures.Add(1) }, Find: s.findChunk, Inflate: s.opts.Inflate, Fetches: s.fetches,
 		Broken: func(err error) { s.markBroken(a.Key, err) }})
 	if err != nil {
 		return err
@@ -134,6 +134,7 @@ func (s *Server) mount(a MountArgs) error {
 		l.Close()
 		return fmt.Errorf("mount lazy layer %s: %w", a.Key, err)
 	}
+	s.fetches.Note() // a pull is under way
 	crashpoint.Hit("lazy serve", "layer mounted")
 	s.mu.Lock()
 	s.layers[a.Key] = l
@@ -173,8 +174,11 @@ func (s *Server) complete(key string) error {
 	started := s.completing[key]
 	s.completing[key] = true
 	s.mu.Unlock()
+	// The pull that asks has just fetched its prioritised files, and its
+	// container is about to start: the background fetch waits its turn.
+	s.fetches.Note()
 	if !started && !l.IsComplete() {
-		l.Complete(s.slots)
+		l.Complete()
 	}
 	return nil
 }

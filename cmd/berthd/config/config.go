@@ -199,6 +199,9 @@ type Image struct {
 	// MaxLazyFetches bounds the background requests that complete lazy
 	// layers, of all layers together. Unset: 4.
 	MaxLazyFetches *int `toml:"max_lazy_fetches"`
+	// LazyFetchQuiet holds those background requests until no container
+	// read or pull has fetched on demand for this long; 0: no hold.
+	LazyFetchQuiet Duration `toml:"lazy_fetch_quiet"`
 	// LazyCacheMaxBytes bounds the disk the lazily pulled layers take
 	// together, each counted at its full unpacked size; a layer past it
 	// is pulled whole. Unset: no bound.
@@ -255,6 +258,10 @@ func (d *Duration) UnmarshalText(b []byte) error {
 func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
 // Default returns the configuration used when neither file nor flags say otherwise.
+// DefaultLazyFetchQuiet is lazy_fetch_quiet's default: stargz-snapshotter's
+// hold of its background fetch after the last prioritised task.
+const DefaultLazyFetchQuiet = 5 * time.Second
+
 func Default() *Config {
 	return &Config{
 		Root:            "/var/lib/berth",
@@ -264,7 +271,7 @@ func Default() *Config {
 		LogFormat:       "text",
 		CgroupDriver:    "cgroupfs",
 		HostPathTimeout: Duration{10 * time.Second},
-		Image: Image{PullProgressTimeout: Duration{time.Minute},
+		Image: Image{PullProgressTimeout: Duration{time.Minute}, LazyFetchQuiet: Duration{DefaultLazyFetchQuiet},
 			MaxLayerBytes: DefaultMaxLayerBytes, MaxLayerEntries: DefaultMaxLayerEntries, GzipDecoder: gunzip.Auto},
 		Network: Network{Mode: NetworkBridge, Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},

@@ -63,7 +63,8 @@ func TestDefaults(t *testing.T) {
 	want := &Config{Path: absent,
 		Root: "/var/lib/berth", State: "/run/berth", Socket: "/run/berth/berth.sock",
 		LogLevel: "info", LogFormat: "text", CgroupDriver: "cgroupfs", HostPathTimeout: Duration{10 * time.Second},
-		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000, GzipDecoder: "auto"},
+		Image: Image{PullProgressTimeout: Duration{time.Minute}, MaxLayerBytes: 32 << 30, MaxLayerEntries: 500_000, GzipDecoder: "auto",
+			LazyFetchQuiet: Duration{5 * time.Second}},
 		Network: Network{Mode: "bridge", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin"}},
 		Stream:  Stream{Address: "127.0.0.1", IdleTimeout: Duration{4 * time.Hour}},
@@ -109,6 +110,7 @@ max_layer_entries = 1000
 max_concurrent_downloads = 3
 lazy = true
 max_lazy_fetches = 2
+lazy_fetch_quiet = "1s"
 lazy_cache_max_bytes = 10737418240
 gzip_decoder = "builtin"
 
@@ -157,7 +159,7 @@ skip_verify = false
 		Root: "/srv/berth", State: "/run/b", Socket: "/run/b/b.sock",
 		LogLevel: "debug", LogFormat: "json", CgroupDriver: "systemd", HostPathTimeout: Duration{3 * time.Second},
 		Image: Image{PullProgressTimeout: Duration{90 * time.Second}, MaxLayerBytes: 1 << 30, MaxLayerEntries: 1000, GzipDecoder: "builtin",
-			MaxConcurrentDownloads: &three, Lazy: true, MaxLazyFetches: &two, LazyCacheMaxBytes: &tenGiB},
+			MaxConcurrentDownloads: &three, Lazy: true, MaxLazyFetches: &two, LazyCacheMaxBytes: &tenGiB, LazyFetchQuiet: Duration{time.Second}},
 		Network: Network{Mode: "cni", Bridge: "berth0", Subnet: "10.89.0.0/16", MTU: 1500, Masquerade: true,
 			CNIConfDir: "/etc/berth/cni", CNIBinDirs: []string{"/usr/lib/cni", "/opt/cni/bin"}, CNICacheDir: "/var/cache/berth-cni"},
 		Stream:  Stream{Address: "0.0.0.0", Port: 10010, IdleTimeout: Duration{time.Hour}},
@@ -235,6 +237,7 @@ func TestBadFiles(t *testing.T) {
 		{"integer duration", "[image]\npull_progress_timeout = 60", []string{"pull_progress_timeout"}},
 		{"zero duration", "[image]\npull_progress_timeout = \"0s\"", []string{`image.pull_progress_timeout = "0s"`, "greater than 0"}},
 		{"negative duration", "[image]\npull_progress_timeout = \"-1m\"", []string{`image.pull_progress_timeout = "-1m0s"`}},
+		{"negative quiet", "[image]\nlazy_fetch_quiet = \"-1s\"", []string{`image.lazy_fetch_quiet = "-1s"`, "negative"}},
 		{"zero host path timeout", `host_path_timeout = "0s"`, []string{`host_path_timeout = "0s"`, "greater than 0"}},
 		{"credentials over plain http", "[registry.\"reg.example\"]\nplain_http = true\nusername = \"u\"\npassword = \"p\"",
 			[]string{`registry."reg.example".username = "u"`, "never sent over plain HTTP"}},

@@ -120,6 +120,9 @@ func (c *Config) validate() error {
 	if n := c.Image.MaxConcurrentDownloads; n != nil && *n <= 0 {
 		p.add(badValue("image.max_concurrent_downloads", strconv.Itoa(*n), errors.New("must be greater than 0 (leave it out for no bound)")))
 	}
+	if d := c.Image.LazyFetchQuiet.Duration; d < 0 {
+		p.add(badValue("image.lazy_fetch_quiet", d.String(), errors.New("must not be negative (0: no hold)")))
+	}
 	if n := c.Image.MaxLazyFetches; n != nil && *n <= 0 {
 		p.add(badValue("image.max_lazy_fetches", strconv.Itoa(*n), errors.New("must be greater than 0 (leave it out for 4)")))
 	}
