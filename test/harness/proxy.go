@@ -25,7 +25,7 @@ type Proxy struct {
 
 	mu       sync.Mutex
 	sent     map[string]int64 // body bytes sent, by digest
-	gets     []BlobGet        // in order
+	gets     []*BlobGet       // in order
 	inFlight int              // blob GETs whose body is being sent
 	maxIn    int
 	cut      map[string]int64 // next GET of the digest: drop the connection after n bytes
@@ -42,6 +42,8 @@ type BlobGet struct {
 	Range  string // the request's Range header, "" for the whole blob
 	Status int
 	Header http.Header // the request's
+	Start  time.Time   // when the proxy got the request
+	End    time.Time   // when it sent the last byte of the answer; zero while it sends
 }
 
 // NewProxy starts a proxy in front of reg.
@@ -150,7 +152,7 @@ func (p *Proxy) Gets(d v1.Hash) []BlobGet {
 	var out []BlobGet
 	for _, g := range p.gets {
 		if g.Digest == d.String() {
-			out = append(out, g)
+			out = append(out, *g)
 		}
 	}
 	return out
@@ -174,12 +176,13 @@ func (p *Proxy) Reset() {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, req *http.Request) {
+	began := time.Now()
 	if dg, ok := digestInPath(req.URL.Path); ok && req.Method == http.MethodGet {
 		p.mu.Lock()
 		status, failing := p.fail[dg]
 		delete(p.fail, dg)
 		if failing {
-			p.gets = append(p.gets, BlobGet{Digest: dg, Range: req.Header.Get("Range"), Status: status, Header: req.Header.Clone()})
+			p.gets = append(p.gets, &BlobGet{Digest: dg, Range: req.Header.Get("Range"), Status: status, Header: req.Header.Clone(), Start: began, End: time.Now()})
 		}
 		p.mu.Unlock()
 		if failing {
@@ -214,7 +217,8 @@ func (p *Proxy) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	p.mu.Lock()
-	p.gets = append(p.gets, BlobGet{Digest: dg, Range: req.Header.Get("Range"), Status: resp.StatusCode, Header: req.Header.Clone()})
+	get := &BlobGet{Digest: dg, Range: req.Header.Get("Range"), Status: resp.StatusCode, Header: req.Header.Clone(), Start: began}
+	p.gets = append(p.gets, get)
 	p.inFlight++
 	p.maxIn = max(p.maxIn, p.inFlight)
 	cut, cutting := p.cut[dg]
@@ -225,6 +229,7 @@ func (p *Proxy) serve(w http.ResponseWriter, req *http.Request) {
 	defer func() {
 		p.mu.Lock()
 		p.inFlight--
+		get.End = time.Now()
 		p.mu.Unlock()
 	}()
 	var start int64

@@ -24,9 +24,17 @@ import (
 	"github.com/berth-runtime/berth/test/harness"
 )
 
-// lazyConfig turns lazy pulls on for a registry on plain HTTP.
+// lazyConfig turns lazy pulls on for a registry on plain HTTP, with a
+// short hold of the background fetch, so that the tests that wait for a
+// layer to complete do not wait the default 5 s each.
 func lazyConfig(reg *harness.Registry) string {
-	return harness.PlainHTTP(reg.Host()) + "\n[image]\nlazy = true\n"
+	return lazyConfigFor(reg.Host(), 100*time.Millisecond)
+}
+
+// lazyConfigFor turns lazy pulls on for a plain HTTP registry at host, the
+// background fetch held for quiet after the last on-demand fetch.
+func lazyConfigFor(host string, quiet time.Duration) string {
+	return harness.PlainHTTP(host) + fmt.Sprintf("\n[image]\nlazy = true\nlazy_fetch_quiet = %q\n", quiet)
 }
 
 // stargzLayer is an eStargz layer built by a test, and where its parts are
@@ -37,7 +45,8 @@ type stargzLayer struct {
 	diffID    v1.Hash
 	toc       digest.Digest
 	tocOffset int64 // the TOC and footer are from here to the end
-	landmark  int64 // the prioritised files' chunks end here
+	prio      int64 // the prioritised files' chunks start here
+	landmark  int64 // and end here
 	bigChunk  int64 // the middle of the compressed bytes of a chunk of /data/big
 	bigMember int64 // where that chunk's gzip member starts
 	bigStart  int64 // the compressed bytes of /data/big's chunks are from here
@@ -68,6 +77,17 @@ func (l *stargzLayer) prioritisedRange(r string) bool {
 	var start, last int64
 	_, err := fmt.Sscanf(r, "bytes=%d-%d", &start, &last)
 	return err == nil && l.prioritised(start, last+1)
+}
+
+// pulledRange says whether a Range header is one a lazy pull asks for:
+// the footer or the TOC (from near the TOC to the blob's end), or the
+// prioritised files' chunks. The background fetch's ranges start
+// elsewhere: its runs start at another chunk, and what the blob's
+// verification needs besides (its first tar header) at 0.
+func (l *stargzLayer) pulledRange(r string) bool {
+	var start, last int64
+	_, err := fmt.Sscanf(r, "bytes=%d-%d", &start, &last)
+	return err == nil && (start >= l.tocOffset-1024 && last+1 == int64(len(l.blob)) || start >= l.prio && last+1 <= l.landmark)
 }
 
 // stargzImage is busybox (plain gzip layers: the busybox files, then
@@ -118,6 +138,11 @@ func stargzImage(t *testing.T, big []byte) (v1.Image, *stargzLayer) {
 		t.Fatal("the eStargz layer has no prefetch landmark")
 	}
 	l.landmark = lm.Offset
+	prio, ok := r.Lookup("prio.txt")
+	if !ok {
+		t.Fatal("the eStargz layer has no /prio.txt")
+	}
+	l.prio = prio.Offset
 	c, ok := r.ChunkEntryForOffset("data/big", 512<<10)
 	if !ok {
 		t.Fatal("/data/big has no chunk at 512 KiB")
@@ -296,6 +321,47 @@ func TestPullLazyStartsBeforeFetched(t *testing.T) {
 		t.Fatalf("after removal: lazy mounts %v, cache folders %v", lazyMounts(t, e.d.Root), lazyFolders(t, e.d.Root))
 	}
 	harness.AssertNoLeaks(t, e.d.Root, harness.WantSnapshots(0))
+}
+
+// TestPullLazyHoldsBackgroundFetch: the background fetch of a lazy layer
+// sends its first request no earlier than lazy_fetch_quiet after the last
+// on-demand request of the layer (the pull's footer, TOC and prioritised
+// files) ended, as the proxy in front of the registry saw them, and still
+// completes the layer. (A container's reads hold it too: the image/lazy
+// unit tests show that, without a race between a test's read and the
+// hold's end.)
+func TestPullLazyHoldsBackgroundFetch(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	const quiet = 2 * time.Second
+	reg := harness.NewRegistry(t)
+	px := harness.NewProxy(t, reg)
+	img, l := stargzImage(t, nil)
+	p := reg.Push(t, "berth/lazy:1", img)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfigFor(px.Host(), quiet)})
+	mustPull(t, d, px.Host()+"/berth/lazy:1", p.ID)
+	waitComplete(t, d.Root, 1)
+
+	var demandEnd, backgroundStart time.Time
+	var background []string
+	for _, g := range px.Gets(l.digest) {
+		if l.pulledRange(g.Range) {
+			if g.End.After(demandEnd) {
+				demandEnd = g.End
+			}
+			continue
+		}
+		background = append(background, g.Range)
+		if backgroundStart.IsZero() || g.Start.Before(backgroundStart) {
+			backgroundStart = g.Start
+		}
+	}
+	if demandEnd.IsZero() || len(background) == 0 {
+		t.Fatalf("the proxy saw no on-demand range (ended %v) or no background range (%v) of the eStargz layer: %+v", demandEnd, background, px.Gets(l.digest))
+	}
+	if gap := backgroundStart.Sub(demandEnd); gap < quiet {
+		t.Fatalf("the first background request (of %v) began %v after the last on-demand request ended, want at least lazy_fetch_quiet %v", background, gap, quiet)
+	}
 }
 
 func TestPullLazyCorruptChunkFailsRead(t *testing.T) {
