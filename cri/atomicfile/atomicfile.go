@@ -9,6 +9,7 @@ package atomicfile
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // TempMark is in the name of every temp file Write makes, which is
@@ -40,7 +41,7 @@ func write(path string, data []byte, perm os.FileMode, uid, gid int) error {
 	if err == nil {
 		err = tmp.Chmod(perm)
 	}
-	if err == nil && (uid != -1 || gid != -1) {
+	if err == nil && (uid != -1 || gid != -1) && !ownedBy(tmp, uid, gid) {
 		err = tmp.Chown(uid, gid)
 	}
 	if cerr := tmp.Close(); err == nil {
@@ -53,4 +54,16 @@ func write(path string, data []byte, perm os.FileMode, uid, gid int) error {
 		os.Remove(tmp.Name())
 	}
 	return err
+}
+
+// ownedBy says whether f already belongs to uid and gid (-1: any), as a
+// file its creator makes for itself does: chown is then skipped, which a
+// caller without CAP_CHOWN could not do even to its own ids' file.
+func ownedBy(f *os.File, uid, gid int) bool {
+	fi, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && (uid == -1 || uint32(uid) == st.Uid) && (gid == -1 || uint32(gid) == st.Gid)
 }

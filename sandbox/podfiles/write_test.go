@@ -244,7 +244,7 @@ func TestWriteFailureCleansUp(t *testing.T) {
 // removed with the pod's files.
 func TestRemoveSweepsTempFiles(t *testing.T) {
 	dir := t.TempDir()
-	if err := writeAtomic(filepath.Join(dir, "hosts"), []byte("x"), 0, 0); err != nil {
+	if err := writeAtomic(filepath.Join(dir, "hosts"), []byte("x"), os.Getuid(), os.Getgid()); err != nil {
 		t.Fatal(err)
 	}
 	// A temp file a crash left behind is swept by Remove.
