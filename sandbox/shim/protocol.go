@@ -60,8 +60,10 @@ var (
 	ErrRestore = errors.New("criu could not restore the container")
 	// ErrPidsLimit: an exec's process could not start, the kernel refusing
 	// the fork into the container's cgroup (EAGAIN): its pids limit, or
-	// its pod's, is reached. The message goes on with the refused step.
-	ErrPidsLimit = errors.New("the container's pids limit is reached")
+	// its pod's, is reached, or (rarely, the shim being root) the node's
+	// threads-max or pid_max, which the same errno reports. The message
+	// goes on with the refused step.
+	ErrPidsLimit = errors.New("the pids limit of the container or its pod is reached, or the node's process limit")
 )
 
 // remoteErrors are matched by prefix against a server error message.

@@ -257,11 +257,11 @@ func (d *Duration) UnmarshalText(b []byte) error {
 // MarshalText keeps the config printable as TOML.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
-// Default returns the configuration used when neither file nor flags say otherwise.
 // DefaultLazyFetchQuiet is lazy_fetch_quiet's default: stargz-snapshotter's
 // hold of its background fetch after the last prioritised task.
 const DefaultLazyFetchQuiet = 5 * time.Second
 
+// Default returns the configuration used when neither file nor flags say otherwise.
 func Default() *Config {
 	return &Config{
 		Root:            "/var/lib/berth",
