@@ -395,6 +395,10 @@ func cutIfNetwork(err error) error {
 	return err
 }
 
+// errBlobDigestMismatch is returned (wrapped) for a downloaded blob whose
+// content is not what its digest names.
+var errBlobDigestMismatch = errors.New("digest mismatch")
+
 // blobReader hands out the download's complete prefix in order, and checks
 // the digest of the whole blob at its end.
 type blobReader struct {
@@ -442,7 +446,7 @@ func (r *blobReader) read(p []byte) (int, error) {
 	}
 	if got := digest.NewDigest(dl.digest.Algorithm(), r.hash); got != dl.digest {
 		r.bad = true
-		return 0, fmt.Errorf("blob %s: digest mismatch: downloaded content has digest %s", dl.digest, got)
+		return 0, fmt.Errorf("blob %s: %w: downloaded content has digest %s", dl.digest, errBlobDigestMismatch, got)
 	}
 	r.verified = true
 	return 0, io.EOF

@@ -216,9 +216,12 @@ func decodeConfig(raw []byte, layers int) (ocispec.Image, []string, error) {
 // copy, a registry that trickles a popular blob, or a hostile image that
 // names this layer's diff IDs) never waits on it: each unpacks its own,
 // and the first to pass its diff ID check is kept. When the shared unpack
-// fails because its pull ended (cancelled, or stalled), its waiters unpack
-// the blob themselves rather than take another pull's error; a failure
-// the blob decided (its digest, its diff ID, its size) is theirs too.
+// fails for what the blob is (blobFailure: its digest, its diff ID, its
+// size), its waiters fail with it: the same bytes would fail them too.
+// Any other failure was the unpacking pull's own (cancelled or stalled,
+// its credentials refused, a registry error after its retries, a full
+// disk): its waiters then fetch the blob themselves, with their own
+// credentials and context, rather than take another pull's error.
 func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted, watch *progressWatch) error {
 	key := ""
 	if src.blob != nil {
@@ -250,21 +253,30 @@ func (s *Service) ensureLayer(ctx context.Context, l v1.Layer, chainID string, d
 			s.metrics.layer("reused")
 			return nil
 		}
-		if !f.pullEnded {
+		if blobFailure(f.err) {
 			return f.err
 		}
 		s.log.Info("another pull's unpack of a shared layer failed; this pull fetches it itself", "layer", diffID, "err", f.err)
 	}
 }
 
-// layerFlight is one unpack in progress; err and pullEnded are set before
-// done closes.
+// errDiffIDMismatch is returned (wrapped) for a layer whose uncompressed
+// content is not what the image config's diff ID names.
+var errDiffIDMismatch = errors.New("diff ID mismatch")
+
+// blobFailure says err was decided by the blob itself (its digest, its diff
+// ID, its size): any pull fetching the same blob from the same source gets
+// it too, so pulls sharing its unpack share it. Every other failure (a
+// cancelled or stalled pull, refused credentials, a registry error, a full
+// disk) belongs to the pull that met it.
+func blobFailure(err error) bool {
+	return errors.Is(err, errBlobDigestMismatch) || errors.Is(err, errDiffIDMismatch) || errors.Is(err, unpack.ErrTooLarge)
+}
+
+// layerFlight is one unpack in progress; err is set before done closes.
 type layerFlight struct {
 	done chan struct{}
 	err  error
-	// pullEnded says err is the unpacking pull's end (its context's), not
-	// the blob's: the blob may still be good.
-	pullEnded bool
 	// progress is the progress clock of the pull doing the unpack (its
 	// watch's last): its bytes, and its waits for slots that its own watch
 	// excuses, such as this unpack's wait for one of its pull's slots.
@@ -287,7 +299,6 @@ func (s *Service) joinLayer(key string, watch *progressWatch) (f *layerFlight, f
 // runLayerFlight unpacks the layer for the pulls that joined f.
 func (s *Service) runLayerFlight(ctx context.Context, f *layerFlight, key string, l v1.Layer, chainID string, diffID digest.Digest, src layerSource, slots *semaphore.Weighted) error {
 	f.err = s.unpackOwn(ctx, l, chainID, diffID, src, slots)
-	f.pullEnded = ctx.Err() != nil
 	s.inflightMu.Lock()
 	delete(s.inflight, key)
 	s.inflightMu.Unlock()
@@ -378,7 +389,7 @@ func (s *Service) unpackLayer(ctx context.Context, l v1.Layer, chainID string, d
 		return layerError(diffID, err)
 	}
 	if got := digest.NewDigest(digest.SHA256, h); got != diffID {
-		return fmt.Errorf("layer %s: uncompressed content has digest %s (diff ID mismatch)", diffID, got)
+		return fmt.Errorf("layer %s: uncompressed content has digest %s (%w)", diffID, got, errDiffIDMismatch)
 	}
 	// The blob is verified and unpacked: its download file goes now, before
 	// the flush after the commit (image/snapshot) would write it out only to

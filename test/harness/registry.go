@@ -275,6 +275,7 @@ const (
 	faultStall
 	faultTrickle
 	faultStatus       // answer with an error status instead of the blob
+	faultHeldStatus   // hold the GET until Heal, then answer with an error status
 	faultRedirectLoop // redirect to the same URL, forever
 	faultLength       // declare a Content-Length off by delta
 )
@@ -284,9 +285,10 @@ type fault struct {
 	at    int64 // corrupt: offset of the flipped byte (<0: middle); truncate/stall: offset of the cut
 	chunk int   // trickle: bytes per write
 	every time.Duration
-	code  int   // status: the HTTP status
+	code  int   // status, held status: the HTTP status
 	delta int64 // length: added to the true Content-Length
-	// release is closed by Heal: a trickle under way sends the rest at once.
+	// release is closed by Heal: a trickle under way sends the rest at
+	// once, a held GET gets its status.
 	release chan struct{}
 }
 
@@ -323,6 +325,13 @@ func (r *Registry) Trickle(d v1.Hash, chunk int, every time.Duration) {
 // Fail makes GETs of d answer with the HTTP status code (a 5xx, say) and a
 // registry error body.
 func (r *Registry) Fail(d v1.Hash, code int) { r.setFault(d, fault{kind: faultStatus, code: code}) }
+
+// HoldThenFail makes GETs of d wait, sending nothing, until Heal, and then
+// answer with the HTTP status code: the GETs that came before Heal fail
+// (a registry refusing those clients, say), those after it are served.
+func (r *Registry) HoldThenFail(d v1.Hash, code int) {
+	r.setFault(d, fault{kind: faultHeldStatus, code: code, release: make(chan struct{})})
+}
 
 // RedirectLoop makes GETs of d redirect (307) to their own URL.
 func (r *Registry) RedirectLoop(d v1.Hash) { r.setFault(d, fault{kind: faultRedirectLoop}) }
@@ -444,6 +453,15 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		case faulty && f.kind == faultStatus:
 			writeRegistryError(w, f.code, "UNKNOWN", "injected failure")
+			return
+		case faulty && f.kind == faultHeldStatus:
+			select {
+			case <-f.release:
+				writeRegistryError(w, f.code, "DENIED", "injected failure after a hold")
+			case <-r.stop:
+				w.WriteHeader(http.StatusServiceUnavailable)
+			case <-req.Context().Done():
+			}
 			return
 		case faulty && f.kind == faultRedirectLoop:
 			http.Redirect(w, req, req.URL.String(), http.StatusTemporaryRedirect)
