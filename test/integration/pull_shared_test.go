@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -201,6 +202,37 @@ func TestPullSharedLayerBlobFailureNotRetried(t *testing.T) {
 		t.Errorf("the registry was asked for the layer %d times, want 1: the waiter fetched a blob the shared unpack refused", n)
 	}
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t))
+}
+
+// TestPullSharedLayerOwnFailureRetried (#34/3): when a shared unpack fails
+// for a reason of its pull's own, not the blob's (here the registry
+// refuses that pull's GET of the layer, as it would its credentials), the
+// pull that waited on it fetches the layer itself and succeeds, rather
+// than fail with the other pull's error.
+func TestPullSharedLayerOwnFailureRetried(t *testing.T) {
+	reg, d := start(t, "")
+	t.Parallel()
+	img := harness.BusyboxImage(t, harness.ImageSpec{})
+	first, second := reg.Push(t, "berth/shared:1", img), reg.Push(t, "berth/shared:2", img)
+	layer := baseLayer(t, img)
+	reg.HoldThenFail(layer, http.StatusForbidden) // the first pull's GET, once the second joined
+
+	_, firstDone := pullInBackground(t, d, first.Name)
+	waitFetching(t, reg, layer)
+	_, secondDone := pullInBackground(t, d, second.Name)
+	waitJoined(t, d)
+	reg.Heal(layer)
+	if err := <-firstDone; err == nil || !strings.Contains(err.Error(), "DENIED") {
+		t.Errorf("the pull whose GET of the layer was refused ended with %v, want the registry's refusal", err)
+	}
+	if err := <-secondDone; err != nil {
+		t.Fatalf("the pull that waited on an unpack failed by its pull's own refusal: %v", err)
+	}
+	mustStatus(t, d, second.Name)
+	if n := reg.Fetches(layer); n != 2 {
+		t.Errorf("the registry was asked for the layer %d times, want 2 (the refused GET, and the waiter's own)", n)
+	}
+	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
 }
 
 // waitJoined waits until a pull waits on another's unpack of a layer

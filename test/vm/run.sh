@@ -84,7 +84,7 @@ kernel_independent+='|TestPartialDownloadsCountedAndFreed'
 kernel_independent+='|TestSharedLayerFetchedAndStoredOnce|TestConcurrentPullsFetchOnce|TestSlowPullBlocksNothing|TestSIGTERMDrainsInFlightPull'
 # Which pulls share a download or unpack (by blob and source), and which
 # wait: berthd's bookkeeping, timed by the registry's trickles and stalls.
-kernel_independent+='|TestPull(NotHeldByTricklingSource|RetriesSharedLayerAfterItsPullEnded|SharedLayerBlobFailureNotRetried|WaitingOnSlotWaiterNotStalled)'
+kernel_independent+='|TestPull(NotHeldByTricklingSource|RetriesSharedLayerAfterItsPullEnded|SharedLayerBlobFailureNotRetried|SharedLayerOwnFailureRetried|WaitingOnSlotWaiterNotStalled)'
 kernel_independent+='|TestImageStatusLookups|TestImageStatusUserAndSize|TestRepoTagsAndDigestsExact|TestListImages|TestRemoveImage|TestRemoveOneOfTwoTags|TestRemoveKeepsLayersOtherImagesUse|TestBerthctlImport|TestImageRemovalFreesSpace'
 # ImageFsInfo sums the image records and the content store's files, not
 # what the kernel says the disk holds (53 s in the VM, 2026-11-29: four
