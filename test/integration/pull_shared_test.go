@@ -154,23 +154,13 @@ func TestPullRetriesSharedLayerAfterItsPullEnded(t *testing.T) {
 	layer := baseLayer(t, img)
 	reg.Stall(layer, harness.BlobSize(t, img, layer)/2)
 
-	cancelFirst, firstDone := pullInBackground(t, d, first.Name)
-	waitFetching(t, reg, layer)
-	_, secondDone := pullInBackground(t, d, second.Name)
-	waitJoined(t, d)
+	cancelFirst, firstDone, secondDone := pullsSharingLayer(t, d, reg, layer, first.Name, second.Name)
 	reg.Heal(layer)
 	cancelFirst() // the shared unpack fails: its pull gave up
 	if err := <-firstDone; err == nil {
 		t.Fatal("the stalled pull succeeded")
 	}
-	if err := <-secondDone; err != nil {
-		t.Fatalf("the pull that waited on the failed unpack: %v", err)
-	}
-	mustStatus(t, d, second.Name)
-	if n := reg.Fetches(layer); n != 2 {
-		t.Errorf("the registry was asked for the layer %d times, want 2 (the stalled GET, and the rest of it)", n)
-	}
-	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
+	assertWaiterPulledItself(t, d, reg, img, second.Name, secondDone) // the stalled GET, and the rest of it
 }
 
 // TestPullSharedLayerBlobFailureNotRetried (#34/3): when a shared unpack
@@ -188,10 +178,7 @@ func TestPullSharedLayerBlobFailureNotRetried(t *testing.T) {
 	layer := baseLayer(t, img)
 	reg.Trickle(layer, 32, 100*time.Millisecond) // until the second pull joins
 
-	_, firstDone := pullInBackground(t, d, first.Name)
-	waitFetching(t, reg, layer)
-	_, secondDone := pullInBackground(t, d, second.Name)
-	waitJoined(t, d)
+	_, firstDone, secondDone := pullsSharingLayer(t, d, reg, layer, first.Name, second.Name)
 	reg.Heal(layer)
 	for _, done := range []<-chan error{firstDone, secondDone} {
 		if err := <-done; err == nil || !strings.Contains(err.Error(), "diff ID mismatch") {
@@ -217,20 +204,39 @@ func TestPullSharedLayerOwnFailureRetried(t *testing.T) {
 	layer := baseLayer(t, img)
 	reg.HoldThenFail(layer, http.StatusForbidden) // the first pull's GET, once the second joined
 
-	_, firstDone := pullInBackground(t, d, first.Name)
-	waitFetching(t, reg, layer)
-	_, secondDone := pullInBackground(t, d, second.Name)
-	waitJoined(t, d)
+	_, firstDone, secondDone := pullsSharingLayer(t, d, reg, layer, first.Name, second.Name)
 	reg.Heal(layer)
 	if err := <-firstDone; err == nil || !strings.Contains(err.Error(), "DENIED") {
 		t.Errorf("the pull whose GET of the layer was refused ended with %v, want the registry's refusal", err)
 	}
-	if err := <-secondDone; err != nil {
-		t.Fatalf("the pull that waited on an unpack failed by its pull's own refusal: %v", err)
+	assertWaiterPulledItself(t, d, reg, img, second.Name, secondDone) // the refused GET, and the waiter's own
+}
+
+// pullsSharingLayer starts a pull of first, waits until it fetches layer,
+// then starts a pull of second and waits until it waits on the first
+// one's unpack of layer. It returns the first pull's cancel and both
+// pulls' results.
+func pullsSharingLayer(t *testing.T, d *harness.Daemon, reg *harness.Registry, layer v1.Hash, first, second string) (context.CancelFunc, <-chan error, <-chan error) {
+	t.Helper()
+	cancelFirst, firstDone := pullInBackground(t, d, first)
+	waitFetching(t, reg, layer)
+	_, secondDone := pullInBackground(t, d, second)
+	waitJoined(t, d)
+	return cancelFirst, firstDone, secondDone
+}
+
+// assertWaiterPulledItself checks that the pull of img as name, which
+// waited on another pull's unpack of img's layer that failed, pulled it
+// itself: it succeeded, and the registry was asked for the layer twice
+// (the failed pull's GET and the waiter's own).
+func assertWaiterPulledItself(t *testing.T, d *harness.Daemon, reg *harness.Registry, img v1.Image, name string, done <-chan error) {
+	t.Helper()
+	if err := <-done; err != nil {
+		t.Fatalf("the pull that waited on another pull's failed unpack of the layer: %v", err)
 	}
-	mustStatus(t, d, second.Name)
-	if n := reg.Fetches(layer); n != 2 {
-		t.Errorf("the registry was asked for the layer %d times, want 2 (the refused GET, and the waiter's own)", n)
+	mustStatus(t, d, name)
+	if n := reg.Fetches(baseLayer(t, img)); n != 2 {
+		t.Errorf("the registry was asked for the layer %d times, want 2 (the failed pull's GET, and the waiter's own)", n)
 	}
 	harness.AssertNoLeaks(t, d.Root, harness.WantImages(t, img))
 }
