@@ -20,7 +20,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 )
 
@@ -177,4 +179,44 @@ func (f *flipByte) Write(p []byte) (int, error) {
 	}
 	f.off += len(p)
 	return f.ResponseWriter.Write(p)
+}
+
+// TestPullCorruptLayerIsTheBlobsFailure: a layer blob whose bytes are not
+// what its digest names (an uncompressed layer, so that the tar reads on
+// to the digest check) fails the pull with a failure of the blob
+// (blobFailure): pulls waiting on a shared unpack of it take that failure
+// rather than each fetch the blob again.
+func TestPullCorruptLayerIsTheBlobsFailure(t *testing.T) {
+	s, _ := newTestService(t)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	content := strings.Repeat("a", 64<<10)
+	if err := tw.WriteHeader(&tar.Header{Name: "file", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(content))}); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(tw, content)
+	tw.Close()
+	layer := static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer)
+	d, err := layer.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := ggcrregistry.New()
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+d.String()) {
+			w = &flipByte{ResponseWriter: w, at: 4096} // in the file's content
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	pushLayers(t, host, "corrupt:v1", []v1.Layer{layer})
+
+	_, err = s.Pull(context.Background(), host+"/corrupt:v1", nil)
+	if err == nil || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("Pull of a corrupt layer ended with %v, want its digest mismatch", err)
+	}
+	if !blobFailure(err) {
+		t.Errorf("Pull of a corrupt layer: %v is not a failure of the blob: waiters would fetch it again", err)
+	}
 }
