@@ -49,7 +49,7 @@ func Dial(dir string) (*Client, error) {
 func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, error) {
 	dir := cfg.Dir
 	argv := append(slices.Clone(binary), cfg.Args()...)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := rootOnlyDir(dir); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)

@@ -52,7 +52,7 @@ type Server struct {
 // Serve serves lazy layers on the socket in opts.Dir until asked to exit
 // (Exit) with no layer left. ready is called once the socket listens.
 func Serve(opts ServeOptions, ready func()) error {
-	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+	if err := rootOnlyDir(opts.Dir); err != nil {
 		return err
 	}
 	sock := filepath.Join(opts.Dir, SocketFile)
@@ -61,17 +61,18 @@ func Serve(opts ServeOptions, ready func()) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(filepath.Join(opts.Dir, PIDFile))
-	defer os.Remove(sock)
+	// Its Close unlinks the socket, at once: exit closes it before its
+	// answer lets berthd start a successor, whose socket and pid file a
+	// removal deferred to Serve's return could take.
+	defer ln.Close()
 	if err := os.WriteFile(filepath.Join(opts.Dir, PIDFile), fmt.Appendf(nil, "%d\n", os.Getpid()), 0o600); err != nil {
-		ln.Close()
 		return err
 	}
 	s := &Server{opts: opts, fetches: lazy.NewFetches(opts.Fetches, opts.FetchQuiet), ln: ln, closed: make(chan struct{}),
 		layers: map[string]*lazy.Layer{}, completing: map[string]bool{}, broken: map[string]string{}, changed: make(chan struct{})}
 	srv := rpc.NewServer()
 	if err := srv.RegisterName(service, &api{s}); err != nil {
-		ln.Close()
+		s.removePIDFile()
 		return err
 	}
 	ready()
@@ -82,11 +83,26 @@ func Serve(opts ServeOptions, ready func()) error {
 			case <-s.closed:
 				return nil
 			default:
+				s.removePIDFile()
 				return err
 			}
 		}
 		go srv.ServeConn(conn)
 	}
+}
+
+// rootOnlyDir makes dir, the folder of the socket, and makes it 0700
+// whatever mode it had: the socket's only protection, since whoever
+// reaches it has root mount any registry's layer anywhere.
+func rootOnlyDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+func (s *Server) removePIDFile() {
+	os.Remove(filepath.Join(s.opts.Dir, PIDFile))
 }
 
 // source opens the registry source of a layer at its first request, so
@@ -163,8 +179,9 @@ func (s *Server) layer(key string) (*lazy.Layer, error) {
 	return l, nil
 }
 
-// complete starts the background fetch of key, once: a berthd that
-// restarted asks again for the layers it finds incomplete.
+// complete starts the background fetch of key, once at a time: a berthd
+// that restarted asks again for the layers it finds incomplete, and one
+// whose fetch ended incomplete (a registry away) is fetched again then.
 func (s *Server) complete(key string) error {
 	l, err := s.layer(key)
 	if err != nil {
@@ -178,7 +195,15 @@ func (s *Server) complete(key string) error {
 	// container is about to start: the background fetch waits its turn.
 	s.fetches.Note()
 	if !started && !l.IsComplete() {
-		l.Complete()
+		ended := l.Complete()
+		go func() {
+			<-ended
+			s.mu.Lock()
+			if s.layers[key] == l && !l.IsComplete() {
+				delete(s.completing, key)
+			}
+			s.mu.Unlock()
+		}()
 	}
 	return nil
 }
@@ -250,6 +275,9 @@ func (s *Server) exit() error {
 	select {
 	case <-s.closed:
 	default:
+		// Both files go before the answer: the berthd that asked may start
+		// a successor as soon as it has it.
+		s.removePIDFile()
 		close(s.closed)
 		s.ln.Close()
 		s.opts.Log.Info("no lazy layer left to serve: exiting")
