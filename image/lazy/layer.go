@@ -555,9 +555,12 @@ func (l *Layer) readCached(c chunk, p []byte, off int64) (int, error) {
 // across the node's layers, each once on-demand fetches are quiet. Once
 // all are in, it verifies the whole blob unless chunks were linked from
 // another layer (finish): the layer is then marked complete, or broken.
-// Close stops it.
-func (l *Layer) Complete() {
+// Close stops it. The channel it returns closes when it ends, the layer
+// complete or not (a registry away, Close).
+func (l *Layer) Complete() <-chan struct{} {
+	ended := make(chan struct{})
 	l.background.Go(func() {
+		defer close(ended)
 		var wg sync.WaitGroup
 		var failed sync.Once
 		for _, run := range runs(l.reuse(l.missing())) {
@@ -582,6 +585,7 @@ func (l *Layer) Complete() {
 			l.finish()
 		}
 	})
+	return ended
 }
 
 func (l *Layer) missing() []chunk {
