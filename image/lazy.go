@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/lazy"
@@ -44,7 +46,7 @@ func isLazyKey(key string) bool { return strings.HasPrefix(key, lazyKeyPrefix) }
 // trustworthy.
 func (s *Service) lazyBlob(src layerSource, desc v1.Descriptor, diffID digest.Digest) (lazy.Blob, bool) {
 	toc, err := digest.Parse(desc.Annotations[lazy.TOCDigestAnnotation])
-	if !s.opts.Lazy || src.lazy == nil || err != nil {
+	if !s.opts.Lazy || src.lazy == nil || err != nil || s.lazyServerForeign() {
 		return lazy.Blob{}, false
 	}
 	return lazy.Blob{Digest: digest.Digest(desc.Digest.String()), Size: desc.Size, TOCDigest: toc, DiffID: diffID}, true
@@ -71,6 +73,10 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 	if snap, ok, err := s.snaps.Get(key); ok || err != nil {
 		if err != nil {
 			return err
+		}
+		// Detached when its server died (lostLazy): an empty folder now.
+		if s.lazyLayerLost(key) {
+			return fmt.Errorf("lazy layer %s lost its server: it is pulled again once collected", key)
 		}
 		// A layer that failed its verification stays while containers
 		// use it; a pull of it fails as a whole pull of its blob would.
@@ -225,6 +231,10 @@ func (s *Service) attachLazy(c *lazyd.Client) {
 	go s.watchLazy(c)
 }
 
+// watchRetry is watchLazy's pause after a status call that failed with
+// the server still there.
+const watchRetry = 5 * time.Second
+
 // watchLazy forgets the images of each layer the server reports broken
 // (forgetImagesOf), also those that broke while no berthd ran, until the
 // connection closes.
@@ -233,13 +243,21 @@ func (s *Service) watchLazy(c *lazyd.Client) {
 	var seen uint64
 	for wait := false; ; wait = true {
 		st, err := c.WaitStatus(wait, seen)
+		if err != nil && !lazyd.Gone(err) {
+			// Wedged or misread, not gone: its mounts stay, and it is
+			// asked again after a pause.
+			s.log.Warn("lazy layer server status", "err", err)
+			time.Sleep(watchRetry)
+			continue
+		}
 		if err != nil {
 			s.lazydMu.Lock()
+			var lost []string
 			if s.lazyd == c {
-				s.log.Error("lost the lazy layer server; its layers' reads fail until berthd restarts", "err", err)
-				s.lazyd = nil
+				lost = s.lostLazyLocked(err)
 			}
 			s.lazydMu.Unlock()
+			s.forgetLostLazy(lost)
 			return
 		}
 		seen = st.Events
@@ -247,34 +265,93 @@ func (s *Service) watchLazy(c *lazyd.Client) {
 			if l.Broken != "" && !forgotten[key] {
 				forgotten[key] = true
 				s.log.Error("lazy layer failed its verification: its reads fail with EIO", "layer", key, "err", l.Broken)
-				s.forgetImagesOf(key)
+				s.forgetImagesOf(key, "its lazy layer failed its verification")
+			}
+		}
+		// A layer collected and pulled again under its key is watched anew.
+		for key := range forgotten {
+			if _, ok := st.Layers[key]; !ok {
+				delete(forgotten, key)
 			}
 		}
 	}
 }
 
+// lostLazyLocked lets go of the lazy layer server, found dead (err), and
+// returns the keys of the layers it served. Their mounts are detached:
+// every access to them failed (ENOTCONN), and collection could not remove
+// them; so that no new container finds one empty, a pull of one fails
+// until it is collected, and forgetLostLazy forgets their images. Called
+// with lazydMu held: no new server mounts meanwhile.
+func (s *Service) lostLazyLocked(err error) []string {
+	s.log.Error("lost the lazy layer server: its layers are detached and their images pulled again", "err", err)
+	s.lazyd.Close()
+	s.lazyd, s.lazydForeign = nil, false
+	if err := lazy.DetachStale(filepath.Join(s.opts.Root, "snapshots"), nil); err != nil {
+		s.log.Warn("detach the lost lazy layer server's mounts", "err", err)
+	}
+	s.lazyMu.Lock()
+	defer s.lazyMu.Unlock()
+	lost := slices.Collect(maps.Keys(s.lazyServed))
+	for _, key := range lost {
+		s.lazyLost[key] = true
+	}
+	clear(s.lazyServed)
+	return lost
+}
+
+// forgetLostLazy forgets the images of the layers of a lost server
+// (lostLazyLocked), outside lazydMu.
+func (s *Service) forgetLostLazy(keys []string) {
+	for _, key := range keys {
+		s.forgetImagesOf(key, "the server of its lazy layer died")
+	}
+}
+
+// lazyLayerLost says whether the lazy snapshot key lost its server.
+func (s *Service) lazyLayerLost(key string) bool {
+	s.lazyMu.Lock()
+	defer s.lazyMu.Unlock()
+	return s.lazyLost[key]
+}
+
+// lazyServerForeign says whether the lazy layer server speaks another
+// protocol version: no new layer goes to it (lazyBlob pulls it whole).
+func (s *Service) lazyServerForeign() bool {
+	s.lazydMu.Lock()
+	defer s.lazydMu.Unlock()
+	return s.lazydForeign
+}
+
 // mountLazy has the server serve a lazy snapshot at its fs folder,
 // fetching what is missing from src (nil: a complete layer).
 func (s *Service) mountLazy(snap snapshot.Snapshot, src *registry.BlobSource) error {
+	lost, err := s.mountLazyLocked(snap, src)
+	s.forgetLostLazy(lost)
+	return err
+}
+
+func (s *Service) mountLazyLocked(snap snapshot.Snapshot, src *registry.BlobSource) (lost []string, err error) {
 	s.lazydMu.Lock()
 	defer s.lazydMu.Unlock() // Mount and an idle server's Exit exclude each other
 	c, err := s.lazyServerLocked()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fsDir := s.snaps.Dir(snap)
 	err = c.Mount(lazyd.MountArgs{Key: snap.ChainID, Dir: lazyDir(fsDir), FSDir: fsDir, Source: src, StallTimeout: s.opts.ProgressTimeout})
 	if lazyd.Gone(err) && s.lazyd == c {
-		s.lazyd = nil // the next layer starts a new server
-		c.Close()
+		lost = s.lostLazyLocked(err) // the next layer starts a new server
 	}
 	if err != nil {
-		return fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
+		return lost, fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
 	}
 	s.lazyMu.Lock()
-	s.lazyServed[snap.ChainID] = true
+	// Its full size is what it counts against lazy_cache_max_bytes, a
+	// complete layer served again after a restart included.
+	s.lazyServed[snap.ChainID], s.lazySizes[snap.ChainID] = true, snap.Size
 	s.lazyMu.Unlock()
-	return nil
+	return nil, nil
 }
 
 // laterFetches are the lazy layers a pull mounted, whose background
@@ -314,33 +391,50 @@ func (s *Service) startFetches(f *laterFetches) {
 }
 
 // runningLazyServer connects to the lazy layer server a stopped or killed
-// berthd left serving, nil if none serves: then the mounts a dead one
-// left have no server and are detached. It runs before the snapshot
-// store looks at their folders.
-func runningLazyServer(opts Options) (*lazyd.Client, error) {
+// berthd left serving, nil if none serves, and returns its status. The
+// lazy mounts it does not serve, all of them if none runs, are a dead
+// server's and are detached: every access to them fails (ENOTCONN), so
+// they could be neither served again nor removed. A server of another
+// protocol version, whose status may not say where its layers are, keeps
+// every mount. It runs before the snapshot store looks at their folders.
+func runningLazyServer(opts Options) (*lazyd.Client, lazyd.Status, error) {
+	snapshots := filepath.Join(opts.Root, "snapshots")
 	c, err := lazyd.Dial(opts.LazyDir)
-	if err == nil {
-		return c, nil
+	if err != nil {
+		return nil, lazyd.Status{}, lazy.DetachStale(snapshots, nil)
 	}
-	return nil, lazy.DetachStale(filepath.Join(opts.Root, "snapshots"))
+	st, err := c.Status()
+	if err != nil {
+		c.Close()
+		return nil, lazyd.Status{}, fmt.Errorf("the running lazy layer server: %w", err)
+	}
+	if st.Version != lazyd.ProtocolVersion {
+		opts.Logger.Error("the running lazy layer server speaks another protocol version: it serves its layers until they are collected, and new layers are pulled whole until it exits",
+			"server_version", st.Version, "version", lazyd.ProtocolVersion)
+		return c, st, nil
+	}
+	served := map[string]bool{}
+	for _, l := range st.Layers {
+		served[filepath.Clean(l.FSDir)] = true
+	}
+	return c, st, lazy.DetachStale(snapshots, served)
 }
 
 // restoreLazy carries on with the lazy layers of the last berthd. Those
-// a running server serves stay as they are (their background fetch
-// started again if it was not); the server stops serving those whose
-// snapshot is gone. Without a running server, a new one serves the
-// complete layers from their cache, and an incomplete one is dropped
-// (its images with it, pulled again on demand): the registry source of
-// its pull, credentials included, was the old server's, in memory only.
-func (s *Service) restoreLazy() error {
+// the running server c (status st; nil: none runs) serves stay as they
+// are (their background fetch started again if it was not); the server
+// stops serving those whose snapshot is gone. A layer no server serves is
+// served by a new one from its cache if complete, else dropped (its
+// images with it, pulled again on demand): the registry source of its
+// pull, credentials included, was the old server's, in memory only. A
+// running server of another protocol version takes no new layer: the
+// complete ones are dropped too.
+func (s *Service) restoreLazy(c *lazyd.Client, st lazyd.Status) error {
 	snaps, err := s.snaps.List()
 	if err != nil {
 		return err
 	}
-	st, running := s.lazyStatus()
-	s.lazydMu.Lock()
-	c := s.lazyd
-	s.lazydMu.Unlock()
+	running := c != nil
 	var errs []error
 	onDisk := map[string]bool{}
 	for _, snap := range snaps {
@@ -358,11 +452,11 @@ func (s *Service) restoreLazy() error {
 			}
 			continue
 		}
-		if lazy.IsComplete(dir) {
+		if lazy.IsComplete(dir) && !s.lazydForeign {
 			errs = append(errs, s.mountLazy(snap, nil))
 			continue
 		}
-		s.log.Warn("dropping a lazy layer whose server is gone before it was complete; its images are pulled again", "layer", snap.ChainID)
+		s.log.Warn("dropping a lazy layer no server can serve (its server is gone before it was complete, or speaks another protocol version); its images are pulled again", "layer", snap.ChainID)
 		errs = append(errs, s.snaps.Remove(snap.ChainID))
 	}
 	if running {
@@ -376,15 +470,16 @@ func (s *Service) restoreLazy() error {
 	return errors.Join(errs...)
 }
 
-// forgetImagesOf removes the images whose layers include the snapshot
-// key, which failed its verification: the kubelet pulls them again, and
-// that pull fails naming the mismatch (ensureLazyLayer) until the
-// snapshot is collected once no container uses it. The server counts it
+// forgetImagesOf removes the images whose layers include the lazy
+// snapshot key, which cannot serve (why): it failed its verification, or
+// its server died. The kubelet pulls them again, and that pull fails
+// naming the cause (ensureLazyLayer) until the snapshot is collected once
+// no container uses it. The server counts verification failures
 // (berth_image_lazy_layer_verification_failures_total).
-func (s *Service) forgetImagesOf(key string) {
+func (s *Service) forgetImagesOf(key, why string) {
 	err := s.images.update(s.opts.DB, func(tx *bolt.Tx) error {
 		for _, img := range s.images.all(func(img *Image) bool { return slices.Contains(img.ChainIDs, key) }) {
-			s.log.Warn("forgetting an image whose lazy layer failed its verification", "image", img.ID, "layer", key)
+			s.log.Warn("forgetting an image: "+why, "image", img.ID, "layer", key)
 			if err := s.images.delete(tx, img.ID); err != nil {
 				return err
 			}
@@ -392,7 +487,7 @@ func (s *Service) forgetImagesOf(key string) {
 		return nil
 	})
 	if err != nil {
-		s.log.Warn("forget the images of a lazy layer that failed its verification", "layer", key, "err", err)
+		s.log.Warn("forget the images of a lazy layer: "+why, "layer", key, "err", err)
 	}
 	s.requestGC()
 }
@@ -414,12 +509,15 @@ func (s *Service) removeSnapshot(key string) error {
 		}
 		s.lazyMu.Lock()
 		delete(s.lazyServed, key)
-		delete(s.lazySizes, key)
 		s.lazyMu.Unlock()
 	}
 	if err := s.snaps.Remove(key); err != nil {
 		return err
 	}
+	s.lazyMu.Lock()
+	delete(s.lazySizes, key)
+	delete(s.lazyLost, key)
+	s.lazyMu.Unlock()
 	if served {
 		return s.exitIdleLazy()
 	}
@@ -438,7 +536,7 @@ func (s *Service) exitIdleLazy() error {
 		return nil
 	}
 	c := s.lazyd
-	s.lazyd = nil
+	s.lazyd, s.lazydForeign = nil, false
 	err := c.Exit()
 	c.Close()
 	if err != nil {
@@ -472,5 +570,9 @@ func (s *Service) findChunk(d digest.Digest) (string, bool) {
 	if c == nil {
 		return "", false
 	}
-	return c.FindChunk(d.String())
+	p, ok, err := c.FindChunk(d.String())
+	if err != nil {
+		s.log.Warn("look for a cached chunk in the lazy layers; it is fetched", "chunk", d, "err", err)
+	}
+	return p, ok
 }

@@ -83,11 +83,15 @@ type Service struct {
 	held     map[string]int
 	removing map[string]bool
 
-	lazydMu    sync.Mutex
-	lazyd      *lazyd.Client // the lazy layer server; nil: none started or found
-	lazyMu     sync.Mutex
-	lazyServed map[string]bool  // the snapshot keys the server serves
-	lazySizes  map[string]int64 // full sizes of the lazy layers stored or being stored, by snapshot key
+	lazydMu sync.Mutex
+	lazyd   *lazyd.Client // the lazy layer server; nil: none started or found
+	// lazydForeign: lazyd speaks another ProtocolVersion (a server an older
+	// berthd left); it keeps serving its layers, and no new one goes to it.
+	lazydForeign bool
+	lazyMu       sync.Mutex
+	lazyServed   map[string]bool  // the snapshot keys the server serves
+	lazyLost     map[string]bool  // lazy snapshots whose server died, detached until collected
+	lazySizes    map[string]int64 // full sizes of the lazy layers stored or being stored, by snapshot key
 
 	gcMu         sync.Mutex  // one collection at a time
 	freePartials atomic.Bool // the next collection removes every partial download no pull writes
@@ -134,7 +138,7 @@ func New(opts Options) (_ *Service, err error) {
 	if err != nil {
 		return nil, err
 	}
-	running, err := runningLazyServer(opts)
+	running, runningStatus, err := runningLazyServer(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +167,7 @@ func New(opts Options) (_ *Service, err error) {
 		downloads: newDownloadSlots(opts.MaxConcurrentDownloads),
 		inflight:  map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
 		held: map[string]int{}, removing: map[string]bool{},
-		lazyServed: map[string]bool{}, lazySizes: map[string]int64{},
+		lazyServed: map[string]bool{}, lazyLost: map[string]bool{}, lazySizes: map[string]int64{},
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.resolver.Store(resolver)
@@ -178,13 +182,14 @@ func New(opts Options) (_ *Service, err error) {
 	s.log.Info("gzip layers: "+s.gzip.Name()+" decoder", "decoder", s.gzip.Name(), "why", s.gzip.Why)
 	if running != nil {
 		s.attachLazy(running)
+		s.lazydForeign = runningStatus.Version != lazyd.ProtocolVersion
 	}
 	defer func() {
 		if err != nil {
 			s.closeLazy()
 		}
 	}()
-	if err := s.restoreLazy(); err != nil {
+	if err := s.restoreLazy(running, runningStatus); err != nil {
 		return nil, err
 	}
 	if err := s.dropBrokenImages(); err != nil {

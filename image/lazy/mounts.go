@@ -3,24 +3,26 @@ package lazy
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
-// DetachStale detaches the lazy layers mounted under root: a berthd that
-// stopped left them without their server, and every access to them fails
+// DetachStale detaches the lazy layers mounted under root but those at
+// the mount points served names: the others' server is gone (a berthd that
+// stopped with it, a server that died), and every access to them fails
 // (ENOTCONN) until they go. Overlays of running containers keep the old
 // mount as it is.
-func DetachStale(root string) error {
+func DetachStale(root string, served map[string]bool) error {
 	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter(FSType))
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, m := range mounts {
-		if !strings.HasPrefix(m.Mountpoint, strings.TrimSuffix(root, "/")+"/") {
+		if !strings.HasPrefix(m.Mountpoint, strings.TrimSuffix(root, "/")+"/") || served[filepath.Clean(m.Mountpoint)] {
 			continue
 		}
 		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil {

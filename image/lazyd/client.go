@@ -28,9 +28,15 @@ const startTimeout = 30 * time.Second
 // ErrNotServing is Dial's error when no server answers in the folder.
 var ErrNotServing = errors.New("no lazy layer server is running")
 
+// callTimeout bounds a call: the server answers each in milliseconds
+// (Mount: a FUSE mount), so one that does not is wedged, and berthd's
+// callers (ImageFsInfo, metrics, collection, pulls) go on without it.
+const callTimeout = time.Minute
+
 // Client is berthd's connection to the server.
 type Client struct {
-	c *rpc.Client
+	c    *rpc.Client
+	sock string
 }
 
 // Dial connects to the server serving in dir, ErrNotServing if none does.
@@ -39,7 +45,7 @@ func Dial(dir string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotServing, err)
 	}
-	return &Client{c: rpc.NewClient(conn)}, nil
+	return &Client{c: rpc.NewClient(conn), sock: filepath.Join(dir, SocketFile)}, nil
 }
 
 // Start starts the server, binary (berthd's lazy-serve mode) with cfg,
@@ -119,7 +125,21 @@ func Ready() {
 }
 
 func (c *Client) call(method string, args, reply any) error {
-	return c.c.Call(service+"."+method, args, reply)
+	return c.callWithin(callTimeout, method, args, reply)
+}
+
+// callWithin makes a call that fails if no answer comes within d. reply
+// must be the caller's own: an answer after d may still write it.
+func (c *Client) callWithin(d time.Duration, method string, args, reply any) error {
+	call := c.c.Go(service+"."+method, args, reply, make(chan *rpc.Call, 1))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-call.Done:
+		return call.Error
+	case <-t.C:
+		return fmt.Errorf("lazy layer server on %s: %s did not answer within %s", c.sock, method, d)
+	}
 }
 
 // Mount serves a prepared layer.
@@ -134,26 +154,26 @@ func (c *Client) Unmount(key string) error { return c.call("Unmount", key, &Empt
 
 // Status is the server's status now.
 func (c *Client) Status() (Status, error) {
-	var st Status
-	err := c.call("Status", StatusArgs{}, &st)
-	return st, err
+	return c.WaitStatus(false, 0)
 }
 
 // WaitStatus is the server's status, with wait once its event count
 // passed after, or after a while.
 func (c *Client) WaitStatus(wait bool, after uint64) (Status, error) {
-	var st Status
-	err := c.call("Status", StatusArgs{Wait: wait, After: after}, &st)
-	return st, err
+	st := new(Status) // not read after a timeout: a late answer writes it
+	if err := c.callWithin(waitBound+callTimeout, "Status", StatusArgs{Wait: wait, After: after}, st); err != nil {
+		return Status{}, err
+	}
+	return *st, nil
 }
 
 // FindChunk names a cached chunk of the digest in a served layer.
-func (c *Client) FindChunk(d string) (string, bool) {
-	var r ChunkReply
-	if err := c.call("FindChunk", d, &r); err != nil {
-		return "", false
+func (c *Client) FindChunk(d string) (string, bool, error) {
+	r := new(ChunkReply) // not read after a timeout: a late answer writes it
+	if err := c.call("FindChunk", d, r); err != nil {
+		return "", false, err
 	}
-	return r.Path, r.Found
+	return r.Path, r.Found, nil
 }
 
 // Exit stops the server if it serves no layer (else the error says how

@@ -9,7 +9,11 @@
 // the server by its socket and carries on with it.
 //
 // The protocol is net/rpc (gob) over a unix socket that only root can
-// reach (its folder is 0700): both ends are the same berthd binary.
+// reach (its folder is 0700). The server outlives berthd, an upgraded one
+// included, so its two ends may be two builds: gob passes over the fields
+// one end lacks without a word, so Status carries the server's
+// ProtocolVersion, and berthd uses a server of another version only for
+// the layers it already serves (image's runningLazyServer).
 package lazyd
 
 import (
@@ -31,6 +35,11 @@ const (
 
 // service is the name the server registers its methods under.
 const service = "Lazy"
+
+// ProtocolVersion is this build's protocol: raise it with any change to
+// the calls or their arguments and replies that the other end would
+// misread. A server from before it was counted answers 0.
+const ProtocolVersion = 1
 
 // MountArgs hand a prepared layer (lazy.Prepare) to the server.
 type MountArgs struct {
@@ -82,6 +91,7 @@ func ParseServeConfig(args []string) (ServeConfig, error) {
 
 // Status is what the server serves and what it counted since it started.
 type Status struct {
+	Version              int    // the server's ProtocolVersion
 	Events               uint64 // layers that failed their verification, a count that only grows
 	Layers               map[string]LayerStatus
 	ReadFailures         uint64 // reads that failed with EIO
@@ -94,6 +104,7 @@ type LayerStatus struct {
 	FullSize  int64 // its cache once complete
 	Complete  bool
 	Broken    string // why it failed its verification; empty: it did not
+	FSDir     string // where it is mounted
 }
 
 // ChunkReply names a cached chunk.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/rpc"
 	"os"
@@ -41,7 +42,8 @@ type Server struct {
 
 	mu         sync.Mutex
 	layers     map[string]*lazy.Layer
-	completing map[string]bool // layers whose background fetch was started
+	fsDirs     map[string]string // where each layer is mounted
+	completing map[string]bool   // layers whose background fetch was started
 	broken     map[string]string
 	events     uint64
 	changed    chan struct{} // closed and replaced at every event
@@ -69,7 +71,7 @@ func Serve(opts ServeOptions, ready func()) error {
 		return err
 	}
 	s := &Server{opts: opts, fetches: lazy.NewFetches(opts.Fetches, opts.FetchQuiet), ln: ln, closed: make(chan struct{}),
-		layers: map[string]*lazy.Layer{}, completing: map[string]bool{}, broken: map[string]string{}, changed: make(chan struct{})}
+		layers: map[string]*lazy.Layer{}, fsDirs: map[string]string{}, completing: map[string]bool{}, broken: map[string]string{}, changed: make(chan struct{})}
 	srv := rpc.NewServer()
 	if err := srv.RegisterName(service, &api{s}); err != nil {
 		s.removePIDFile()
@@ -153,7 +155,7 @@ func (s *Server) mount(a MountArgs) error {
 	s.fetches.Note() // a pull is under way
 	crashpoint.Hit("lazy serve", "layer mounted")
 	s.mu.Lock()
-	s.layers[a.Key] = l
+	s.layers[a.Key], s.fsDirs[a.Key] = l, a.FSDir
 	s.mu.Unlock()
 	s.opts.Log.Info("serving lazy layer", "layer", a.Key, "at", a.FSDir, "registry", a.Source != nil)
 	return nil
@@ -219,6 +221,7 @@ func (s *Server) unmount(key string) error {
 	}
 	s.mu.Lock()
 	delete(s.layers, key)
+	delete(s.fsDirs, key)
 	delete(s.broken, key)
 	delete(s.completing, key)
 	s.mu.Unlock()
@@ -238,11 +241,19 @@ func (s *Server) status(a StatusArgs) Status {
 		}
 		s.mu.Lock()
 	}
-	defer s.mu.Unlock()
-	st := Status{Events: s.events, Layers: map[string]LayerStatus{},
+	st := Status{Version: ProtocolVersion, Events: s.events, Layers: map[string]LayerStatus{},
 		ReadFailures: s.readFailures.Load(), VerificationFailures: s.verificationFailures.Load()}
-	for key, l := range s.layers {
-		st.Layers[key] = LayerStatus{DiskBytes: l.DiskBytes(), FullSize: l.FullSize(), Complete: l.IsComplete(), Broken: s.broken[key]}
+	layers := maps.Clone(s.layers)
+	for key := range layers {
+		st.Layers[key] = LayerStatus{Broken: s.broken[key], FSDir: s.fsDirs[key]}
+	}
+	s.mu.Unlock()
+	// The caches are measured outside mu: that reads their folders, and
+	// mounts, reads and other calls need mu meanwhile.
+	for key, l := range layers {
+		ls := st.Layers[key]
+		ls.DiskBytes, ls.FullSize, ls.Complete = l.DiskBytes(), l.FullSize(), l.IsComplete()
+		st.Layers[key] = ls
 	}
 	return st
 }

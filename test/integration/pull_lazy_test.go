@@ -530,6 +530,40 @@ func TestPullLazyServerKilled(t *testing.T) {
 	}
 }
 
+// A lazy layer server that dies while berthd runs leaves mounts that fail
+// every access: berthd detaches them and forgets their images (so no new
+// container finds a layer empty), a later lazy pull starts a new server,
+// and a restart of berthd carries on with that one.
+func TestPullLazyServerDiesUnderBerthd(t *testing.T) {
+	x := newLazyPair(t, false)
+	d := x.d
+	d.KillLazyServer()
+	if !eventually(30*time.Second, func() bool { return len(lazyMounts(t, d.Root)) == 0 && imageStatus(t, d, x.first.Name) == nil }) {
+		t.Fatalf("after the lazy layer server died: lazy mounts %v, first image %v; want the dead mount detached and its image forgotten",
+			lazyMounts(t, d.Root), imageStatus(t, d, x.first.Name))
+	}
+
+	mustPull(t, d, x.second.Name, x.second.ID) // a new server
+	servers := d.LazyServerPIDs()
+	if len(servers) != 1 {
+		t.Fatalf("lazy layer servers after the next lazy pull: %v, want one", servers)
+	}
+	d.Restart()
+	if got := d.LazyServerPIDs(); !slices.Equal(got, servers) {
+		t.Fatalf("lazy layer servers after the restart: %v, want %v", got, servers)
+	}
+	mustStatus(t, d, x.second.Name)
+	mustPull(t, d, x.first.Name, x.first.ID) // pulled anew once collected
+	if m := lazyMounts(t, d.Root); len(m) != 2 {
+		t.Fatalf("lazy mounts after the first image was pulled again: %v, want the two layers'", m)
+	}
+	e, ctr := runReader(t, d, x.reg, x.second.Name)
+	x.reg.Ungate(x.l2.digest)
+	if got := e.execWithin(t, ctr, 60, "cat", "/data/big"); got.code != 0 || got.stdout != string(x.l2.big) {
+		t.Fatalf("cat /data/big from the new server's layer: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
+}
+
 // The chunks a container reads come the way the pull came: through the
 // mirror, with the mirror's (bearer) credentials.
 func TestPullLazyThroughAuthenticatedMirror(t *testing.T) {
