@@ -1,0 +1,87 @@
+package lazyd
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// serve runs a server in dir until it exits; the channel gives Serve's
+// error then.
+func serve(t *testing.T, dir string) (*Client, <-chan error) {
+	t.Helper()
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ServeOptions{Dir: dir, Fetches: 1, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, func() { close(ready) })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	}
+	c, err := Dial(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, done
+}
+
+// The socket's folder is made root's alone whatever mode it had, and the
+// status says the protocol version.
+func TestServeFolderRootOnly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "lazyd")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c, done := serve(t, dir)
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("socket folder mode: %v, %v; want 0700", fi.Mode(), err)
+	}
+	st, err := c.Status()
+	if err != nil || st.Version != ProtocolVersion {
+		t.Fatalf("Status = %+v, %v; want version %d", st, err, ProtocolVersion)
+	}
+	if err := c.Exit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An exiting server removes its socket and pid file before it answers
+// Exit, and never a successor's, which may start as soon as it answered.
+func TestExitLeavesSuccessorsFiles(t *testing.T) {
+	dir := t.TempDir()
+	c, done := serve(t, dir)
+	if err := c.Exit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{SocketFile, PIDFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !os.IsNotExist(err) {
+			t.Fatalf("%s after Exit answered: %v, want it removed", f, err)
+		}
+	}
+	next, nextDone := serve(t, dir)
+	if err := <-done; err != nil {
+		t.Fatalf("the first server: %v", err)
+	}
+	for _, f := range []string{SocketFile, PIDFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatalf("the successor's %s after the first server returned: %v", f, err)
+		}
+	}
+	if _, err := next.Status(); err != nil {
+		t.Fatalf("the successor's status: %v", err)
+	}
+	if err := next.Exit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-nextDone; err != nil {
+		t.Fatal(err)
+	}
+}
