@@ -286,7 +286,8 @@ func (s *Service) watchLazy(c *lazyd.Client) {
 func (s *Service) lostLazyLocked(err error) []string {
 	s.log.Error("lost the lazy layer server: its layers are detached and their images pulled again", "err", err)
 	s.lazyd.Close()
-	s.lazyd, s.lazydForeign = nil, false
+	s.lazyd = nil
+	s.lazydForeign.Store(false)
 	if err := lazy.DetachStale(filepath.Join(s.opts.Root, "snapshots"), nil); err != nil {
 		s.log.Warn("detach the lost lazy layer server's mounts", "err", err)
 	}
@@ -318,20 +319,20 @@ func (s *Service) lazyLayerLost(key string) bool {
 // lazyServerForeign says whether the lazy layer server speaks another
 // protocol version: no new layer goes to it (lazyBlob pulls it whole).
 func (s *Service) lazyServerForeign() bool {
-	s.lazydMu.Lock()
-	defer s.lazydMu.Unlock()
-	return s.lazydForeign
+	return s.lazydForeign.Load() // not lazydMu: a Mount in flight holds it
 }
 
 // mountLazy has the server serve a lazy snapshot at its fs folder,
 // fetching what is missing from src (nil: a complete layer).
 func (s *Service) mountLazy(snap snapshot.Snapshot, src *registry.BlobSource) error {
-	lost, err := s.mountLazyLocked(snap, src)
+	lost, err := s.mountOnServer(snap, src)
 	s.forgetLostLazy(lost)
 	return err
 }
 
-func (s *Service) mountLazyLocked(snap snapshot.Snapshot, src *registry.BlobSource) (lost []string, err error) {
+// mountOnServer is mountLazy under lazydMu; it returns the keys of a
+// server it found dead (lostLazyLocked).
+func (s *Service) mountOnServer(snap snapshot.Snapshot, src *registry.BlobSource) (lost []string, err error) {
 	s.lazydMu.Lock()
 	defer s.lazydMu.Unlock() // Mount and an idle server's Exit exclude each other
 	c, err := s.lazyServerLocked()
@@ -452,7 +453,7 @@ func (s *Service) restoreLazy(c *lazyd.Client, st lazyd.Status) error {
 			}
 			continue
 		}
-		if lazy.IsComplete(dir) && !s.lazydForeign {
+		if lazy.IsComplete(dir) && !s.lazydForeign.Load() {
 			errs = append(errs, s.mountLazy(snap, nil))
 			continue
 		}
@@ -536,7 +537,8 @@ func (s *Service) exitIdleLazy() error {
 		return nil
 	}
 	c := s.lazyd
-	s.lazyd, s.lazydForeign = nil, false
+	s.lazyd = nil
+	s.lazydForeign.Store(false)
 	err := c.Exit()
 	c.Close()
 	if err != nil {

@@ -87,7 +87,7 @@ type Service struct {
 	lazyd   *lazyd.Client // the lazy layer server; nil: none started or found
 	// lazydForeign: lazyd speaks another ProtocolVersion (a server an older
 	// berthd left); it keeps serving its layers, and no new one goes to it.
-	lazydForeign bool
+	lazydForeign atomic.Bool
 	lazyMu       sync.Mutex
 	lazyServed   map[string]bool  // the snapshot keys the server serves
 	lazyLost     map[string]bool  // lazy snapshots whose server died, detached until collected
@@ -182,7 +182,7 @@ func New(opts Options) (_ *Service, err error) {
 	s.log.Info("gzip layers: "+s.gzip.Name()+" decoder", "decoder", s.gzip.Name(), "why", s.gzip.Why)
 	if running != nil {
 		s.attachLazy(running)
-		s.lazydForeign = runningStatus.Version != lazyd.ProtocolVersion
+		s.lazydForeign.Store(runningStatus.Version != lazyd.ProtocolVersion)
 	}
 	defer func() {
 		if err != nil {
