@@ -14,11 +14,10 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
-	"strconv"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-runtime/berth/cri/detach"
 	"github.com/berth-runtime/berth/sandbox/shim"
 	"github.com/berth-runtime/berth/sandbox/shim/server"
 )
@@ -56,15 +55,7 @@ func serve(args []string) int {
 		return 2
 	}
 	tuneMemory()
-	var ready *os.File
-	if v := os.Getenv(shim.ReadyFdEnv); v != "" {
-		os.Unsetenv(shim.ReadyFdEnv)
-		if fd, err := strconv.Atoi(v); err == nil {
-			syscall.CloseOnExec(fd) // not for the containers
-			ready = os.NewFile(uintptr(fd), "ready")
-		}
-	}
-	if err := server.Run(*dir, ready); err != nil {
+	if err := server.Run(*dir, detach.ReadyPipe(shim.ReadyFdEnv)); err != nil {
 		fmt.Fprintf(os.Stderr, "berth-shim: %v\n", err)
 		return 1
 	}

@@ -8,22 +8,17 @@ import (
 	"net"
 	"net/rpc"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/berth-runtime/berth/cri/readyfd"
+	"github.com/berth-runtime/berth/cri/detach"
 )
 
 // ReadyFdEnv names the fd on which the server writes "ok\n" once its
 // socket listens; it is closed without that on failure.
 const ReadyFdEnv = "_BERTH_LAZYD_READY_FD"
-
-// startTimeout bounds Start: the server is ready in milliseconds.
-const startTimeout = 30 * time.Second
 
 // ErrNotServing is Dial's error when no server answers in the folder.
 var ErrNotServing = errors.New("no lazy layer server is running")
@@ -49,43 +44,23 @@ func Dial(dir string) (*Client, error) {
 }
 
 // Start starts the server, binary (berthd's lazy-serve mode) with cfg,
-// detached (its own session, so that berthd's stop or SIGKILL, or
-// one of its process group, leaves it serving), and connects to it. It
-// stays berthd's child, reaped when it exits, until berthd goes.
+// detached (cri/detach: its own session, so that berthd's stop or
+// SIGKILL, or one of its process group, leaves it serving), and connects
+// to it. It stays berthd's child, reaped when it exits, until berthd goes.
 func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, error) {
-	dir := cfg.Dir
-	argv := append(slices.Clone(binary), cfg.Args()...)
-	if err := rootOnlyDir(dir); err != nil {
+	if err := rootOnlyDir(cfg.Dir); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-	logf, err := os.OpenFile(filepath.Join(dir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	_, err := detach.Start(ctx, detach.Command{
+		Argv:     append(slices.Clone(binary), cfg.Args()...),
+		Env:      serverEnv(os.Environ()),
+		ReadyEnv: ReadyFdEnv,
+		Log:      filepath.Join(cfg.Dir, LogFile),
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("lazy layer server: %w", err)
 	}
-	defer logf.Close()
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(serverEnv(os.Environ()), ReadyFdEnv+"=3")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{w}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	w.Close() // only the server holds the write end now: EOF if it dies
-	if err != nil {
-		return nil, fmt.Errorf("start lazy layer server: %w", err)
-	}
-	go cmd.Wait()
-	if err := readyfd.Wait(ctx, r); err != nil {
-		cmd.Process.Kill()
-		return nil, fmt.Errorf("lazy layer server: %w (see %s)", err, filepath.Join(dir, LogFile))
-	}
-	return Dial(dir)
+	return Dial(cfg.Dir)
 }
 
 // CrashPointEnv names the crash point (cri/crashpoint) the server, not
@@ -110,19 +85,7 @@ func serverEnv(env []string) []string {
 }
 
 // Ready tells the process that started the server (Start) that it serves.
-func Ready() {
-	fd := os.Getenv(ReadyFdEnv)
-	if fd == "" {
-		return
-	}
-	var n int
-	if _, err := fmt.Sscan(fd, &n); err != nil {
-		return
-	}
-	f := os.NewFile(uintptr(n), "ready")
-	f.WriteString("ok\n")
-	f.Close()
-}
+func Ready() { detach.Ready(detach.ReadyPipe(ReadyFdEnv)) }
 
 func (c *Client) call(method string, args, reply any) error {
 	return c.callWithin(callTimeout, method, args, reply)

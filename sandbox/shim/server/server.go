@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-runtime/berth/cri/atomicfile"
+	"github.com/berth-runtime/berth/cri/detach"
 	"github.com/berth-runtime/berth/sandbox/shim"
 )
 
@@ -56,8 +57,8 @@ type Server struct {
 }
 
 // Run serves the pod folder dir until Shutdown (or SIGTERM/SIGINT while no
-// container is live). ready, if not nil, gets "ok\n" once the socket
-// listens and is closed.
+// container is live). ready, if not nil, is told (detach.Ready) once the
+// socket listens.
 func Run(dir string, ready *os.File) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
@@ -127,10 +128,7 @@ func Run(dir string, ready *os.File) error {
 	go s.signals()
 	go s.accept(l, methods)
 	go s.acceptStreams(sl)
-	if ready != nil {
-		ready.Write([]byte("ok\n"))
-		ready.Close()
-	}
+	detach.Ready(ready)
 	log.Printf("serving %s (pid %d)", dir, os.Getpid())
 	<-s.quit
 	l.Close()
