@@ -1,6 +1,7 @@
 // Package atomicfile replaces a file whole, so that a reader sees its old
 // content or its new, never a part: the pod's hosts and resolv.conf
-// (sandbox/podfiles), the shim's pid file, the network's IP leases.
+// (sandbox/podfiles), the shim's pid file, the network's IP leases, the
+// lazy layer cache's chunks and kept pieces (image/lazy).
 //
 // It is a leaf package, a foundation beside cri/errkind: every layer may
 // import it, it imports nothing of berth.

@@ -466,7 +466,7 @@ func (l *Layer) store(c chunk, compressed []byte) error {
 	if _, err := v.Write(data); err != nil || !v.Verified() {
 		return fmt.Errorf("chunk at %d of blob %s: digest mismatch", c.ent.Offset, l.blob.Digest)
 	}
-	if err := writeByRename(filepath.Join(l.dir, chunksDir), c.name(), data); err != nil {
+	if err := writeCached(filepath.Join(l.dir, chunksDir, c.name()), data); err != nil {
 		return err
 	}
 	l.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berth-runtime/berth/cri/atomicfile"
 	"github.com/berth-runtime/berth/cri/crashpoint"
 	"github.com/berth-runtime/berth/image/registry"
 	"github.com/opencontainers/go-digest"
@@ -29,30 +30,20 @@ const (
 	linkedFile = "linked" // a chunk was linked from another layer's cache (a partial pull)
 )
 
+// writeCached writes a file of the cache whole (cri/atomicfile): the
+// cache's files are trusted by name, so a name only ever holds all of its
+// bytes. A crash can leave a temp file (a dot file), which the listings of
+// chunks and kept pieces skip: no name parses as one. Nothing is synced: a
+// read that misses the cache writes its chunks before it answers, and a
+// sync each would put the disk's flush on the container's read.
+func writeCached(path string, b []byte) error {
+	return atomicfile.Write(path, b, 0o600)
+}
+
 // keepRaw keeps the compressed bytes of span, which a request fetched, for
 // the verification of the whole blob once the layer is complete.
 func keepRaw(dir string, span registry.Span, b []byte) error {
-	return writeByRename(filepath.Join(dir, rawDir), fmt.Sprintf("%d-%d", span.Start, span.End), b)
-}
-
-// writeByRename writes b to dir/name through a temporary file, so that
-// the name only ever holds all of b: the cache's files are trusted by name.
-func writeByRename(dir, name string, b []byte) error {
-	tmp, err := os.CreateTemp(dir, "tmp-")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(b)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(dir, name))
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
+	return writeCached(filepath.Join(dir, rawDir, fmt.Sprintf("%d-%d", span.Start, span.End)), b)
 }
 
 // keepRaw keeps the bytes of span in the layer's folder, counting them.
