@@ -117,7 +117,7 @@ func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest
 	if max := s.opts.MaxLayerBytes; max > 0 && size > max {
 		return nil, fmt.Errorf("%w: blob %s: its descriptor says %d bytes, more than %d", unpack.ErrTooLarge, d, size, max)
 	}
-	file, err := s.content.OpenPartial(ctx, d, size, content.Downloader{Source: blobs.Source(), Clock: &watch.last, Progressed: watch.touch})
+	file, err := s.content.OpenPartial(ctx, d, size, content.Downloader{Source: blobs.Source(), Clock: &watch.last, Progressed: s.following(d, watch)})
 	if err != nil {
 		return nil, err
 	}
@@ -145,6 +145,17 @@ func (s *Service) fetchBlob(ctx context.Context, blobs *registry.Blobs, d digest
 		dl.run(dctx)
 	}()
 	return &blobReader{dl: dl, hash: d.Algorithm().Hash()}, nil
+}
+
+// following is the progress of a pull whose download of blob d waits for
+// the blob's partial file, held by another pull's download: each move of
+// that download's clock is this pull's progress. The first is logged.
+func (s *Service) following(d digest.Digest, watch *progressWatch) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() { s.log.Debug("following another pull's download of a blob", "blob", d) })
+		watch.touch()
+	}
 }
 
 // run downloads until the blob is complete or a round fails in a way a

@@ -26,6 +26,11 @@ type Fetches struct {
 	active  int           // on-demand fetches under way
 	last    time.Time     // when demand last ended
 	changed chan struct{} // closed and replaced whenever demand starts or ends
+
+	// waits, if set (by tests), is told of each wait of a background
+	// request as it begins: whether a timer can end it, or only a change
+	// of demand.
+	waits func(timed bool)
 }
 
 // NewFetches bounds background requests to n at a time (at least 1), each
@@ -88,7 +93,7 @@ func (f *Fetches) waitQuiet(ctx context.Context) error {
 		if f.quiet == 0 || !active && left <= 0 {
 			return nil
 		}
-		if err := sleepUntilChange(ctx, changed, active, left); err != nil {
+		if err := f.sleepUntilChange(ctx, changed, active, left); err != nil {
 			return err
 		}
 	}
@@ -96,12 +101,15 @@ func (f *Fetches) waitQuiet(ctx context.Context) error {
 
 // sleepUntilChange waits for changed, and, when no demand is under way,
 // for the rest of the quiet period at most.
-func sleepUntilChange(ctx context.Context, changed <-chan struct{}, active bool, left time.Duration) error {
+func (f *Fetches) sleepUntilChange(ctx context.Context, changed <-chan struct{}, active bool, left time.Duration) error {
 	var timeout <-chan time.Time
 	if !active {
 		t := time.NewTimer(left)
 		defer t.Stop()
 		timeout = t.C
+	}
+	if f.waits != nil {
+		f.waits(timeout != nil)
 	}
 	select {
 	case <-ctx.Done():

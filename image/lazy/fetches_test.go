@@ -17,9 +17,18 @@ const testQuiet = 300 * time.Millisecond
 
 // TestFetchesHoldWhileDemand: a background request does not start while an
 // on-demand fetch runs, however long it runs, nor until the quiet period
-// after it ended.
+// after it ended. "However long" is shown by where the request waits, not
+// by a time: it waits without a timer, so only a change of demand ends
+// the wait.
 func TestFetchesHoldWhileDemand(t *testing.T) {
 	f := NewFetches(1, testQuiet)
+	waits := make(chan bool, 1)
+	f.waits = func(timed bool) {
+		select {
+		case waits <- timed:
+		default: // the first is the one looked at
+		}
+	}
 	done := f.Demand()
 	acquired := make(chan time.Time, 1)
 	go func() {
@@ -31,7 +40,12 @@ func TestFetchesHoldWhileDemand(t *testing.T) {
 	select {
 	case at := <-acquired:
 		t.Fatalf("a background slot was given at %v while demand was under way", at)
-	case <-time.After(2 * testQuiet): // longer than the quiet period: demand still holds it
+	case timed := <-waits:
+		if timed {
+			t.Fatal("the background request waits on a timer while demand is under way: it starts when the timer fires, demand or not")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the background request neither waited nor started")
 	}
 	ended := time.Now()
 	done()

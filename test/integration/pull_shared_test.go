@@ -290,8 +290,16 @@ func TestPullWaitingOnSlotWaiterNotStalled(t *testing.T) {
 		t.Fatal("the pull of the shared layer never waited for the download slot")
 	}
 	_, stackedDone := pullInBackground(t, d, ps.Name)
-	// Three progress timeouts: a waiter that took the holder's slot wait
-	// for a stall would have been cancelled by now.
+	// The holder's excused wait moves its clock, and the waiter follows it.
+	if !eventually(30*time.Second, func() bool { return strings.Contains(d.Logs(), "following another pull's download of a blob") }) {
+		t.Fatal("the pull of the shared layer under another chain ID never followed the download holding its partial file")
+	}
+	// That the waiter is not cancelled shows only in time passing: its
+	// progress watch cancels a pull that moved nothing for the progress
+	// timeout, looking every timeout/8. Three timeouts from when it was
+	// seen waiting are past where a waiter that took the holder's slot
+	// wait for a stall would have been cancelled; a slower machine only
+	// sees more of the wait, never a cancel that did not happen.
 	select {
 	case err := <-stackedDone:
 		t.Fatalf("the pull waiting for the shared partial file ended (%v) while its holder waited for the slot", err)
