@@ -95,7 +95,9 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 		return err
 	}
 	defer func() { abort(err) }()
+	endDemand := s.holdLazyFetches()
 	size, inodes, err := lazy.Prepare(ctx, lazyDir(dir), src.lazy, blob, lazy.Options{Log: s.log, Find: s.findChunk})
+	endDemand()
 	if err != nil {
 		return fmt.Errorf("lazy layer %s: %w", blob.Digest, err)
 	}
@@ -122,6 +124,30 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 		s.releaseLazy(key)
 	}
 	return err
+}
+
+// holdLazyFetches holds the lazy layer server's background fetches (of
+// the layers pulled before) while this pull fetches a layer's TOC and
+// prioritised files, which its container waits for, until end is called.
+// With no server running (or one of another protocol version) there is
+// none to hold. A hold that fails leaves the pull as it is: it is logged.
+func (s *Service) holdLazyFetches() (end func()) {
+	s.lazydMu.Lock()
+	c := s.lazyd
+	s.lazydMu.Unlock()
+	if c == nil || s.lazyServerForeign() {
+		return func() {}
+	}
+	endDemand, err := c.Demand()
+	if err != nil {
+		s.log.Warn("hold the lazy layers' background fetch during a pull; it goes on", "err", err)
+		return func() {}
+	}
+	return func() {
+		if err := endDemand(); err != nil {
+			s.log.Warn("end a pull's hold of the lazy layers' background fetch; it ends when its lease runs out", "err", err)
+		}
+	}
 }
 
 // reserveLazy counts the lazy layer key of full size size against

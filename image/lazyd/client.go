@@ -2,6 +2,7 @@ package lazyd
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -110,6 +111,48 @@ func (c *Client) Mount(a MountArgs) error { return c.call("Mount", a, &Empty{}) 
 
 // Complete starts the layer's background fetch and verification (once).
 func (c *Client) Complete(key string) error { return c.call("Complete", key, &Empty{}) }
+
+// demandLeaseTerm is how long a pull's demand (Demand) lasts unless renewed:
+// what a berthd that dies mid-pull holds the background fetches for.
+const demandLeaseTerm = 10 * time.Second
+
+// Demand holds the server's background fetches as demand while a pull
+// fetches a layer's prioritised files, until end is called. Meanwhile it
+// renews the demand's lease a few times a lease, so that only a berthd
+// that died (or a server that stopped answering) lets it run out. end
+// says whether a renewal or the end failed.
+func (c *Client) Demand() (end func() error, err error) { return c.demand(demandLeaseTerm) }
+
+// demand is Demand with a lease of term.
+func (c *Client) demand(term time.Duration) (end func() error, err error) {
+	args := DemandArgs{ID: rand.Text(), For: term}
+	if err := c.call("Demand", args, &Empty{}); err != nil {
+		return nil, err
+	}
+	stop, renewed := make(chan struct{}), make(chan error, 1)
+	go func() { renewed <- c.renewDemand(args, stop) }()
+	return func() error {
+		close(stop)
+		return errors.Join(<-renewed, c.call("EndDemand", args.ID, &Empty{}))
+	}, nil
+}
+
+// renewDemand renews the demand's lease until stop closes; a renewal that
+// fails ends it, the lease running out then.
+func (c *Client) renewDemand(args DemandArgs, stop <-chan struct{}) error {
+	t := time.NewTicker(args.For / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-t.C:
+			if err := c.callWithin(args.For/3, "Demand", args, &Empty{}); err != nil {
+				return fmt.Errorf("renew a pull's demand: %w", err)
+			}
+		}
+	}
+}
 
 // Unmount stops serving the layer; one still in use stays, and the error
 // says so.

@@ -38,8 +38,9 @@ const service = "Lazy"
 
 // ProtocolVersion is this build's protocol: raise it with any change to
 // the calls or their arguments and replies that the other end would
-// misread. A server from before it was counted answers 0.
-const ProtocolVersion = 1
+// misread. A server from before it was counted answers 0; version 2 added
+// Demand and EndDemand.
+const ProtocolVersion = 2
 
 // MountArgs hand a prepared layer (lazy.Prepare) to the server.
 type MountArgs struct {
@@ -50,6 +51,15 @@ type MountArgs struct {
 	// from its cache alone.
 	Source       *registry.BlobSource
 	StallTimeout time.Duration
+}
+
+// DemandArgs open a pull's demand on the server (its fetch of a layer's
+// prioritised files, which the background fetches wait for), or extend
+// it: it lasts For from now unless renewed, so that a berthd that dies
+// mid-pull holds the background fetches For at most.
+type DemandArgs struct {
+	ID  string // the caller's name for it, unique
+	For time.Duration
 }
 
 // StatusArgs ask for the server's status; with Wait, once its event count
@@ -94,6 +104,7 @@ type Status struct {
 	Version              int    // the server's ProtocolVersion
 	Events               uint64 // layers that failed their verification, a count that only grows
 	Layers               map[string]LayerStatus
+	Demands              int    // pulls' demands open now (DemandArgs)
 	ReadFailures         uint64 // reads that failed with EIO
 	VerificationFailures uint64 // layers that failed their verification
 }

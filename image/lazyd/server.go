@@ -45,6 +45,7 @@ type Server struct {
 	fsDirs     map[string]string // where each layer is mounted
 	completing map[string]bool   // layers whose background fetch was started
 	broken     map[string]string
+	demands    map[string]*demandLease // the pulls' prioritised fetches under way, by ID
 	events     uint64
 	changed    chan struct{} // closed and replaced at every event
 
@@ -71,7 +72,7 @@ func Serve(opts ServeOptions, ready func()) error {
 		return err
 	}
 	s := &Server{opts: opts, fetches: lazy.NewFetches(opts.Fetches, opts.FetchQuiet), ln: ln, closed: make(chan struct{}),
-		layers: map[string]*lazy.Layer{}, fsDirs: map[string]string{}, completing: map[string]bool{}, broken: map[string]string{}, changed: make(chan struct{})}
+		layers: map[string]*lazy.Layer{}, fsDirs: map[string]string{}, completing: map[string]bool{}, broken: map[string]string{}, demands: map[string]*demandLease{}, changed: make(chan struct{})}
 	srv := rpc.NewServer()
 	if err := srv.RegisterName(service, &api{s}); err != nil {
 		s.removePIDFile()
@@ -210,6 +211,65 @@ func (s *Server) complete(key string) error {
 	return nil
 }
 
+// demandLease is a pull's fetch of a layer's prioritised files, held as
+// demand (lazy.Fetches) until berthd ends it or its lease runs out.
+type demandLease struct {
+	end      func() // the demand's
+	deadline time.Time
+	timer    *time.Timer // runs expire at the deadline
+}
+
+// demand opens a pull's demand (a.ID), or extends it, to last a.For from
+// now. berthd, not the server, fetches a new layer's prioritised files,
+// and its container is about to start on them: the other layers'
+// background fetches wait meanwhile, as for a container's read.
+func (s *Server) demand(a DemandArgs) error {
+	if a.For <= 0 {
+		return fmt.Errorf("demand %s: its lease %v is not positive", a.ID, a.For)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The deadline is set before the timer: when the timer fires, expire
+	// finds it passed.
+	deadline := time.Now().Add(a.For)
+	if l, ok := s.demands[a.ID]; ok {
+		l.deadline = deadline
+		l.timer.Reset(a.For)
+		return nil
+	}
+	l := &demandLease{end: s.fetches.Demand(), deadline: deadline}
+	l.timer = time.AfterFunc(a.For, func() { s.expire(a.ID, l) })
+	s.demands[a.ID] = l
+	return nil
+}
+
+// expire ends the demand l of id once its lease ran out: its berthd died
+// or is wedged mid-pull. A renewal after the timer fired moved the
+// deadline and set the timer again: l stands until then.
+func (s *Server) expire(id string, l *demandLease) {
+	s.mu.Lock()
+	if s.demands[id] != l || time.Now().Before(l.deadline) {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.demands, id)
+	s.mu.Unlock()
+	l.end()
+	s.opts.Log.Warn("a pull's demand ran out without its end: its berthd died or is wedged; background fetches go on", "demand", id)
+}
+
+// endDemand ends the demand id; one that ran out is gone already.
+func (s *Server) endDemand(id string) {
+	s.mu.Lock()
+	l, ok := s.demands[id]
+	delete(s.demands, id)
+	s.mu.Unlock()
+	if ok {
+		l.timer.Stop()
+		l.end()
+	}
+}
+
 // unmount stops serving key; a layer still mounted in an overlay stays.
 func (s *Server) unmount(key string) error {
 	l, err := s.layer(key)
@@ -242,7 +302,7 @@ func (s *Server) status(a StatusArgs) Status {
 		s.mu.Lock()
 	}
 	st := Status{Version: ProtocolVersion, Events: s.events, Layers: map[string]LayerStatus{},
-		ReadFailures: s.readFailures.Load(), VerificationFailures: s.verificationFailures.Load()}
+		ReadFailures: s.readFailures.Load(), VerificationFailures: s.verificationFailures.Load(), Demands: len(s.demands)}
 	layers := maps.Clone(s.layers)
 	for key := range layers {
 		st.Layers[key] = LayerStatus{Broken: s.broken[key], FSDir: s.fsDirs[key]}
@@ -302,6 +362,13 @@ type api struct{ s *Server }
 func (a *api) Mount(args MountArgs, _ *Empty) error { return a.s.mount(args) }
 
 func (a *api) Complete(key string, _ *Empty) error { return a.s.complete(key) }
+
+func (a *api) Demand(args DemandArgs, _ *Empty) error { return a.s.demand(args) }
+
+func (a *api) EndDemand(id string, _ *Empty) error {
+	a.s.endDemand(id)
+	return nil
+}
 
 func (a *api) Unmount(key string, _ *Empty) error { return a.s.unmount(key) }
 

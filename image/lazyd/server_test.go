@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // serve runs a server in dir until it exits; the channel gives Serve's
@@ -83,5 +85,55 @@ func TestExitLeavesSuccessorsFiles(t *testing.T) {
 	}
 	if err := <-nextDone; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A pull's demand lasts until its end, while its lease is renewed; one
+// whose berthd died (no renewal, no end) runs out with its lease; a lease
+// that is not positive is refused.
+func TestDemandLease(t *testing.T) {
+	c, _ := serve(t, t.TempDir())
+	demands := func() int {
+		t.Helper()
+		st, err := c.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Demands
+	}
+
+	end, err := c.demand(time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three leases long: it stands only if renewed.
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if n := demands(); n != 1 {
+			t.Fatalf("%d demands open while one is renewed, want 1", n)
+		}
+	}
+	if err := end(); err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	if n := demands(); n != 0 {
+		t.Fatalf("%d demands open after the end, want 0", n)
+	}
+
+	// A berthd that died: no renewal, no end.
+	if err := c.call("Demand", DemandArgs{ID: "dead", For: 100 * time.Millisecond}, &Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); demands() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a demand whose lease ran out still stands")
+		}
+	}
+
+	err = c.call("Demand", DemandArgs{ID: "zero"}, &Empty{})
+	if err == nil || !strings.Contains(err.Error(), "lease") {
+		t.Fatalf("a demand with no lease: %v, want an error naming the lease", err)
+	}
+	if n := demands(); n != 0 {
+		t.Fatalf("%d demands open after a refused one, want 0", n)
 	}
 }

@@ -364,6 +364,88 @@ func TestPullLazyHoldsBackgroundFetch(t *testing.T) {
 	}
 }
 
+// TestPullLazyPullHoldsBackgroundFetch: a pull's fetch of its layers'
+// prioritised files holds the background fetch of the layers pulled
+// before it for as long as it lasts, not only for lazy_fetch_quiet from
+// its start or its end, and the held fetch resumes lazy_fetch_quiet after
+// it. Image A's background fetch (one request at a time: its chunks, then
+// what the blob's verification needs besides) is under way when image B's
+// pull starts; the registry holds
+// B's layer for twice the quiet period meanwhile. The proxy in front of
+// the registry sees no request of A's background fetch start from B's
+// first request until lazy_fetch_quiet after B's last one ended, and both
+// layers complete.
+func TestPullLazyPullHoldsBackgroundFetch(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	const quiet = time.Second
+	reg := harness.NewRegistry(t)
+	px := harness.NewProxy(t, reg)
+	imgA, a := stargzImage(t, nil)
+	imgB, b := stargzImage(t, nil)
+	pa, pb := reg.Push(t, "berth/lazy:a", imgA), reg.Push(t, "berth/lazy:b", imgB)
+	gateRest(reg, a)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfigFor(px.Host(), quiet) + "max_lazy_fetches = 1\n"})
+	mustPull(t, d, px.Host()+"/berth/lazy:a", pa.ID)
+	// The registry counts the GETs it holds back; the proxy, those answered.
+	if !eventually(30*time.Second, func() bool { return reg.Fetches(a.digest) > len(px.Gets(a.digest)) }) {
+		t.Fatalf("image A's background fetch sent no request; logs:\n%s", d.Logs())
+	}
+
+	reg.Gate(b.digest, func(int64, int64) bool { return false })
+	pulled := make(chan error, 1)
+	go func() {
+		id, err := pull(t, d, px.Host()+"/berth/lazy:b", nil)
+		if err == nil && id != pb.ID {
+			err = fmt.Errorf("image_ref %s, want the config digest %s", id, pb.ID)
+		}
+		pulled <- err
+	}()
+	if !eventually(30*time.Second, func() bool { return reg.Fetches(b.digest) > 0 }) {
+		t.Fatal("image B's pull sent no request of its eStargz layer")
+	}
+	reg.Ungate(a.digest) // A's request under way ends; the next must wait
+	if !eventually(30*time.Second, func() bool { g := backgroundGets(px, a); return len(g) > 0 && !g[0].End.IsZero() }) {
+		t.Fatal("image A's first background request did not end once the registry let it through")
+	}
+	// What is asserted is that nothing happens meanwhile: B's prioritised
+	// fetch lasts past the quiet period, which a mark at its start alone
+	// would have let A's background fetch go on after.
+	time.Sleep(2 * quiet)
+	reg.Ungate(b.digest)
+	if err := <-pulled; err != nil {
+		t.Fatalf("PullImage(B): %v", err)
+	}
+	waitComplete(t, d.Root, 2)
+
+	bStart, bEnd := px.Gets(b.digest)[0].Start, time.Time{}
+	for _, g := range px.Gets(b.digest) {
+		if b.pulledRange(g.Range) && g.End.After(bEnd) {
+			bEnd = g.End
+		}
+	}
+	var resumed int
+	for _, g := range backgroundGets(px, a) {
+		if g.Start.Before(bStart) {
+			continue // under way before B's pull began: it ends on its own
+		}
+		if gap := g.Start.Sub(bEnd); gap < quiet {
+			t.Fatalf("a background request of image A (%s) began %v after image B's prioritised fetch ended (it began %v before that), want lazy_fetch_quiet %v at least",
+				g.Range, gap, bEnd.Sub(bStart), quiet)
+		}
+		resumed++
+	}
+	if resumed == 0 {
+		t.Fatalf("image A's background fetch sent no request after image B's pull began: %+v", backgroundGets(px, a))
+	}
+}
+
+// backgroundGets are the GETs of l's blob through px that its pull did
+// not make (pulledRange), in the order they came.
+func backgroundGets(px *harness.Proxy, l *stargzLayer) []harness.BlobGet {
+	return slices.DeleteFunc(px.Gets(l.digest), func(g harness.BlobGet) bool { return l.pulledRange(g.Range) })
+}
+
 func TestPullLazyCorruptChunkFailsRead(t *testing.T) {
 	_, l, e, ctr := lazyPod(t, func(reg *harness.Registry, l *stargzLayer) {
 		// A byte in the compressed data of a chunk of /data/big (a gzip
