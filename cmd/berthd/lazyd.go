@@ -5,8 +5,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
+	"github.com/berth-runtime/berth/cri/daemonlog"
 	"github.com/berth-runtime/berth/image/gunzip"
 	"github.com/berth-runtime/berth/image/lazyd"
 )
@@ -37,7 +39,14 @@ func lazyServe(args []string) int {
 		fmt.Fprintf(os.Stderr, "berthd %s: %v\n", lazyServeMode, err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "lazyd")
+	// berthd started it with its stdout and stderr on this file already;
+	// from here on it is bounded (daemonlog).
+	logw, err := daemonlog.Open(filepath.Join(cfg.Dir, lazyd.LogFile), lazyd.LogMaxBytes, daemonlog.Stdio)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berthd %s: %v\n", lazyServeMode, err)
+		return 1
+	}
+	log := slog.New(slog.NewTextHandler(logw, nil)).With("component", "lazyd")
 	dec, err := gunzip.Choose(cfg.GzipDecoder)
 	if err != nil {
 		log.Error("lazy layer server", "err", err)

@@ -33,6 +33,11 @@ const (
 	LogFile    = "lazyd.log"
 )
 
+// LogMaxBytes bounds the server's log (LogFile), rotated to LogFile.1 at
+// this size (cri/daemonlog): a line a layer served or stopped, and one a
+// failure, which a node that reads a broken layer for long repeats.
+const LogMaxBytes = 10 << 20
+
 // service is the name the server registers its methods under.
 const service = "Lazy"
 
