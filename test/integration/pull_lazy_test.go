@@ -368,75 +368,128 @@ func TestPullLazyHoldsBackgroundFetch(t *testing.T) {
 // prioritised files holds the background fetch of the layers pulled
 // before it for as long as it lasts, not only for lazy_fetch_quiet from
 // its start or its end, and the held fetch resumes lazy_fetch_quiet after
-// it. Image A's background fetch (one request at a time: its chunks, then
-// what the blob's verification needs besides) is under way when image B's
-// pull starts; the registry holds
-// B's layer for twice the quiet period meanwhile. The proxy in front of
-// the registry sees no request of A's background fetch start from B's
-// first request until lazy_fetch_quiet after B's last one ended, and both
-// layers complete.
+// it (heldPulls); the registry holds B's layer for twice the quiet period.
+// The proxy in front of the registry sees no request of A's background
+// fetch start from B's first request until lazy_fetch_quiet after B's
+// last one ended, and both layers complete; the server's log names both.
 func TestPullLazyPullHoldsBackgroundFetch(t *testing.T) {
+	const quiet = time.Second
+	h := startHeldPulls(t, quiet)
+	// What is asserted is that nothing happens meanwhile: B's prioritised
+	// fetch lasts past the quiet period, which a mark at its start alone
+	// would have let A's background fetch go on after.
+	time.Sleep(2 * quiet)
+	h.reg.Ungate(h.b.digest)
+	if err := <-h.pulled; err != nil {
+		t.Fatalf("PullImage(B): %v", err)
+	}
+	waitComplete(t, h.d.Root, 2)
+
+	bStart, bEnd := h.px.Gets(h.b.digest)[0].Start, time.Time{}
+	for _, g := range h.px.Gets(h.b.digest) {
+		if h.b.pulledRange(g.Range) && g.End.After(bEnd) {
+			bEnd = g.End
+		}
+	}
+	h.assertHeld(t, bStart, bEnd, quiet, "image B's prioritised fetch ended")
+	// The server writes its log itself (cri/daemonlog) into the file
+	// berthd started it on.
+	logs, err := os.ReadFile(filepath.Join(h.d.State, "lazyd", "lazyd.log"))
+	if n := strings.Count(string(logs), "serving lazy layer"); err != nil || n != 2 {
+		t.Errorf("lazyd.log names %d layers served (%v), want 2:\n%s", n, err, logs)
+	}
+}
+
+// TestPullLazyKilledPullReleasesBackgroundFetch: a berthd killed while it
+// fetches a layer's prioritised files (heldPulls, image B's) holds the
+// background fetch of image A no longer than the lease of its demand at
+// the server: the server ends it, saying so, A's background fetch resumes
+// and completes the layer with no berthd running, at least
+// lazy_fetch_quiet after the kill. (The next berthd carries on with the
+// server: TestPullLazyServesWhileBerthdDown.)
+func TestPullLazyKilledPullReleasesBackgroundFetch(t *testing.T) {
+	const quiet = time.Second
+	h := startHeldPulls(t, quiet)
+	killed := time.Now()
+	h.d.Kill()
+	waitComplete(t, h.d.Root, 1)
+	h.assertHeld(t, backgroundGets(h.px, h.a)[0].Start, killed, quiet, "berthd was killed")
+	logs, err := os.ReadFile(filepath.Join(h.d.State, "lazyd", "lazyd.log"))
+	if err != nil || !strings.Contains(string(logs), "a pull's demand ran out") {
+		t.Errorf("lazyd.log (%v) does not say that the killed pull's demand ran out:\n%s", err, logs)
+	}
+}
+
+// heldPulls are two eStargz images pulled through a proxy by a berthd
+// that fetches in the background one request at a time: image A pulled,
+// its background fetch under way (its chunks, then what the blob's
+// verification needs besides), and image B's pull asking for its layer,
+// which the registry holds back until the test ungates it.
+type heldPulls struct {
+	reg    *harness.Registry
+	px     *harness.Proxy
+	d      *harness.Daemon
+	a, b   *stargzLayer
+	pulled <-chan error // B's pull's
+}
+
+// startHeldPulls sets up heldPulls: it returns once A's first background
+// request, under way when B's pull began, has ended.
+func startHeldPulls(t *testing.T, quiet time.Duration) heldPulls {
+	t.Helper()
 	harness.RequireIntegration(t)
 	t.Parallel()
-	const quiet = time.Second
-	reg := harness.NewRegistry(t)
-	px := harness.NewProxy(t, reg)
+	var h heldPulls
+	h.reg = harness.NewRegistry(t)
+	h.px = harness.NewProxy(t, h.reg)
 	imgA, a := stargzImage(t, nil)
 	imgB, b := stargzImage(t, nil)
-	pa, pb := reg.Push(t, "berth/lazy:a", imgA), reg.Push(t, "berth/lazy:b", imgB)
-	gateRest(reg, a)
-	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfigFor(px.Host(), quiet) + "max_lazy_fetches = 1\n"})
-	mustPull(t, d, px.Host()+"/berth/lazy:a", pa.ID)
+	h.a, h.b = a, b
+	pa, pb := h.reg.Push(t, "berth/lazy:a", imgA), h.reg.Push(t, "berth/lazy:b", imgB)
+	gateRest(h.reg, a)
+	h.d = harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfigFor(h.px.Host(), quiet) + "max_lazy_fetches = 1\n"})
+	mustPull(t, h.d, h.px.Host()+"/berth/lazy:a", pa.ID)
 	// The registry counts the GETs it holds back; the proxy, those answered.
-	if !eventually(30*time.Second, func() bool { return reg.Fetches(a.digest) > len(px.Gets(a.digest)) }) {
-		t.Fatalf("image A's background fetch sent no request; logs:\n%s", d.Logs())
+	if !eventually(30*time.Second, func() bool { return h.reg.Fetches(a.digest) > len(h.px.Gets(a.digest)) }) {
+		t.Fatalf("image A's background fetch sent no request; logs:\n%s", h.d.Logs())
 	}
 
-	reg.Gate(b.digest, func(int64, int64) bool { return false })
+	h.reg.Gate(b.digest, func(int64, int64) bool { return false })
 	pulled := make(chan error, 1)
+	h.pulled = pulled
 	go func() {
-		id, err := pull(t, d, px.Host()+"/berth/lazy:b", nil)
+		id, err := pull(t, h.d, h.px.Host()+"/berth/lazy:b", nil)
 		if err == nil && id != pb.ID {
 			err = fmt.Errorf("image_ref %s, want the config digest %s", id, pb.ID)
 		}
 		pulled <- err
 	}()
-	if !eventually(30*time.Second, func() bool { return reg.Fetches(b.digest) > 0 }) {
+	if !eventually(30*time.Second, func() bool { return h.reg.Fetches(b.digest) > 0 }) {
 		t.Fatal("image B's pull sent no request of its eStargz layer")
 	}
-	reg.Ungate(a.digest) // A's request under way ends; the next must wait
-	if !eventually(30*time.Second, func() bool { g := backgroundGets(px, a); return len(g) > 0 && !g[0].End.IsZero() }) {
+	h.reg.Ungate(a.digest) // A's request under way ends; the next must wait
+	if !eventually(30*time.Second, func() bool { g := backgroundGets(h.px, a); return len(g) > 0 && !g[0].End.IsZero() }) {
 		t.Fatal("image A's first background request did not end once the registry let it through")
 	}
-	// What is asserted is that nothing happens meanwhile: B's prioritised
-	// fetch lasts past the quiet period, which a mark at its start alone
-	// would have let A's background fetch go on after.
-	time.Sleep(2 * quiet)
-	reg.Ungate(b.digest)
-	if err := <-pulled; err != nil {
-		t.Fatalf("PullImage(B): %v", err)
-	}
-	waitComplete(t, d.Root, 2)
+	return h
+}
 
-	bStart, bEnd := px.Gets(b.digest)[0].Start, time.Time{}
-	for _, g := range px.Gets(b.digest) {
-		if b.pulledRange(g.Range) && g.End.After(bEnd) {
-			bEnd = g.End
-		}
-	}
+// assertHeld fails t unless each request of A's background fetch that
+// began after from began quiet after until (what) at least, and one did.
+func (h heldPulls) assertHeld(t *testing.T, from, until time.Time, quiet time.Duration, what string) {
+	t.Helper()
 	var resumed int
-	for _, g := range backgroundGets(px, a) {
-		if g.Start.Before(bStart) {
+	for _, g := range backgroundGets(h.px, h.a) {
+		if !g.Start.After(from) {
 			continue // under way before B's pull began: it ends on its own
 		}
-		if gap := g.Start.Sub(bEnd); gap < quiet {
-			t.Fatalf("a background request of image A (%s) began %v after image B's prioritised fetch ended (it began %v before that), want lazy_fetch_quiet %v at least",
-				g.Range, gap, bEnd.Sub(bStart), quiet)
+		if gap := g.Start.Sub(until); gap < quiet {
+			t.Fatalf("a background request of image A (%s) began %v after %s, want lazy_fetch_quiet %v at least", g.Range, gap, what, quiet)
 		}
 		resumed++
 	}
 	if resumed == 0 {
-		t.Fatalf("image A's background fetch sent no request after image B's pull began: %+v", backgroundGets(px, a))
+		t.Fatalf("image A's background fetch sent no request after image B's pull began: %+v", backgroundGets(h.px, h.a))
 	}
 }
 
