@@ -129,8 +129,9 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 // holdLazyFetches holds the lazy layer server's background fetches (of
 // the layers pulled before) while this pull fetches a layer's TOC and
 // prioritised files, which its container waits for, until end is called.
-// With no server running (or one of another protocol version) there is
-// none to hold. A hold that fails leaves the pull as it is: it is logged.
+// With no server running (or one of another protocol version, or one
+// that exits meanwhile, idle) there is none to hold. A hold that fails
+// otherwise leaves the pull as it is, logged.
 func (s *Service) holdLazyFetches() (end func()) {
 	s.lazydMu.Lock()
 	c := s.lazyd
@@ -140,11 +141,13 @@ func (s *Service) holdLazyFetches() (end func()) {
 	}
 	endDemand, err := c.Demand()
 	if err != nil {
-		s.log.Warn("hold the lazy layers' background fetch during a pull; it goes on", "err", err)
+		if !lazyd.Gone(err) {
+			s.log.Warn("hold the lazy layers' background fetch during a pull; it goes on", "err", err)
+		}
 		return func() {}
 	}
 	return func() {
-		if err := endDemand(); err != nil {
+		if err := endDemand(); err != nil && !lazyd.Gone(err) {
 			s.log.Warn("end a pull's hold of the lazy layers' background fetch; it ends when its lease runs out", "err", err)
 		}
 	}

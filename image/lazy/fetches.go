@@ -12,10 +12,12 @@ import (
 // make at a time, all layers together, and a hold that keeps them off the
 // link and the CPU while a container or a pull waits for bytes. A
 // background request starts only once no on-demand fetch has run for the
-// quiet period: a read that has to fetch (Demand), or a mark (Note) of a
-// layer mounted or of a pull that has just fetched its layers' prioritised
-// files (berthd fetches those, not the layer server that owns this). The
-// requests in flight when demand comes finish; the next ones wait. Demand that never pauses holds the background fetch for as
+// quiet period: a read that has to fetch (Demand), a pull's fetch of a
+// layer's prioritised files (berthd fetches those, not the layer server
+// that owns this: the server holds a Demand for each while berthd renews
+// its lease, image/lazyd), or a mark (Note) of a layer mounted or of a
+// pull asking for its layers' background fetch. The requests in flight
+// when demand comes finish; the next ones wait. Demand that never pauses holds the background fetch for as
 // long as it lasts (as stargz-snapshotter does): the reads fetch what
 // they need meanwhile, and the layer completes once the node is quiet.
 type Fetches struct {
