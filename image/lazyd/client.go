@@ -130,7 +130,7 @@ func (c *Client) demand(term time.Duration) (end func() error, err error) {
 		return nil, err
 	}
 	stop, renewed := make(chan struct{}), make(chan error, 1)
-	go func() { renewed <- c.renewDemand(args, stop) }()
+	go func() { renewed <- c.renewDemand(DemandArgs{ID: args.ID, For: term, Renew: true}, stop) }()
 	return func() error {
 		close(stop)
 		return errors.Join(<-renewed, c.call("EndDemand", args.ID, &Empty{}))

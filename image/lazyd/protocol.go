@@ -63,8 +63,9 @@ type MountArgs struct {
 // it: it lasts For from now unless renewed, so that a berthd that dies
 // mid-pull holds the background fetches For at most.
 type DemandArgs struct {
-	ID  string // the caller's name for it, unique
-	For time.Duration
+	ID    string // the caller's name for it, unique
+	For   time.Duration
+	Renew bool // extend the open demand ID only
 }
 
 // StatusArgs ask for the server's status; with Wait, once its event count

@@ -219,10 +219,12 @@ type demandLease struct {
 	timer    *time.Timer // runs expire at the deadline
 }
 
-// demand opens a pull's demand (a.ID), or extends it, to last a.For from
+// demand opens a pull's demand (a.ID), or renews it, to last a.For from
 // now. berthd, not the server, fetches a new layer's prioritised files,
 // and its container is about to start on them: the other layers'
-// background fetches wait meanwhile, as for a container's read.
+// background fetches wait meanwhile, as for a container's read. A
+// renewal of a demand that ended or ran out opens nothing: one that
+// arrives late, after the end, would hold the fetches for a lease more.
 func (s *Server) demand(a DemandArgs) error {
 	if a.For <= 0 {
 		return fmt.Errorf("demand %s: its lease %v is not positive", a.ID, a.For)
@@ -236,6 +238,9 @@ func (s *Server) demand(a DemandArgs) error {
 		l.deadline = deadline
 		l.timer.Reset(a.For)
 		return nil
+	}
+	if a.Renew {
+		return fmt.Errorf("demand %s is not open: it ended, or its lease ran out", a.ID)
 	}
 	l := &demandLease{end: s.fetches.Demand(), deadline: deadline}
 	l.timer = time.AfterFunc(a.For, func() { s.expire(a.ID, l) })

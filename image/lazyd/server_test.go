@@ -89,8 +89,9 @@ func TestExitLeavesSuccessorsFiles(t *testing.T) {
 }
 
 // A pull's demand lasts until its end, while its lease is renewed; one
-// whose berthd died (no renewal, no end) runs out with its lease; a lease
-// that is not positive is refused.
+// whose berthd died (no renewal, no end) runs out with its lease, and a
+// late renewal does not open it again; a lease that is not positive is
+// refused.
 func TestDemandLease(t *testing.T) {
 	c, _ := serve(t, t.TempDir())
 	demands := func() int {
@@ -127,6 +128,14 @@ func TestDemandLease(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("a demand whose lease ran out still stands")
 		}
+	}
+	// Its renewal, late, opens nothing.
+	err = c.call("Demand", DemandArgs{ID: "dead", For: time.Hour, Renew: true}, &Empty{})
+	if err == nil || !strings.Contains(err.Error(), "not open") {
+		t.Fatalf("the renewal of a demand that ran out: %v, want an error saying it is not open", err)
+	}
+	if n := demands(); n != 0 {
+		t.Fatalf("%d demands open after a late renewal, want 0", n)
 	}
 
 	err = c.call("Demand", DemandArgs{ID: "zero"}, &Empty{})
