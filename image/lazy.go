@@ -113,16 +113,23 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 	if err == nil {
 		crashpoint.Hit("pull", "lazy layer stored")
 		s.metrics.layer("lazy")
-		if err = s.mountLazy(snap, src.lazySource); err != nil {
-			err = errors.Join(err, s.snaps.Remove(key))
-		} else {
+		err = s.mountLazy(snap, src.lazySource)
+		switch {
+		case err == nil:
 			crashpoint.Hit("pull", "lazy layer handed to the server")
 			later.add(key)
+			return nil
+		case errors.Is(err, lazyd.ErrNoAnswer):
+			// The server may mount it yet: the snapshot stays, counted
+			// and taken as served (mountOnServer), for collection to
+			// unmount through the server before it removes the folder.
+			s.requestGC()
+			return err
+		default:
+			err = errors.Join(err, s.snaps.Remove(key))
 		}
 	}
-	if err != nil {
-		s.releaseLazy(key)
-	}
+	s.releaseLazy(key)
 	return err
 }
 
@@ -226,6 +233,10 @@ func (s *Service) sizeLazy(img *Image) {
 	img.Size = size
 }
 
+// lazyCallTimeout bounds each call to the lazy layer server; tests
+// shorten it.
+var lazyCallTimeout = lazyd.CallTimeout
+
 // lazyServer is the connection to the lazy layer server, which is started
 // if none serves.
 func (s *Service) lazyServer() (*lazyd.Client, error) {
@@ -241,10 +252,10 @@ func (s *Service) lazyServerLocked() (*lazyd.Client, error) {
 	if len(s.opts.LazyServer) == 0 {
 		return nil, errors.New("no lazy layer server command (image.Options.LazyServer)")
 	}
-	c, err := lazyd.Dial(s.opts.LazyDir)
+	c, err := lazyd.Dial(s.opts.LazyDir, lazyCallTimeout)
 	if errors.Is(err, lazyd.ErrNotServing) {
 		c, err = lazyd.Start(context.Background(), s.opts.LazyServer,
-			lazyd.ServeConfig{Dir: s.opts.LazyDir, Fetches: s.opts.LazyFetches, FetchQuiet: s.opts.LazyFetchQuiet, GzipDecoder: s.opts.GzipDecoder})
+			lazyd.ServeConfig{Dir: s.opts.LazyDir, Fetches: s.opts.LazyFetches, FetchQuiet: s.opts.LazyFetchQuiet, GzipDecoder: s.opts.GzipDecoder}, lazyCallTimeout)
 	}
 	if err != nil {
 		return nil, err
@@ -268,7 +279,7 @@ const watchRetry = 5 * time.Second
 // (forgetImagesOf), also those that broke while no berthd ran, until the
 // connection closes.
 func (s *Service) watchLazy(c *lazyd.Client) {
-	forgotten := map[string]bool{}
+	forgotten := brokenLayers{}
 	var seen uint64
 	for wait := false; ; wait = true {
 		st, err := c.WaitStatus(wait, seen)
@@ -290,20 +301,34 @@ func (s *Service) watchLazy(c *lazyd.Client) {
 			return
 		}
 		seen = st.Events
-		for key, l := range st.Layers {
-			if l.Broken != "" && !forgotten[key] {
-				forgotten[key] = true
-				s.log.Error("lazy layer failed its verification: its reads fail with EIO", "layer", key, "err", l.Broken)
-				s.forgetImagesOf(key, "its lazy layer failed its verification")
-			}
-		}
-		// A layer collected and pulled again under its key is watched anew.
-		for key := range forgotten {
-			if _, ok := st.Layers[key]; !ok {
-				delete(forgotten, key)
-			}
+		for _, key := range forgotten.newlyBroken(st) {
+			s.log.Error("lazy layer failed its verification: its reads fail with EIO", "layer", key, "err", st.Layers[key].Broken)
+			s.forgetImagesOf(key, "its lazy layer failed its verification")
 		}
 	}
+}
+
+// brokenLayers are the served lazy layers whose images watchLazy forgot
+// for failing their verification.
+type brokenLayers map[string]bool
+
+// newlyBroken returns the layers of st broken since the last status, and
+// drops those st no longer has: a layer collected and pulled again under
+// its key is watched anew, and the set is never larger than the server's.
+func (b brokenLayers) newlyBroken(st lazyd.Status) []string {
+	var keys []string
+	for key, l := range st.Layers {
+		if l.Broken != "" && !b[key] {
+			b[key] = true
+			keys = append(keys, key)
+		}
+	}
+	for key := range b {
+		if _, ok := st.Layers[key]; !ok {
+			delete(b, key)
+		}
+	}
+	return keys
 }
 
 // lostLazyLocked lets go of the lazy layer server, found dead (err), and
@@ -373,14 +398,19 @@ func (s *Service) mountOnServer(snap snapshot.Snapshot, src *registry.BlobSource
 	if lazyd.Gone(err) && s.lazyd == c {
 		lost = s.lostLazyLocked(err) // the next layer starts a new server
 	}
+	// A Mount without an answer may still be carried out: the layer is
+	// taken as served, so that its removal unmounts it through the server
+	// (whose Unmount waits for a mount under way) before the folder goes.
+	if err == nil || errors.Is(err, lazyd.ErrNoAnswer) {
+		s.lazyMu.Lock()
+		// Its full size is what it counts against lazy_cache_max_bytes, a
+		// complete layer served again after a restart included.
+		s.lazyServed[snap.ChainID], s.lazySizes[snap.ChainID] = true, snap.Size
+		s.lazyMu.Unlock()
+	}
 	if err != nil {
 		return lost, fmt.Errorf("mount lazy layer %s: %w", snap.ChainID, err)
 	}
-	s.lazyMu.Lock()
-	// Its full size is what it counts against lazy_cache_max_bytes, a
-	// complete layer served again after a restart included.
-	s.lazyServed[snap.ChainID], s.lazySizes[snap.ChainID] = true, snap.Size
-	s.lazyMu.Unlock()
 	return nil, nil
 }
 
@@ -429,7 +459,7 @@ func (s *Service) startFetches(f *laterFetches) {
 // every mount. It runs before the snapshot store looks at their folders.
 func runningLazyServer(opts Options) (*lazyd.Client, lazyd.Status, error) {
 	snapshots := filepath.Join(opts.Root, "snapshots")
-	c, err := lazyd.Dial(opts.LazyDir)
+	c, err := lazyd.Dial(opts.LazyDir, lazyCallTimeout)
 	if err != nil {
 		return nil, lazyd.Status{}, lazy.DetachStale(snapshots, nil)
 	}

@@ -25,6 +25,12 @@ import (
 
 func newTestService(t *testing.T) (*Service, string) {
 	t.Helper()
+	return newTestServiceWith(t, func(*Options) {})
+}
+
+// newTestServiceWith is newTestService with the options edit makes.
+func newTestServiceWith(t *testing.T, edit func(*Options)) (*Service, string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("unpacking layers with their owners needs root")
 	}
@@ -34,7 +40,9 @@ func newTestService(t *testing.T) (*Service, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	s, err := New(Options{Root: root, DB: db, ProgressTimeout: 5 * time.Second})
+	opts := Options{Root: root, DB: db, ProgressTimeout: 5 * time.Second}
+	edit(&opts)
+	s, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,31 +24,39 @@ const ReadyFdEnv = "_BERTH_LAZYD_READY_FD"
 // ErrNotServing is Dial's error when no server answers in the folder.
 var ErrNotServing = errors.New("no lazy layer server is running")
 
-// callTimeout bounds a call: the server answers each in milliseconds
-// (Mount: a FUSE mount), so one that does not is wedged, and berthd's
-// callers (ImageFsInfo, metrics, collection, pulls) go on without it.
-const callTimeout = time.Minute
+// CallTimeout is the usual bound of a call (Dial's callTimeout): the
+// server answers each in milliseconds (Mount: a FUSE mount), so one that
+// does not is wedged, and berthd's callers (ImageFsInfo, metrics,
+// collection, pulls) go on without it.
+const CallTimeout = time.Minute
+
+// ErrNoAnswer is a call's error when the server did not answer in time:
+// it may still be alive, and may still carry the call out.
+var ErrNoAnswer = errors.New("did not answer")
 
 // Client is berthd's connection to the server.
 type Client struct {
-	c    *rpc.Client
-	sock string
+	c       *rpc.Client
+	sock    string
+	timeout time.Duration
 }
 
-// Dial connects to the server serving in dir, ErrNotServing if none does.
-func Dial(dir string) (*Client, error) {
+// Dial connects to the server serving in dir, ErrNotServing if none does;
+// each call of the client fails with ErrNoAnswer after callTimeout.
+func Dial(dir string, callTimeout time.Duration) (*Client, error) {
 	conn, err := net.Dial("unix", filepath.Join(dir, SocketFile))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotServing, err)
 	}
-	return &Client{c: rpc.NewClient(conn), sock: filepath.Join(dir, SocketFile)}, nil
+	return &Client{c: rpc.NewClient(conn), sock: filepath.Join(dir, SocketFile), timeout: callTimeout}, nil
 }
 
 // Start starts the server, binary (berthd's lazy-serve mode) with cfg,
 // detached (cri/detach: its own session, so that berthd's stop or
 // SIGKILL, or one of its process group, leaves it serving), and connects
-// to it. It stays berthd's child, reaped when it exits, until berthd goes.
-func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, error) {
+// to it (Dial's callTimeout). It stays berthd's child, reaped when it
+// exits, until berthd goes.
+func Start(ctx context.Context, binary []string, cfg ServeConfig, callTimeout time.Duration) (*Client, error) {
 	if err := rootOnlyDir(cfg.Dir); err != nil {
 		return nil, err
 	}
@@ -61,7 +69,7 @@ func Start(ctx context.Context, binary []string, cfg ServeConfig) (*Client, erro
 	if err != nil {
 		return nil, fmt.Errorf("lazy layer server: %w", err)
 	}
-	return Dial(cfg.Dir)
+	return Dial(cfg.Dir, callTimeout)
 }
 
 // CrashPointEnv names the crash point (cri/crashpoint) the server, not
@@ -89,7 +97,7 @@ func serverEnv(env []string) []string {
 func Ready() { detach.Ready(detach.ReadyPipe(ReadyFdEnv)) }
 
 func (c *Client) call(method string, args, reply any) error {
-	return c.callWithin(callTimeout, method, args, reply)
+	return c.callWithin(c.timeout, method, args, reply)
 }
 
 // callWithin makes a call that fails if no answer comes within d. reply
@@ -102,7 +110,7 @@ func (c *Client) callWithin(d time.Duration, method string, args, reply any) err
 	case <-call.Done:
 		return call.Error
 	case <-t.C:
-		return fmt.Errorf("lazy layer server on %s: %s did not answer within %s", c.sock, method, d)
+		return fmt.Errorf("lazy layer server on %s: %s %w within %s", c.sock, method, ErrNoAnswer, d)
 	}
 }
 
@@ -167,7 +175,11 @@ func (c *Client) Status() (Status, error) {
 // passed after, or after a while.
 func (c *Client) WaitStatus(wait bool, after uint64) (Status, error) {
 	st := new(Status) // not read after a timeout: a late answer writes it
-	if err := c.callWithin(waitBound+callTimeout, "Status", StatusArgs{Wait: wait, After: after}, st); err != nil {
+	d := c.timeout
+	if wait {
+		d += waitBound // the long poll's own bound
+	}
+	if err := c.callWithin(d, "Status", StatusArgs{Wait: wait, After: after}, st); err != nil {
 		return Status{}, err
 	}
 	return *st, nil

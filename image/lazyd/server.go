@@ -24,6 +24,16 @@ import (
 // client whose server went away learns it.
 const waitBound = 30 * time.Second
 
+// completeRetry is the pause before a background fetch that ended with
+// chunks missing (a registry away) starts again: without it the layer
+// would depend on the registry until the next berthd asked (restoreLazy).
+var completeRetry = time.Minute
+
+// servedVersion is the ProtocolVersion the server's Status gives; only a
+// tests' build (version_crashpoints.go) sets another, to play a server an
+// older berthd left.
+var servedVersion = ProtocolVersion
+
 // ServeOptions configure the server.
 type ServeOptions struct {
 	Dir        string        // the folder of its socket and pid file
@@ -42,8 +52,9 @@ type Server struct {
 
 	mu         sync.Mutex
 	layers     map[string]*lazy.Layer
-	fsDirs     map[string]string // where each layer is mounted
-	completing map[string]bool   // layers whose background fetch was started
+	fsDirs     map[string]string        // where each layer is mounted
+	completing map[string]bool          // layers whose background fetch was started
+	mounting   map[string]chan struct{} // mounts under way, closed when each ends
 	broken     map[string]string
 	demands    map[string]*demandLease // the pulls' prioritised fetches under way, by ID
 	events     uint64
@@ -72,7 +83,7 @@ func Serve(opts ServeOptions, ready func()) error {
 		return err
 	}
 	s := &Server{opts: opts, fetches: lazy.NewFetches(opts.Fetches, opts.FetchQuiet), ln: ln, closed: make(chan struct{}),
-		layers: map[string]*lazy.Layer{}, fsDirs: map[string]string{}, completing: map[string]bool{}, broken: map[string]string{}, demands: map[string]*demandLease{}, changed: make(chan struct{})}
+		layers: map[string]*lazy.Layer{}, fsDirs: map[string]string{}, completing: map[string]bool{}, mounting: map[string]chan struct{}{}, broken: map[string]string{}, demands: map[string]*demandLease{}, changed: make(chan struct{})}
 	srv := rpc.NewServer()
 	if err := srv.RegisterName(service, &api{s}); err != nil {
 		s.removePIDFile()
@@ -132,13 +143,40 @@ func (s *source) Get(ctx context.Context, d string, size int64, want registry.Sp
 	return b.Get(ctx, d, size, want, ranged)
 }
 
+// mount serves a prepared layer, once: a mount of a key under way or done
+// is not done again. berthd's Mount may give up waiting before it ends
+// (ErrNoAnswer), and its Unmount of the key then waits for it (unmount).
 func (s *Server) mount(a MountArgs) error {
 	s.mu.Lock()
+	s.waitMountingLocked(a.Key)
 	_, ok := s.layers[a.Key]
-	s.mu.Unlock()
 	if ok {
+		s.mu.Unlock()
 		return nil // a berthd that died after the mount hands it over again
 	}
+	done := make(chan struct{})
+	s.mounting[a.Key] = done
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.mounting, a.Key)
+		close(done)
+		s.mu.Unlock()
+	}()
+	return s.mountLayer(a)
+}
+
+// waitMountingLocked waits, with mu held but released meanwhile, until no
+// mount of key is under way.
+func (s *Server) waitMountingLocked(key string) {
+	for done, ok := s.mounting[key]; ok; done, ok = s.mounting[key] {
+		s.mu.Unlock()
+		<-done
+		s.mu.Lock()
+	}
+}
+
+func (s *Server) mountLayer(a MountArgs) error {
 	var src lazy.Source
 	if a.Source != nil {
 		src = &source{spec: *a.Source}
@@ -198,15 +236,7 @@ func (s *Server) complete(key string) error {
 	// container is about to start: the background fetch waits its turn.
 	s.fetches.Note()
 	if !started && !l.IsComplete() {
-		ended := l.Complete()
-		go func() {
-			<-ended
-			s.mu.Lock()
-			if s.layers[key] == l && !l.IsComplete() {
-				delete(s.completing, key)
-			}
-			s.mu.Unlock()
-		}()
+		go s.retryIncomplete(key, l, l.Complete())
 	}
 	return nil
 }
@@ -275,8 +305,33 @@ func (s *Server) endDemand(id string) {
 	}
 }
 
-// unmount stops serving key; a layer still mounted in an overlay stays.
+// retryIncomplete starts the background fetch of l, served as key, again
+// completeRetry after the run that ended ended with chunks missing, until
+// the layer is complete, broken or no longer served.
+func (s *Server) retryIncomplete(key string, l *lazy.Layer, ended <-chan struct{}) {
+	<-ended
+	s.mu.Lock()
+	retry := s.layers[key] == l && !l.IsComplete() && s.broken[key] == ""
+	if retry {
+		delete(s.completing, key)
+	}
+	s.mu.Unlock()
+	if !retry {
+		return
+	}
+	select {
+	case <-time.After(completeRetry):
+		s.complete(key) // an error: no longer served
+	case <-s.closed:
+	}
+}
+
+// unmount stops serving key, once a mount of it under way has ended; a
+// layer still mounted in an overlay stays.
 func (s *Server) unmount(key string) error {
+	s.mu.Lock()
+	s.waitMountingLocked(key)
+	s.mu.Unlock()
 	l, err := s.layer(key)
 	if err != nil {
 		return nil // gone already
@@ -306,7 +361,7 @@ func (s *Server) status(a StatusArgs) Status {
 		}
 		s.mu.Lock()
 	}
-	st := Status{Version: ProtocolVersion, Events: s.events, Layers: map[string]LayerStatus{},
+	st := Status{Version: servedVersion, Events: s.events, Layers: map[string]LayerStatus{},
 		ReadFailures: s.readFailures.Load(), VerificationFailures: s.verificationFailures.Load(), Demands: len(s.demands)}
 	layers := maps.Clone(s.layers)
 	for key := range layers {

@@ -14,17 +14,23 @@ import (
 // error then.
 func serve(t *testing.T, dir string) (*Client, <-chan error) {
 	t.Helper()
+	return serveLogging(t, dir, io.Discard)
+}
+
+// serveLogging is serve with the server's log written to log.
+func serveLogging(t *testing.T, dir string, log io.Writer) (*Client, <-chan error) {
+	t.Helper()
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ServeOptions{Dir: dir, Fetches: 1, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, func() { close(ready) })
+		done <- Serve(ServeOptions{Dir: dir, Fetches: 1, Log: slog.New(slog.NewTextHandler(log, nil))}, func() { close(ready) })
 	}()
 	select {
 	case <-ready:
 	case err := <-done:
 		t.Fatalf("Serve: %v", err)
 	}
-	c, err := Dial(dir)
+	c, err := Dial(dir, CallTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}

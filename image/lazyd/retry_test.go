@@ -1,0 +1,170 @@
+package lazyd
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berth-runtime/berth/image/lazy"
+	berthreg "github.com/berth-runtime/berth/image/registry"
+	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/moby/sys/mountinfo"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
+)
+
+// flakyLayer pushes an eStargz layer (a prioritised file, then 64 KiB in
+// 4 KiB chunks) to a registry on loopback whose blob range requests fail
+// with 503 while down is set.
+func flakyLayer(t *testing.T, down *atomic.Bool) (berthreg.BlobSource, lazy.Blob) {
+	t.Helper()
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	for _, f := range [][2]string{{"prio", "first"}, {estargz.PrefetchLandmark, "\x0f"}, {"big", strings.Repeat("0123456789abcdef", 4<<10)}} {
+		tw.WriteHeader(&tar.Header{Name: f[0], Mode: 0o644, Size: int64(len(f[1])), Typeflag: tar.TypeReg})
+		tw.Write([]byte(f[1]))
+	}
+	tw.Close()
+	var blob bytes.Buffer
+	w := estargz.NewWriter(&blob)
+	w.ChunkSize = 4 << 10
+	if err := w.AppendTar(&tarball); err != nil {
+		t.Fatal(err)
+	}
+	toc, err := w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(blob.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	diffID, err := digest.Canonical.FromReader(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() && r.Header.Get("Range") != "" {
+			http.Error(w, "down for a while", http.StatusServiceUnavailable)
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	repo, err := name.NewRepository(host+"/lazy", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteLayer(repo, static.NewLayer(blob.Bytes(), types.OCILayer)); err != nil {
+		t.Fatal(err)
+	}
+	spec := berthreg.BlobSource{Hosts: map[string]berthreg.Host{host: {PlainHTTP: true}}, Domain: host, Endpoint: host, Path: "lazy"}
+	return spec, lazy.Blob{Digest: digest.FromBytes(blob.Bytes()), Size: int64(blob.Len()), TOCDigest: toc, DiffID: diffID}
+}
+
+// syncBuffer is a log the server writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// eventually reports whether cond became true within d.
+func eventually(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// A background fetch that the registry failed (down for a while) is
+// started again by the server itself: once the registry serves again the
+// layer completes, without berthd asking again. The server then leaves no
+// mount.
+func TestFailedBackgroundFetchIsRetried(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a FUSE mount needs root")
+	}
+	defer func(d time.Duration) { completeRetry = d }(completeRetry)
+	completeRetry = 20 * time.Millisecond
+	var down atomic.Bool
+	spec, blob := flakyLayer(t, &down)
+	snap := t.TempDir()
+	layerDir, fsDir := filepath.Join(snap, "lazy"), filepath.Join(snap, "fs")
+	if err := os.Mkdir(fsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(fsDir, unix.MNT_DETACH) }) // a failed run's, before the folder goes
+	src, err := spec.Open(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := lazy.Prepare(context.Background(), layerDir, src, blob, lazy.Options{}); err != nil {
+		t.Fatal(err)
+	}
+
+	down.Store(true)
+	var log syncBuffer
+	c, done := serveLogging(t, t.TempDir(), &log)
+	if err := c.Mount(MountArgs{Key: "k", Dir: layerDir, FSDir: fsDir, Source: &spec, StallTimeout: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete("k"); err != nil {
+		t.Fatal(err)
+	}
+	// Chunks the first run failed stay missing at its end, whatever the
+	// later requests of the run get.
+	if !eventually(20*time.Second, func() bool { return strings.Contains(log.String(), "background fetch failed") }) {
+		t.Fatalf("the background fetch did not fail with the registry down; the server's log:\n%s", log.String())
+	}
+	down.Store(false)
+	if !eventually(10*time.Second, func() bool { st, err := c.Status(); return err == nil && st.Layers["k"].Complete }) {
+		st, err := c.Status()
+		t.Fatalf("the layer did not complete once the registry served again: %+v, %v", st.Layers["k"], err)
+	}
+
+	if err := c.Unmount("k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Exit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if mounted, err := mountinfo.Mounted(fsDir); err != nil || mounted {
+		t.Fatalf("the layer's mount point after Unmount: mounted %v, %v", mounted, err)
+	}
+}
