@@ -47,6 +47,12 @@ const service = "Lazy"
 // Demand and EndDemand.
 const ProtocolVersion = 2
 
+// ProtocolVersionEnv names the ProtocolVersion the server's Status gives
+// instead of this build's, read only by a tests' build (the crashpoints
+// tag, version_crashpoints.go): a test plays a server that a berthd of
+// another version left.
+const ProtocolVersionEnv = "BERTH_LAZYD_PROTOCOL_VERSION"
+
 // MountArgs hand a prepared layer (lazy.Prepare) to the server.
 type MountArgs struct {
 	Key   string // the snapshot key, by which berthd names the layer

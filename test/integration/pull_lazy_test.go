@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berth-runtime/berth/image/lazyd"
 	"github.com/berth-runtime/berth/test/harness"
 )
 
@@ -899,4 +900,109 @@ func removeAllLazy(t *testing.T, e *podEnv) {
 		t.Errorf("lazy layer server files left: %v", left)
 	}
 	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
+}
+
+// lazy_cache_max_bytes counts the lazy layers a restarted berthd finds,
+// as the berthd that pulled them did: the layer the running server still
+// serves (berthd stopped), and the complete layer a new server serves
+// again from its cache (berthd and its server killed). A second eStargz
+// layer past the bound is pulled whole after the restart too.
+func TestPullLazyCacheBoundAfterRestart(t *testing.T) {
+	for _, how := range []string{"server running", "server killed"} {
+		t.Run(how, func(t *testing.T) {
+			harness.RequireIntegration(t)
+			t.Parallel()
+			reg := harness.NewRegistry(t)
+			img, _ := stargzImage(t, nil)
+			p := reg.Push(t, "berth/lazy:1", img)
+			img2, _ := stargzImage(t, nil)
+			p2 := reg.Push(t, "berth/lazy:2", img2)
+			// Room for one layer with a 1 MiB file, not two.
+			d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg) + "lazy_cache_max_bytes = 1572864\n"})
+			mustPull(t, d, p.Name, p.ID)
+			if how == "server running" {
+				d.Stop()
+			} else {
+				waitComplete(t, d.Root, 1) // else dropped at the restart
+				d.Kill()
+				d.KillLazyServer()
+			}
+			d.Restart()
+			if m := lazyMounts(t, d.Root); len(m) != 1 {
+				t.Fatalf("lazy mounts after the restart: %v, want the first image's", m)
+			}
+
+			mustPull(t, d, p2.Name, p2.ID)
+			if m := lazyMounts(t, d.Root); len(m) != 1 {
+				t.Errorf("lazy mounts after a pull past lazy_cache_max_bytes: %v, want the first image's alone", m)
+			}
+			if !strings.Contains(d.Logs(), "lazy_cache_max_bytes") {
+				t.Errorf("berthd did not log why it pulled the second eStargz layer whole:\n%s", d.Logs())
+			}
+			removeImage(t, d, p2.Name)
+			e := newPodEnv(t, d, reg)
+			e.image = p.Name
+			removeAllLazy(t, e)
+		})
+	}
+}
+
+// A lazy layer server left by a berthd of another protocol version (an
+// upgrade; the fake version is a tests' build's, lazyd.ProtocolVersionEnv)
+// keeps serving the layer of the container on it; the new berthd gives it
+// no new layer (a second eStargz image is pulled whole), and once the old
+// layer is removed that server exits and the next lazy pull starts one of
+// this build.
+func TestPullLazyServerOfAnotherVersion(t *testing.T) {
+	harness.RequireIntegration(t)
+	t.Parallel()
+	reg := harness.NewRegistry(t)
+	img1, l1 := stargzImage(t, nil)
+	p1 := reg.Push(t, "berth/lazy:1", img1)
+	img2, _ := stargzImage(t, nil)
+	p2 := reg.Push(t, "berth/lazy:2", img2)
+	img3, _ := stargzImage(t, nil)
+	p3 := reg.Push(t, "berth/lazy:3", img3)
+	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg),
+		Env: []string{fmt.Sprintf("%s=%d", lazyd.ProtocolVersionEnv, lazyd.ProtocolVersion+1)}})
+	mustPull(t, d, p1.Name, p1.ID)
+	e, ctr := runReader(t, d, reg, p1.Name)
+	old := d.LazyServerPIDs()
+	if len(old) != 1 {
+		t.Fatalf("lazy layer servers: %v, want one", old)
+	}
+
+	d.Stop()
+	d.RestartEnv() // this build's berthd; the server keeps its version
+	if !strings.Contains(d.Logs(), "speaks another protocol version") {
+		t.Errorf("berthd did not log the server's other protocol version:\n%s", d.Logs())
+	}
+	mustPull(t, d, p2.Name, p2.ID)
+	if m := lazyMounts(t, d.Root); len(m) != 1 {
+		t.Errorf("lazy mounts after a pull beside a server of another version: %v, want the old server's alone", m)
+	}
+	if got := d.LazyServerPIDs(); !slices.Equal(got, old) {
+		t.Fatalf("lazy layer servers after the pull: %v, want %v alone", got, old)
+	}
+	if got := e.exec(t, ctr, "cat", "/data/big"); got.code != 0 || got.stdout != string(l1.big) {
+		t.Fatalf("cat /data/big from the old server's layer: exit %d, %d bytes, stderr %q", got.code, len(got.stdout), got.stderr)
+	}
+
+	for _, pod := range e.listPodIDs(t, nil) {
+		e.removePod(t, pod)
+	}
+	removeImage(t, d, p1.Name)
+	if !eventually(30*time.Second, func() bool { return len(d.LazyServerPIDs()) == 0 && len(lazyMounts(t, d.Root)) == 0 }) {
+		t.Fatalf("after its last layer's removal: lazy layer servers %v, mounts %v; want the old server gone", d.LazyServerPIDs(), lazyMounts(t, d.Root))
+	}
+	mustPull(t, d, p3.Name, p3.ID)
+	if got := d.LazyServerPIDs(); len(got) != 1 || slices.Equal(got, old) {
+		t.Fatalf("lazy layer servers after the next lazy pull: %v, want a new one (the old was %v)", got, old)
+	}
+	if m := lazyMounts(t, d.Root); len(m) != 1 {
+		t.Fatalf("lazy mounts after the next lazy pull: %v, want its layer's", m)
+	}
+	removeImage(t, d, p2.Name)
+	e.image = p3.Name
+	removeAllLazy(t, e)
 }
