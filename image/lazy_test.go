@@ -1,7 +1,6 @@
 package image
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"net"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-runtime/berth/image/lazyd"
+	"github.com/berth-runtime/berth/test/harness"
 )
 
 // wedgedLazyServer answers berthd's calls on a lazy layer server's socket
@@ -88,34 +88,6 @@ func serveWedged(t *testing.T, dir string) *wedgedLazyServer {
 // unwedge lets the calls held so far, and those to come, answer.
 func (w *wedgedLazyServer) unwedge() { w.once.Do(func() { close(w.release) }) }
 
-// syncLog is a log berthd writes while the test reads it.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// waitFor reports whether cond became true within d.
-func waitFor(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
-}
-
 // A lazy layer server that does not answer in time is slow, not dead:
 // its calls fail naming the socket (watchLazy's status, a Mount), and
 // berthd keeps it with its layers (nothing detached or forgotten). A Mount
@@ -126,7 +98,7 @@ func TestLazyServerWithoutAnswer(t *testing.T) {
 	defer func(d time.Duration) { lazyCallTimeout = d }(lazyCallTimeout)
 	lazyCallTimeout = 200 * time.Millisecond
 	dir := t.TempDir()
-	var log syncLog
+	var log harness.SyncBuffer
 	s, _ := newTestServiceWith(t, func(o *Options) {
 		o.LazyDir, o.LazyServer, o.Logger = dir, []string{"false"}, slog.New(slog.NewTextHandler(&log, nil))
 	})
@@ -153,7 +125,7 @@ func TestLazyServerWithoutAnswer(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Mount on a server that does not answer did not return within 10 s")
 	}
-	if !waitFor(10*time.Second, func() bool { return strings.Contains(log.String(), "lazy layer server status") }) {
+	if !harness.Eventually(10*time.Second, func() bool { return strings.Contains(log.String(), "lazy layer server status") }) {
 		t.Fatalf("watchLazy's status call did not fail on a server that does not answer; berthd's log:\n%s", log.String())
 	}
 	s.lazydMu.Lock()
@@ -168,7 +140,7 @@ func TestLazyServerWithoutAnswer(t *testing.T) {
 	}
 
 	w.unwedge() // the Mount berthd gave up on is carried out
-	if !waitFor(10*time.Second, func() bool { return slices.Contains(w.servedKeys(), "lazy b") }) {
+	if !harness.Eventually(10*time.Second, func() bool { return slices.Contains(w.servedKeys(), "lazy b") }) {
 		t.Fatal("the released Mount did not reach the server")
 	}
 	if err := s.removeSnapshot("lazy b"); err != nil {

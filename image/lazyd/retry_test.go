@@ -12,13 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/berth-runtime/berth/image/lazy"
 	berthreg "github.com/berth-runtime/berth/image/registry"
+	"github.com/berth-runtime/berth/test/harness"
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -81,34 +81,6 @@ func flakyLayer(t *testing.T, down *atomic.Bool) (berthreg.BlobSource, lazy.Blob
 	return spec, lazy.Blob{Digest: digest.FromBytes(blob.Bytes()), Size: int64(blob.Len()), TOCDigest: toc, DiffID: diffID}
 }
 
-// syncBuffer is a log the server writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// eventually reports whether cond became true within d.
-func eventually(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
-}
-
 // A background fetch that the registry failed (down for a while) is
 // started again by the server itself: once the registry serves again the
 // layer completes, without berthd asking again. The server then leaves no
@@ -136,7 +108,7 @@ func TestFailedBackgroundFetchIsRetried(t *testing.T) {
 	}
 
 	down.Store(true)
-	var log syncBuffer
+	var log harness.SyncBuffer
 	c, done := serveLogging(t, t.TempDir(), &log)
 	if err := c.Mount(MountArgs{Key: "k", Dir: layerDir, FSDir: fsDir, Source: &spec, StallTimeout: 10 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -146,11 +118,11 @@ func TestFailedBackgroundFetchIsRetried(t *testing.T) {
 	}
 	// Chunks the first run failed stay missing at its end, whatever the
 	// later requests of the run get.
-	if !eventually(20*time.Second, func() bool { return strings.Contains(log.String(), "background fetch failed") }) {
+	if !harness.Eventually(20*time.Second, func() bool { return strings.Contains(log.String(), "background fetch failed") }) {
 		t.Fatalf("the background fetch did not fail with the registry down; the server's log:\n%s", log.String())
 	}
 	down.Store(false)
-	if !eventually(10*time.Second, func() bool { st, err := c.Status(); return err == nil && st.Layers["k"].Complete }) {
+	if !harness.Eventually(10*time.Second, func() bool { st, err := c.Status(); return err == nil && st.Layers["k"].Complete }) {
 		st, err := c.Status()
 		t.Fatalf("the layer did not complete once the registry served again: %+v, %v", st.Layers["k"], err)
 	}

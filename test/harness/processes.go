@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // LiveProcessesWithArg returns the PIDs of processes with an argument
@@ -32,4 +33,15 @@ func LiveProcessesWithArg(substr string) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// Eventually reports whether cond became true within d, asking every
+// 10 ms: a test's wait for a condition, never a fixed sleep.
+func Eventually(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
 }

@@ -902,6 +902,19 @@ func removeAllLazy(t *testing.T, e *podEnv) {
 	harness.AssertNoLeaks(t, d.Root, harness.WantSnapshots(0))
 }
 
+// pushStargz pushes n images of stargzImage, each with its own eStargz
+// layer, as berth/lazy:1 to n.
+func pushStargz(t *testing.T, reg *harness.Registry, n int) ([]harness.Pushed, []*stargzLayer) {
+	t.Helper()
+	var pushed []harness.Pushed
+	var layers []*stargzLayer
+	for i := range n {
+		img, l := stargzImage(t, nil)
+		pushed, layers = append(pushed, reg.Push(t, fmt.Sprintf("berth/lazy:%d", i+1), img)), append(layers, l)
+	}
+	return pushed, layers
+}
+
 // lazy_cache_max_bytes counts the lazy layers a restarted berthd finds,
 // as the berthd that pulled them did: the layer the running server still
 // serves (berthd stopped), and the complete layer a new server serves
@@ -913,10 +926,8 @@ func TestPullLazyCacheBoundAfterRestart(t *testing.T) {
 			harness.RequireIntegration(t)
 			t.Parallel()
 			reg := harness.NewRegistry(t)
-			img, _ := stargzImage(t, nil)
-			p := reg.Push(t, "berth/lazy:1", img)
-			img2, _ := stargzImage(t, nil)
-			p2 := reg.Push(t, "berth/lazy:2", img2)
+			pushed, _ := pushStargz(t, reg, 2)
+			p, p2 := pushed[0], pushed[1]
 			// Room for one layer with a 1 MiB file, not two.
 			d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg) + "lazy_cache_max_bytes = 1572864\n"})
 			mustPull(t, d, p.Name, p.ID)
@@ -957,12 +968,8 @@ func TestPullLazyServerOfAnotherVersion(t *testing.T) {
 	harness.RequireIntegration(t)
 	t.Parallel()
 	reg := harness.NewRegistry(t)
-	img1, l1 := stargzImage(t, nil)
-	p1 := reg.Push(t, "berth/lazy:1", img1)
-	img2, _ := stargzImage(t, nil)
-	p2 := reg.Push(t, "berth/lazy:2", img2)
-	img3, _ := stargzImage(t, nil)
-	p3 := reg.Push(t, "berth/lazy:3", img3)
+	pushed, layers := pushStargz(t, reg, 3)
+	p1, p2, p3, l1 := pushed[0], pushed[1], pushed[2], layers[0]
 	d := harness.StartDaemon(t, harness.Options{ConfigTOML: lazyConfig(reg),
 		Env: []string{fmt.Sprintf("%s=%d", lazyd.ProtocolVersionEnv, lazyd.ProtocolVersion+1)}})
 	mustPull(t, d, p1.Name, p1.ID)
