@@ -279,7 +279,7 @@ const watchRetry = 5 * time.Second
 // (forgetImagesOf), also those that broke while no berthd ran, until the
 // connection closes.
 func (s *Service) watchLazy(c *lazyd.Client) {
-	forgotten := brokenLayers{}
+	forgotten := brokenLayers{keys: map[string]bool{}}
 	var seen uint64
 	for wait := false; ; wait = true {
 		st, err := c.WaitStatus(wait, seen)
@@ -309,23 +309,37 @@ func (s *Service) watchLazy(c *lazyd.Client) {
 }
 
 // brokenLayers are the served lazy layers whose images watchLazy forgot
-// for failing their verification.
-type brokenLayers map[string]bool
+// for failing their verification, and the server's event count then.
+type brokenLayers struct {
+	keys   map[string]bool
+	events uint64
+}
 
 // newlyBroken returns the layers of st broken since the last status, and
-// drops those st no longer has: a layer collected and pulled again under
-// its key is watched anew, and the set is never larger than the server's.
-func (b brokenLayers) newlyBroken(st lazyd.Status) []string {
-	var keys []string
+// drops those st no longer has, so that the set is never larger than the
+// server's. A layer collected, pulled again and broken again under its key
+// is returned again: once the server's events (one a break) outnumber the
+// layers new to the set, every broken layer is, forgetting its images
+// again being harmless.
+func (b *brokenLayers) newlyBroken(st lazyd.Status) []string {
+	var keys, again []string
 	for key, l := range st.Layers {
-		if l.Broken != "" && !b[key] {
-			b[key] = true
+		switch {
+		case l.Broken == "":
+		case !b.keys[key]:
+			b.keys[key] = true
 			keys = append(keys, key)
+		default:
+			again = append(again, key)
 		}
 	}
-	for key := range b {
+	if st.Events-b.events > uint64(len(keys)) {
+		keys = append(keys, again...)
+	}
+	b.events = st.Events
+	for key := range b.keys {
 		if _, ok := st.Layers[key]; !ok {
-			delete(b, key)
+			delete(b.keys, key)
 		}
 	}
 	return keys

@@ -157,20 +157,26 @@ func TestLazyServerWithoutAnswer(t *testing.T) {
 // watchLazy's set of broken layers whose images it forgot keeps only the
 // layers the server still serves: it does not grow with every layer that
 // ever broke, and a layer collected, pulled again and broken again under
-// its key has its images forgotten again.
+// its key has its images forgotten again, also when no status between the
+// two breaks showed it gone.
 func TestBrokenLayersArePruned(t *testing.T) {
-	b := brokenLayers{}
-	broken := lazyd.Status{Layers: map[string]lazyd.LayerStatus{"lazy a": {Broken: "blob digest mismatch"}, "lazy b": {}}}
-	if got := b.newlyBroken(broken); !slices.Equal(got, []string{"lazy a"}) {
+	b := brokenLayers{keys: map[string]bool{}}
+	broken := func(events uint64) lazyd.Status {
+		return lazyd.Status{Events: events, Layers: map[string]lazyd.LayerStatus{"lazy a": {Broken: "blob digest mismatch"}, "lazy b": {}}}
+	}
+	if got := b.newlyBroken(broken(1)); !slices.Equal(got, []string{"lazy a"}) {
 		t.Fatalf("first status with a broken layer: %v, want lazy a", got)
 	}
-	if got := b.newlyBroken(broken); len(got) != 0 {
+	if got := b.newlyBroken(broken(1)); len(got) != 0 {
 		t.Fatalf("the same status again: %v, want nothing new", got)
 	}
-	if got := b.newlyBroken(lazyd.Status{Layers: map[string]lazyd.LayerStatus{"lazy b": {}}}); len(got) != 0 || len(b) != 0 {
-		t.Fatalf("once lazy a is collected: newly broken %v, set %v; want both empty", got, b)
+	if got := b.newlyBroken(lazyd.Status{Events: 1, Layers: map[string]lazyd.LayerStatus{"lazy b": {}}}); len(got) != 0 || len(b.keys) != 0 {
+		t.Fatalf("once lazy a is collected: newly broken %v, set %v; want both empty", got, b.keys)
 	}
-	if got := b.newlyBroken(broken); !slices.Equal(got, []string{"lazy a"}) {
+	if got := b.newlyBroken(broken(2)); !slices.Equal(got, []string{"lazy a"}) {
 		t.Fatalf("lazy a pulled again and broken again: %v, want it forgotten again", got)
+	}
+	if got := b.newlyBroken(broken(3)); !slices.Equal(got, []string{"lazy a"}) {
+		t.Fatalf("lazy a collected, pulled and broken again between two statuses: %v, want it forgotten again", got)
 	}
 }
