@@ -1,13 +1,17 @@
 package lazyd
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/berth-runtime/berth/image/lazy"
 )
 
 // serve runs a server in dir until it exits; the channel gives Serve's
@@ -150,5 +154,47 @@ func TestDemandLease(t *testing.T) {
 	}
 	if n := demands(); n != 0 {
 		t.Fatalf("%d demands open after a refused one, want 0", n)
+	}
+}
+
+// An Unmount of a key whose Mount is under way (berthd gave up waiting for
+// the Mount and collects the snapshot) waits until the mount ended and
+// undoes it: the layer is not left served for a snapshot that is gone.
+func TestUnmountWaitsForMountUnderWay(t *testing.T) {
+	var down atomic.Bool
+	spec, blob := flakyLayer(t, &down)
+	dir := t.TempDir()
+	src, err := spec.Open(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := lazy.Prepare(context.Background(), dir, src, blob, lazy.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := lazy.Load(dir, nil, lazy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{opts: ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		layers: map[string]*lazy.Layer{}, fsDirs: map[string]string{}, completing: map[string]bool{}, mounting: map[string]chan struct{}{}, broken: map[string]string{}}
+	mounted := make(chan struct{})
+	s.mounting["k"] = mounted // as mount has it while the layer mounts
+	unmounted := make(chan error, 1)
+	go func() { unmounted <- s.unmount("k") }()
+	select {
+	case err := <-unmounted:
+		t.Fatalf("Unmount returned (%v) while the layer's mount was under way", err)
+	case <-time.After(100 * time.Millisecond): // what an Unmount that does not wait takes, many times over
+	}
+	s.mu.Lock()
+	s.layers["k"] = l
+	delete(s.mounting, "k")
+	close(mounted)
+	s.mu.Unlock()
+	if err := <-unmounted; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.layer("k"); err == nil {
+		t.Fatal("the layer is served after the Unmount that waited for its mount")
 	}
 }
