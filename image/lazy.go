@@ -74,9 +74,10 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 		if err != nil {
 			return err
 		}
-		// Detached when its server died (lostLazy): an empty folder now.
-		if s.lazyLayerLost(key) {
-			return fmt.Errorf("lazy layer %s lost its server: it is pulled again once collected", key)
+		// Detached when its server died (lostLazyLocked), or maybe never
+		// mounted (mountOnServer): maybe an empty folder.
+		if why := s.lazyLayerStale(key); why != "" {
+			return fmt.Errorf("lazy layer %s %s: it is pulled again once collected", key, why)
 		}
 		// A layer that failed its verification stays while containers
 		// use it; a pull of it fails as a whole pull of its blob would.
@@ -121,9 +122,9 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 			return nil
 		case errors.Is(err, lazyd.ErrNoAnswer):
 			// The server may mount it yet: the snapshot stays, counted
-			// and taken as served (mountOnServer), for collection to
-			// unmount through the server before it removes the folder.
-			s.requestGC()
+			// and taken as served (mountOnServer), for the collection
+			// after the failed pull (store) to unmount through the server
+			// before it removes the folder.
 			return err
 		default:
 			err = errors.Join(err, s.snaps.Remove(key))
@@ -363,7 +364,7 @@ func (s *Service) lostLazyLocked(err error) []string {
 	defer s.lazyMu.Unlock()
 	lost := slices.Collect(maps.Keys(s.lazyServed))
 	for _, key := range lost {
-		s.lazyLost[key] = true
+		s.lazyStale[key] = "lost its server"
 	}
 	clear(s.lazyServed)
 	return lost
@@ -377,11 +378,12 @@ func (s *Service) forgetLostLazy(keys []string) {
 	}
 }
 
-// lazyLayerLost says whether the lazy snapshot key lost its server.
-func (s *Service) lazyLayerLost(key string) bool {
+// lazyLayerStale says why the lazy snapshot key is not to be reused until
+// collected; empty: it may be.
+func (s *Service) lazyLayerStale(key string) string {
 	s.lazyMu.Lock()
 	defer s.lazyMu.Unlock()
-	return s.lazyLost[key]
+	return s.lazyStale[key]
 }
 
 // lazyServerForeign says whether the lazy layer server speaks another
@@ -414,12 +416,16 @@ func (s *Service) mountOnServer(snap snapshot.Snapshot, src *registry.BlobSource
 	}
 	// A Mount without an answer may still be carried out: the layer is
 	// taken as served, so that its removal unmounts it through the server
-	// (whose Unmount waits for a mount under way) before the folder goes.
-	if err == nil || errors.Is(err, lazyd.ErrNoAnswer) {
+	// (whose Unmount waits for a mount under way) before the folder goes,
+	// and not reused, since it may never be.
+	if noAnswer := errors.Is(err, lazyd.ErrNoAnswer); err == nil || noAnswer {
 		s.lazyMu.Lock()
 		// Its full size is what it counts against lazy_cache_max_bytes, a
 		// complete layer served again after a restart included.
 		s.lazyServed[snap.ChainID], s.lazySizes[snap.ChainID] = true, snap.Size
+		if noAnswer {
+			s.lazyStale[snap.ChainID] = "got no answer from the lazy layer server when handed over"
+		}
 		s.lazyMu.Unlock()
 	}
 	if err != nil {
@@ -590,7 +596,7 @@ func (s *Service) removeSnapshot(key string) error {
 	}
 	s.lazyMu.Lock()
 	delete(s.lazySizes, key)
-	delete(s.lazyLost, key)
+	delete(s.lazyStale, key)
 	s.lazyMu.Unlock()
 	if served {
 		return s.exitIdleLazy()

@@ -89,9 +89,9 @@ type Service struct {
 	// berthd left); it keeps serving its layers, and no new one goes to it.
 	lazydForeign atomic.Bool
 	lazyMu       sync.Mutex
-	lazyServed   map[string]bool  // the snapshot keys the server serves
-	lazyLost     map[string]bool  // lazy snapshots whose server died, detached until collected
-	lazySizes    map[string]int64 // full sizes of the lazy layers stored or being stored, by snapshot key
+	lazyServed   map[string]bool   // the snapshot keys the server serves
+	lazyStale    map[string]string // lazy snapshots not reused until collected, and why: their server died (detached), their Mount got no answer
+	lazySizes    map[string]int64  // full sizes of the lazy layers stored or being stored, by snapshot key
 
 	gcMu         sync.Mutex  // one collection at a time
 	freePartials atomic.Bool // the next collection removes every partial download no pull writes
@@ -167,7 +167,7 @@ func New(opts Options) (_ *Service, err error) {
 		downloads: newDownloadSlots(opts.MaxConcurrentDownloads),
 		inflight:  map[string]*layerFlight{}, pulls: map[string]*pullFlight{},
 		held: map[string]int{}, removing: map[string]bool{},
-		lazyServed: map[string]bool{}, lazyLost: map[string]bool{}, lazySizes: map[string]int64{},
+		lazyServed: map[string]bool{}, lazyStale: map[string]string{}, lazySizes: map[string]int64{},
 		gcWake: make(chan struct{}, 1), gcStop: make(chan struct{}), gcDone: make(chan struct{}),
 	}
 	s.resolver.Store(resolver)
