@@ -149,9 +149,12 @@ func (s *source) Get(ctx context.Context, d string, size int64, want registry.Sp
 func (s *Server) mount(a MountArgs) error {
 	s.mu.Lock()
 	s.waitMountingLocked(a.Key)
-	_, ok := s.layers[a.Key]
-	if ok {
+	if _, ok := s.layers[a.Key]; ok {
+		at := s.fsDirs[a.Key]
 		s.mu.Unlock()
+		if filepath.Clean(at) != filepath.Clean(a.FSDir) {
+			return fmt.Errorf("lazy layer %s is served at %s already", a.Key, at)
+		}
 		return nil // a berthd that died after the mount hands it over again
 	}
 	done := make(chan struct{})

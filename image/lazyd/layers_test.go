@@ -81,36 +81,61 @@ func flakyLayer(t *testing.T, down *atomic.Bool) (berthreg.BlobSource, lazy.Blob
 	return spec, lazy.Blob{Digest: digest.FromBytes(blob.Bytes()), Size: int64(blob.Len()), TOCDigest: toc, DiffID: diffID}
 }
 
+// preparedLayer is a layer of flakyLayer prepared (TOC and prioritised
+// file fetched) in a snapshot-like folder: its Mount's arguments, as key k.
+func preparedLayer(t *testing.T, down *atomic.Bool) MountArgs {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a FUSE mount needs root")
+	}
+	spec, blob := flakyLayer(t, down)
+	snap := t.TempDir()
+	a := MountArgs{Key: "k", Dir: filepath.Join(snap, "lazy"), FSDir: filepath.Join(snap, "fs"), Source: &spec, StallTimeout: 10 * time.Second}
+	if err := os.Mkdir(a.FSDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(a.FSDir, unix.MNT_DETACH) }) // a failed run's, before the folder goes
+	src, err := spec.Open(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := lazy.Prepare(context.Background(), a.Dir, src, blob, lazy.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// unmountAndExit has the server stop serving k and exit, and checks that
+// it left no mount at fsDir.
+func unmountAndExit(t *testing.T, c *Client, done <-chan error, fsDir string) {
+	t.Helper()
+	if err := c.Unmount("k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Exit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if mounted, err := mountinfo.Mounted(fsDir); err != nil || mounted {
+		t.Fatalf("the layer's mount point after Unmount: mounted %v, %v", mounted, err)
+	}
+}
+
 // A background fetch that the registry failed (down for a while) is
 // started again by the server itself: once the registry serves again the
 // layer completes, without berthd asking again. The server then leaves no
 // mount.
 func TestFailedBackgroundFetchIsRetried(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a FUSE mount needs root")
-	}
 	defer func(d time.Duration) { completeRetry = d }(completeRetry)
 	completeRetry = 20 * time.Millisecond
 	var down atomic.Bool
-	spec, blob := flakyLayer(t, &down)
-	snap := t.TempDir()
-	layerDir, fsDir := filepath.Join(snap, "lazy"), filepath.Join(snap, "fs")
-	if err := os.Mkdir(fsDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(fsDir, unix.MNT_DETACH) }) // a failed run's, before the folder goes
-	src, err := spec.Open(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := lazy.Prepare(context.Background(), layerDir, src, blob, lazy.Options{}); err != nil {
-		t.Fatal(err)
-	}
-
+	a := preparedLayer(t, &down)
 	down.Store(true)
 	var log harness.SyncBuffer
 	c, done := serveLogging(t, t.TempDir(), &log)
-	if err := c.Mount(MountArgs{Key: "k", Dir: layerDir, FSDir: fsDir, Source: &spec, StallTimeout: 10 * time.Second}); err != nil {
+	if err := c.Mount(a); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Complete("k"); err != nil {
@@ -126,17 +151,30 @@ func TestFailedBackgroundFetchIsRetried(t *testing.T) {
 		st, err := c.Status()
 		t.Fatalf("the layer did not complete once the registry served again: %+v, %v", st.Layers["k"], err)
 	}
+	unmountAndExit(t, c, done, a.FSDir)
+}
 
-	if err := c.Unmount("k"); err != nil {
+// A Mount of a key already served is answered as done only for the same
+// folder (a berthd that restarted hands the layer over again); at another
+// folder it is refused naming where the layer is served: answered as done,
+// berthd would take that empty folder for the layer.
+func TestMountOfServedKeyElsewhereIsRefused(t *testing.T) {
+	var down atomic.Bool
+	a := preparedLayer(t, &down)
+	c, done := serve(t, t.TempDir())
+	if err := c.Mount(a); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Exit(); err != nil {
-		t.Fatal(err)
+	if err := c.Mount(a); err != nil {
+		t.Fatalf("the same Mount again: %v", err)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	elsewhere := a
+	elsewhere.FSDir = t.TempDir()
+	if err := c.Mount(elsewhere); err == nil || !strings.Contains(err.Error(), a.FSDir) {
+		t.Fatalf("a Mount of the served key at another folder: %v, want it refused naming %s", err, a.FSDir)
 	}
-	if mounted, err := mountinfo.Mounted(fsDir); err != nil || mounted {
-		t.Fatalf("the layer's mount point after Unmount: mounted %v, %v", mounted, err)
+	if mounted, err := mountinfo.Mounted(elsewhere.FSDir); err != nil || mounted {
+		t.Fatalf("the other folder after the refused Mount: mounted %v, %v", mounted, err)
 	}
+	unmountAndExit(t, c, done, a.FSDir)
 }
