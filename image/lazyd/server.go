@@ -225,8 +225,18 @@ func (s *Server) layer(key string) (*lazy.Layer, error) {
 
 // complete starts the background fetch of key, once at a time: a berthd
 // that restarted asks again for the layers it finds incomplete, and one
-// whose fetch ended incomplete (a registry away) is fetched again then.
+// whose fetch ended incomplete (a registry away) is fetched again then,
+// if retryIncomplete has not done so already.
 func (s *Server) complete(key string) error {
+	// The pull that asks has just fetched its prioritised files, and its
+	// container is about to start: the background fetch waits its turn.
+	s.fetches.Note()
+	return s.startFetch(key)
+}
+
+// startFetch starts the background fetch of key unless one runs or the
+// layer is complete.
+func (s *Server) startFetch(key string) error {
 	l, err := s.layer(key)
 	if err != nil {
 		return err
@@ -235,9 +245,6 @@ func (s *Server) complete(key string) error {
 	started := s.completing[key]
 	s.completing[key] = true
 	s.mu.Unlock()
-	// The pull that asks has just fetched its prioritised files, and its
-	// container is about to start: the background fetch waits its turn.
-	s.fetches.Note()
 	if !started && !l.IsComplete() {
 		go s.retryIncomplete(key, l, l.Complete())
 	}
@@ -309,8 +316,9 @@ func (s *Server) endDemand(id string) {
 }
 
 // retryIncomplete starts the background fetch of l, served as key, again
-// completeRetry after the run that ended ended with chunks missing, until
-// the layer is complete, broken or no longer served.
+// completeRetry after a run that ended with chunks missing, until the
+// layer is complete, broken or no longer served. The retry is no demand:
+// it does not hold the other layers' background fetches (Fetches.Note).
 func (s *Server) retryIncomplete(key string, l *lazy.Layer, ended <-chan struct{}) {
 	<-ended
 	s.mu.Lock()
@@ -324,7 +332,7 @@ func (s *Server) retryIncomplete(key string, l *lazy.Layer, ended <-chan struct{
 	}
 	select {
 	case <-time.After(completeRetry):
-		s.complete(key) // an error: no longer served
+		s.startFetch(key) // an error: no longer served
 	case <-s.closed:
 	}
 }
