@@ -168,7 +168,8 @@ func TestCheckpointPod(t *testing.T) {
 	if err := e.checkpointPod(t, pod, out, []string{counter, httpd}, nil); err != nil {
 		t.Fatalf("CheckpointPod: %v", err)
 	}
-	t.Logf("pod checkpoint took %s", time.Since(start).Round(time.Millisecond))
+	took := time.Since(start)
+	t.Logf("pod checkpoint took %s", took.Round(time.Millisecond))
 	e.assertThawed(t, pod, counter, httpd)
 	e.assertCounts(t, counter, "the pod checkpoint")
 	if !e.httpdAnswers(t, counter) {
@@ -193,8 +194,9 @@ func TestCheckpointPod(t *testing.T) {
 
 	// CRIU held (by the gate) as it dumps the first container, httpd:
 	// the counter is frozen already. At the call's deadline less the
-	// shim's grace CRIU is stopped, and everything is thawed.
-	const deadline = 90 * time.Second
+	// shim's grace (sandbox's checkpointGrace, 10 s) CRIU is stopped, and
+	// everything is thawed.
+	deadline := heldCheckpointTimeout(took) + 10*time.Second
 	reach, drain := gate.hold(t)
 	late := t.TempDir()
 	done := make(chan error, 1)

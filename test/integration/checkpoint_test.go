@@ -139,6 +139,17 @@ func (g *criuGate) hold(t *testing.T) (reach, drain func(time.Duration) (bool, s
 
 func (g *criuGate) release(t *testing.T) { g.set(t, "") }
 
+// heldCheckpointTimeout is the timeout of a checkpoint the gate holds:
+// how long CRIU is given to reach the gate, which it does part way
+// through a checkpoint, scaled from took, how long a whole checkpoint of
+// the same containers took on this machine just before: five times that,
+// room for the machine's load to change, and at least 15 s. A bound fixed
+// for the slowest machine is waited out whole: 90 s had TestCheckpointPod
+// idle some 80 s of the VM tier's serial part (2026-11-29).
+func heldCheckpointTimeout(took time.Duration) time.Duration {
+	return max(15*time.Second, 5*took).Round(time.Second)
+}
+
 // toml is berthd's config for the gate.
 func (g *criuGate) toml() string { return "\n[checkpoint]\ncriu_config = \"" + g.config + "\"\n" }
 
@@ -343,7 +354,8 @@ func TestCheckpointContainer(t *testing.T) {
 	if err := checkpoint(ctr, location, 0); err != nil {
 		t.Fatalf("CheckpointContainer: %v", err)
 	}
-	t.Logf("checkpoint took %s", time.Since(start).Round(time.Millisecond))
+	took := time.Since(start)
+	t.Logf("checkpoint took %s", took.Round(time.Millisecond))
 	e.assertCounts(t, ctr, "the checkpoint")
 	if got := e.exec(t, ctr, "/bin/busybox", "wget", "-q", "-O-", "http://127.0.0.1:8080/").stdout; got != "served\n" {
 		t.Errorf("httpd after the checkpoint answers %q, want %q", got, "served\n")
@@ -382,16 +394,16 @@ func TestCheckpointContainer(t *testing.T) {
 	// cgroup is thawed, its processes run on, the pod's network answers,
 	// nothing is left. The timeout bounds only how long CRIU may take to
 	// reach the gate.
-	const lateTimeout = 30
+	lateTimeout := heldCheckpointTimeout(took)
 	reach, drain := gate.hold(t)
 	late := filepath.Join(dir, "late.tar")
 	if err := os.Remove(location); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- checkpoint(ctr, late, lateTimeout) }()
-	if ok, log := reach(lateTimeout * time.Second); !ok {
-		t.Fatalf("CRIU did not log dumping a process within the checkpoint's %d s; its log ends %q; the checkpoint answered %v", lateTimeout, log, <-done)
+	go func() { done <- checkpoint(ctr, late, int64(lateTimeout/time.Second)) }()
+	if ok, log := reach(lateTimeout); !ok {
+		t.Fatalf("CRIU did not log dumping a process within the checkpoint's %s; its log ends %q; the checkpoint answered %v", lateTimeout, log, <-done)
 	}
 	events := containerCgroupFile(t, e.podCgroup(t, pod), ctr, "cgroup.events")
 	// Once it dumps, CRIU holds every process it has not entered with its
