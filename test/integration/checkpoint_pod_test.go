@@ -249,6 +249,7 @@ func TestCheckpointPod(t *testing.T) {
 // running, an unknown pod. The output folder stays as it was, the
 // containers run on.
 func TestCheckpointPodRefused(t *testing.T) {
+	t.Parallel()
 	e := startPodEnv(t, v1.Config{})
 	podCfg := e.podConfig("ckpt-pod")
 	pod := e.runPod(t, podCfg)

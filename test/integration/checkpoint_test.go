@@ -219,6 +219,9 @@ func readArchive(t *testing.T, archive string) (dir string, names []string) {
 	}
 }
 
+// The tests that run CRIU are not parallel: breakHostRuncConf's file and
+// the look for a CRIU process that outlived its checkpoint are the node's.
+
 // breakHostRuncConf puts, in the VM tier (a machine of the test's own), a
 // /etc/criu/runc.conf that would fail any dump (its images to a folder that
 // does not exist): libcontainer gives CRIU that file unless the

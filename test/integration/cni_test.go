@@ -32,6 +32,8 @@ var cniSeq atomic.Uint32
 // writeConf), a folder of extra plugins, and the names the reference
 // plugins will use: a bridge, a /24 from 10.250-255.x (the harness gives
 // built-in test networks 10.200-249.x) and host-local's lease folder.
+// What a test checks of the node's nat table is what portmap commented with
+// its network's name or its pods' IDs, so the CNI tests run in parallel.
 type cniNet struct {
 	name, bridge string
 	subnet       *net.IPNet
@@ -210,6 +212,7 @@ func noPodPid(cfg *runtimeapi.PodSandboxConfig) *runtimeapi.PodSandboxConfig {
 }
 
 func TestCNINetwork(t *testing.T) {
+	t.Parallel()
 	c := newCNINet(t)
 	c.writeConf(t, "10-test.conflist", c.conflist())
 	e := startCNIEnv(t, c)
@@ -307,6 +310,7 @@ func TestCNINetwork(t *testing.T) {
 }
 
 func TestCNIReadyWithoutRestart(t *testing.T) {
+	t.Parallel()
 	c := newCNINet(t)
 	e := startCNIEnv(t, c) // no configuration folder yet
 	cond := e.networkReady(t)
@@ -369,6 +373,7 @@ func (e *podEnv) assertNoPodLeft(t *testing.T, c *cniNet) {
 }
 
 func TestCNIBrokenConfiguration(t *testing.T) {
+	t.Parallel()
 	c := newCNINet(t)
 	c.writeConf(t, "10-test.conflist", `{"cniVersion": "1.0.0", "name": "broken", "plugins": [`)
 	// Exits non-zero at ADD, after bridge and portmap did their part.
@@ -426,6 +431,7 @@ func TestCNIBrokenConfiguration(t *testing.T) {
 // DEL must run, and succeed, when the pod's network namespace is gone: its
 // pin released behind berthd's back, or the machine rebooted.
 func TestCNIDelWithoutNamespace(t *testing.T) {
+	t.Parallel()
 	c := newCNINet(t)
 	c.writeConf(t, "10-test.conflist", c.conflist())
 	e := startCNIEnv(t, c)
@@ -508,6 +514,7 @@ func TestCNIConcurrentPods(t *testing.T) {
 }
 
 func TestCNISurvivesRestart(t *testing.T) {
+	t.Parallel()
 	c := newCNINet(t)
 	c.writeConf(t, "10-test.conflist", c.conflist())
 	e := startCNIEnv(t, c)

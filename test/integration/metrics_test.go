@@ -42,6 +42,7 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 // container, a container killed for memory and a failed call, and checks
 // that each moved the series that count it.
 func TestMetricsEndpoint(t *testing.T) {
+	t.Parallel()
 	e := startPodEnvTOML(t, v1.Config{}, metricsTOML) // pulls the test image
 	addr := metricsAddr(t, e)
 
