@@ -137,15 +137,17 @@ kernel_independent+='|TestConfigErrorsNameTheKey|TestSocketIsRootOnly|TestStaleS
 # 0660 there, renamed into place, watched with inotify): the daemon's
 # socket, as TestSocketIsRootOnly's (15 s of the VM's, 2026-11-29).
 kernel_independent+='|TestSocketRootOnlyFromTheStart'
-# Three lazy pull tests whose claims are the lazy layer server's and
-# berthd's own: when the background fetch starts (the proxy's clock), the
-# mirror and credentials a chunk's range request goes to, and a chunk
-# another layer fetched linked from its cache rather than downloaded. The
+# Lazy pull tests whose claims are the lazy layer server's and berthd's
+# own: when the background fetch starts and what holds it (the proxy's
+# clock: a container's reads, another pull's prioritised fetch, a killed
+# berthd's lease), the mirror and credentials a chunk's range request goes
+# to, a chunk another layer fetched linked from its cache rather than
+# downloaded, and the cache bound berthd keeps across its restarts. The
 # kernel's part of a lazy layer, a container's overlay over FUSE, its reads
 # and their failures, a server's death under its mounts, the idmapped
 # mount, is what the other lazy tests prove in the VM. The mirror's and the
 # shared files' took 41 and 54 s of the VM's (2026-11-29, a loaded machine).
-kernel_independent+='|TestPullLazy(HoldsBackgroundFetch|ThroughAuthenticatedMirror|SharesFetchedFiles)'
+kernel_independent+='|TestPullLazy(HoldsBackgroundFetch|PullHoldsBackgroundFetch|KilledPullReleasesBackgroundFetch|ThroughAuthenticatedMirror|SharesFetchedFiles|CacheBoundAfterRestart)'
 kernel_independent+='|TestTracingToOTLPCollector|TestNoTracingWithoutEndpoint|TestTracingSamplingFollowsCaller'
 kernel_independent+='|TestHostsHeadersStayWithTheirHost|TestPullRefusesWideZstdWindow|TestPullInflatesWithISAL|TestGzipDecoderChosenByMeasurement|TestLinkLocalPodSubnetRefused'
 # Tests that build their programs from the host's tools (go, ldd and the
