@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/test/harness"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -249,16 +250,5 @@ func logText(recs []logRecord, stream string) string {
 	return b.String()
 }
 
-// eventually polls cond every 20 ms for up to d.
-func eventually(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// eventually polls cond for up to d (harness.Eventually).
+func eventually(d time.Duration, cond func() bool) bool { return harness.Eventually(d, cond) }

@@ -161,6 +161,10 @@ func TestPullRetriesSharedLayerAfterItsPullEnded(t *testing.T) {
 		t.Fatal("the stalled pull succeeded")
 	}
 	assertWaiterPulledItself(t, d, reg, img, second.Name, secondDone) // the stalled GET, and the rest of it
+	// The rest, not the whole blob again: its GET asks for a range past 0.
+	if r := reg.Ranges(layer); len(r) != 2 || r[0] != "" || !strings.HasPrefix(r[1], "bytes=") || strings.HasPrefix(r[1], "bytes=0-") {
+		t.Errorf("the layer's GETs asked for %q, want the whole blob and then a range resuming past its start", r)
+	}
 }
 
 // TestPullSharedLayerBlobFailureNotRetried (#34/3): when a shared unpack
