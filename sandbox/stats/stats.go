@@ -424,6 +424,9 @@ type layerFigures struct {
 	// tooDeep counts the folders deeper than the walk's limit holds
 	// (walkLimits.maxDepth): counted, their content not.
 	tooDeep int
+	// peakHeld is the most bytes of path and names the walk held at once:
+	// what walkLimits.heldBytes bounds, give or take one read of names.
+	peakHeld int
 }
 
 // maxWalkFDs bounds the folder descriptors one walk holds open: one per
@@ -637,6 +640,7 @@ func (w *layerWalk) countFile(st *unix.Stat_t) bool {
 func (w *layerWalk) push(fd int, st *unix.Stat_t) {
 	w.path = append(w.path, walkFrame{fd: fd, dev: uint64(st.Dev), ino: st.Ino}) //nolint:unconvert // Dev's type differs between architectures
 	w.held += frameBytes
+	w.du.peakHeld = max(w.du.peakHeld, w.held)
 	if w.open++; w.open > maxWalkFDs {
 		w.close(&w.path[len(w.path)-w.open])
 	}
@@ -657,7 +661,8 @@ func (w *layerWalk) pop() {
 	done := w.path[len(w.path)-1]
 	w.path = w.path[:len(w.path)-1]
 	w.held -= frameBytes + done.held
-	w.bare = min(w.bare, len(w.path))
+	// The parent reads its names again if it shed them: it is not bare.
+	w.bare = max(0, min(w.bare, len(w.path)-1))
 	if len(w.path) > 0 {
 		if parent := &w.path[len(w.path)-1]; parent.fd < 0 {
 			w.reopen(parent, done.fd)
@@ -781,6 +786,7 @@ func (w *layerWalk) readNames(f *walkFrame) {
 		f.held += len(n.name) + nameOverhead
 	}
 	w.held += f.held
+	w.du.peakHeld = max(w.du.peakHeld, w.held)
 }
 
 // The layout of struct linux_dirent64, which getdents returns.

@@ -511,5 +511,15 @@ func TestDiskUsageHostileChainCounted(t *testing.T) {
 	if du.shed == 0 {
 		t.Errorf("the walk shed no names: the chain never passed its bound of %d bytes", heldBytes)
 	}
+	assertHeldWithin(t, du, heldBytes)
 	t.Logf("%d bytes, %d inodes, %d names shed and read again", du.bytes, du.inodes, du.shed)
+}
+
+// assertHeldWithin checks that a walk held at most heldBytes of path and
+// names at once, and one read of names more.
+func assertHeldWithin(t *testing.T, du layerFigures, heldBytes int) {
+	t.Helper()
+	if du.peakHeld > heldBytes+maxReadHeld {
+		t.Errorf("the walk held %d bytes of path and names at once, past its bound of %d and one read (%d)", du.peakHeld, heldBytes, maxReadHeld)
+	}
 }
