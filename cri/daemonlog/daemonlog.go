@@ -10,7 +10,9 @@
 package daemonlog
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"sync"
 
@@ -84,9 +86,11 @@ func (l *Log) Write(p []byte) (int, error) {
 }
 
 // rotate renames the current file to path.1, replacing the one there,
-// and starts a new one.
+// and starts a new one. A file already gone from path (renamed by a
+// rotation whose open failed, or removed by hand) is started anew: else
+// every later rotation would fail on it and the file written grow on.
 func (l *Log) rotate() error {
-	if err := os.Rename(l.path, l.path+".1"); err != nil {
+	if err := os.Rename(l.path, l.path+".1"); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return l.open()

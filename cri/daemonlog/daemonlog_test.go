@@ -63,3 +63,26 @@ func TestRotation(t *testing.T) {
 		t.Fatalf("the new file: %v, %v; want mode 0600", fi.Mode(), err)
 	}
 }
+
+// A log file gone from its path (removed by hand, or renamed by a
+// rotation whose open failed) is started anew at the next rotation rather
+// than written on past the bound: its rename fails, not the rotation.
+func TestRotationOfAFileGone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lazyd.log")
+	l, err := Open(path, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Write(bytes.Repeat([]byte("a"), 90)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Write([]byte("past the bound\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(path); err != nil || string(got) != "past the bound\n" {
+		t.Fatalf("%s = %q, %v; want a new file holding the write", filepath.Base(path), got, err)
+	}
+}
