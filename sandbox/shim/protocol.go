@@ -62,8 +62,10 @@ var (
 	// the fork into the container's cgroup (EAGAIN): its pids limit, or
 	// its pod's, is reached, or (rarely, the shim being root) the node's
 	// threads-max or pid_max, which the same errno reports. The message
-	// goes on with the refused step.
-	ErrPidsLimit = errors.New("the pids limit of the container or its pod is reached, or the node's process limit")
+	// goes on with those other limits and the refused step. Its text is
+	// the shim protocol's (remoteErrors match it by prefix): a berthd
+	// matches it from shims of earlier builds still serving their pods.
+	ErrPidsLimit = errors.New("the container's pids limit is reached")
 )
 
 // remoteErrors are matched by prefix against a server error message.

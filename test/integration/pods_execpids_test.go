@@ -108,7 +108,7 @@ func TestExecAtPidsLimit(t *testing.T) {
 	if cgroupV2() {
 		refused = "clone into its cgroup"
 	}
-	assertCode(t, err, one(codes.ResourceExhausted), "pids limit of the container or its pod is reached", refused)
+	assertCode(t, err, one(codes.ResourceExhausted), "the container's pids limit is reached, or its pod's, or the node's process limit", refused)
 	t.Logf("the exec at the limit: %v", err)
 	if !eventually(10*time.Second, func() bool { return pidsCount(t, podCg, "pids.current") == limit }) {
 		t.Errorf("the pod holds %d processes after the refused exec, want %d", pidsCount(t, podCg, "pids.current"), limit)

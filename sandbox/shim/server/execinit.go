@@ -137,7 +137,7 @@ func (s *Server) spawnExecInit(c *ctr, base []byte, req *shim.ExecRequest, tty b
 	case errors.Is(err, unix.EAGAIN) && c.execCgroup != "":
 		// The clone into the container's cgroup: its pids limit refuses
 		// it, as it refuses the container's own forks.
-		return nil, fmt.Errorf("%w: exec in %s: clone into its cgroup: %w", shim.ErrPidsLimit, c.id, err)
+		return nil, fmt.Errorf("%w%s: exec in %s: clone into its cgroup: %w", shim.ErrPidsLimit, otherPidsLimits, c.id, err)
 	case err != nil:
 		return nil, fmt.Errorf("start %s: %w", shim.ExecInitBinary, err)
 	}
@@ -148,7 +148,7 @@ func (s *Server) spawnExecInit(c *ctr, base []byte, req *shim.ExecRequest, tty b
 	report, rerr := io.ReadAll(repR)
 	switch {
 	case bytes.HasPrefix(report, []byte(shim.PidsLimitReport)):
-		err = fmt.Errorf("%w: exec in %s: %s", shim.ErrPidsLimit, c.id, report[len(shim.PidsLimitReport):])
+		err = fmt.Errorf("%w%s: exec in %s: %s", shim.ErrPidsLimit, otherPidsLimits, c.id, report[len(shim.PidsLimitReport):])
 	case len(report) > 0:
 		err = fmt.Errorf("exec in %s: %s", c.id, report)
 	case rerr != nil:
@@ -163,3 +163,8 @@ func (s *Server) spawnExecInit(c *ctr, base []byte, req *shim.ExecRequest, tty b
 	}
 	return sp, nil
 }
+
+// otherPidsLimits goes after shim.ErrPidsLimit's text, which is the shim
+// protocol's and names the container's limit only: EAGAIN is also what
+// the pod's limit, and the node's threads-max or pid_max, answer.
+const otherPidsLimits = ", or its pod's, or the node's process limit"
