@@ -76,8 +76,10 @@ func (s *Service) ensureLazyLayer(ctx context.Context, key string, blob lazy.Blo
 		}
 		// Detached when its server died (lostLazyLocked), or maybe never
 		// mounted (mountOnServer): maybe an empty folder.
+		// Its blob is sound: pulled whole meanwhile (ErrNotLazy), so
+		// that new pods of the image start while old ones hold it.
 		if why := s.lazyLayerStale(key); why != "" {
-			return fmt.Errorf("lazy layer %s %s: it is pulled again once collected", key, why)
+			return fmt.Errorf("%w: lazy layer %s %s, until it is collected", lazy.ErrNotLazy, key, why)
 		}
 		// A layer that failed its verification stays while containers
 		// use it; a pull of it fails as a whole pull of its blob would.
@@ -349,7 +351,7 @@ func (b *brokenLayers) newlyBroken(st lazyd.Status) []string {
 // lostLazyLocked lets go of the lazy layer server, found dead (err), and
 // returns the keys of the layers it served. Their mounts are detached:
 // every access to them failed (ENOTCONN), and collection could not remove
-// them; so that no new container finds one empty, a pull of one fails
+// them; so that no new container finds one empty, a pull of one takes its blob whole
 // until it is collected, and forgetLostLazy forgets their images. Called
 // with lazydMu held: no new server mounts meanwhile.
 func (s *Service) lostLazyLocked(err error) []string {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-runtime/berth/image/lazy"
 	"github.com/berth-runtime/berth/image/lazyd"
 	"github.com/berth-runtime/berth/test/harness"
 )
@@ -137,6 +138,11 @@ func TestLazyServerWithoutAnswer(t *testing.T) {
 	if !attached || staleA != "" || staleB == "" || !servedA || !servedB {
 		t.Fatalf("after calls without an answer: server attached %v, a served %v (not to reuse: %q), b served %v (not to reuse: %q); "+
 			"want the server kept with both layers, b not reused (its Mount may be carried out later, or never)", attached, servedA, staleA, servedB, staleB)
+	}
+	// A pull of b meanwhile takes its blob whole, not an error: new pods of
+	// its image start while the old ones hold the layer.
+	if err := s.ensureLazyLayer(t.Context(), "lazy b", lazy.Blob{}, layerSource{}, nil, nil); !errors.Is(err, lazy.ErrNotLazy) {
+		t.Fatalf("a pull of the layer not to reuse: %v, want ErrNotLazy (pulled whole)", err)
 	}
 
 	w.unwedge() // the Mount berthd gave up on is carried out

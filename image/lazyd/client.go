@@ -134,7 +134,9 @@ func (c *Client) Demand() (end func() error, err error) { return c.demand(demand
 // demand is Demand with a lease of term.
 func (c *Client) demand(term time.Duration) (end func() error, err error) {
 	args := DemandArgs{ID: rand.Text(), For: term}
-	if err := c.call("Demand", args, &Empty{}); err != nil {
+	// Bounded as a renewal: a hold is not worth a pull's wait on a
+	// server slow to answer.
+	if err := c.callWithin(term/3, "Demand", args, &Empty{}); err != nil {
 		return nil, err
 	}
 	stop, renewed := make(chan struct{}), make(chan error, 1)

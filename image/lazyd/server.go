@@ -332,8 +332,16 @@ func (s *Server) retryIncomplete(key string, l *lazy.Layer, ended <-chan struct{
 	}
 	select {
 	case <-time.After(completeRetry):
-		s.startFetch(key) // an error: no longer served
 	case <-s.closed:
+		return
+	}
+	// Unmounted meanwhile (its Close ended the run above), maybe mounted
+	// again since: a new layer's fetch waits for its own pull's Complete.
+	s.mu.Lock()
+	same := s.layers[key] == l
+	s.mu.Unlock()
+	if same {
+		s.startFetch(key) // an error: no longer served
 	}
 }
 
