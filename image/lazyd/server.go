@@ -57,6 +57,8 @@ type Server struct {
 	mounting   map[string]chan struct{} // mounts under way, closed when each ends
 	broken     map[string]string
 	demands    map[string]*demandLease // the pulls' prioritised fetches under way, by ID
+	// mountWaits, in tests, is told of each wait for a mount under way.
+	mountWaits func(key string)
 	events     uint64
 	changed    chan struct{} // closed and replaced at every event
 
@@ -173,6 +175,9 @@ func (s *Server) mount(a MountArgs) error {
 // mount of key is under way.
 func (s *Server) waitMountingLocked(key string) {
 	for done, ok := s.mounting[key]; ok; done, ok = s.mounting[key] {
+		if s.mountWaits != nil {
+			s.mountWaits(key)
+		}
 		s.mu.Unlock()
 		<-done
 		s.mu.Lock()

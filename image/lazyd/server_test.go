@@ -177,14 +177,17 @@ func TestUnmountWaitsForMountUnderWay(t *testing.T) {
 	}
 	s := &Server{opts: ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		layers: map[string]*lazy.Layer{}, fsDirs: map[string]string{}, completing: map[string]bool{}, mounting: map[string]chan struct{}{}, broken: map[string]string{}}
-	mounted := make(chan struct{})
+	mounted, waiting := make(chan struct{}), make(chan struct{}, 1)
 	s.mounting["k"] = mounted // as mount has it while the layer mounts
+	s.mountWaits = func(string) { waiting <- struct{}{} }
 	unmounted := make(chan error, 1)
 	go func() { unmounted <- s.unmount("k") }()
 	select {
 	case err := <-unmounted:
 		t.Fatalf("Unmount returned (%v) while the layer's mount was under way", err)
-	case <-time.After(100 * time.Millisecond): // what an Unmount that does not wait takes, many times over
+	case <-waiting:
+	case <-time.After(time.Minute):
+		t.Fatal("Unmount neither waited for the mount under way nor returned within a minute")
 	}
 	s.mu.Lock()
 	s.layers["k"] = l
